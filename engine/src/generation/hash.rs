@@ -1,0 +1,105 @@
+//! The one hashing helper: blake3, full width, hex on the wire.
+
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A blake3 digest of some bytes (a file's content, a canonical manifest, a pack descriptor).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContentHash(pub [u8; 32]);
+
+impl ContentHash {
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(*blake3::hash(bytes).as_bytes())
+    }
+
+    pub fn to_hex(&self) -> String {
+        blake3::Hash::from_bytes(self.0).to_hex().to_string()
+    }
+}
+
+impl From<blake3::Hash> for ContentHash {
+    fn from(h: blake3::Hash) -> Self {
+        Self(*h.as_bytes())
+    }
+}
+
+impl fmt::Display for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContentHash({})", self.to_hex())
+    }
+}
+
+impl FromStr for ContentHash {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(format!("not a 64-digit lowercase hex blake3 hash: {s:?}"));
+        }
+        blake3::Hash::from_hex(s).map(Into::into).map_err(|e| e.to_string())
+    }
+}
+
+impl Serialize for ContentHash {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for ContentHash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Streams a file through blake3 with a fixed buffer (memory stays bounded whatever the size).
+/// Returns the hash and the number of bytes read.
+pub fn hash_file(path: &Path) -> std::io::Result<(ContentHash, u64)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((hasher.finalize().into(), total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_rejects_junk() {
+        let h = ContentHash::of(b"abc");
+        assert_eq!(h.to_hex().parse::<ContentHash>().unwrap(), h);
+        assert!("xyz".parse::<ContentHash>().is_err());
+        assert!(h.to_hex().to_uppercase().parse::<ContentHash>().is_err());
+    }
+
+    #[test]
+    fn file_hash_matches_in_memory_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data = vec![7u8; 1_000_003];
+        std::fs::write(&p, &data).unwrap();
+        assert_eq!(hash_file(&p).unwrap(), (ContentHash::of(&data), data.len() as u64));
+    }
+}

@@ -1,0 +1,281 @@
+//! The manifest: what a generation holds. Canonical JSON (fixed field order, sorted files and
+//! facts, no insignificant whitespace); its id is the blake3 of those bytes. `decode` refuses
+//! anything that is not exactly what `encode` would have produced, so a manifest cannot carry
+//! unknown fields, links, devices, escapes or overlapping paths.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::{CompatId, ContentHash, RelPath};
+
+/// Version of the manifest format; a reader refuses other versions.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Largest manifest jitship accepts (a hostile store cannot make an installer allocate more).
+pub const MAX_MANIFEST_BYTES: usize = 256 * 1024 * 1024;
+
+/// The id of a generation: blake3 of its canonical manifest bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GenerationId(pub ContentHash);
+
+impl fmt::Display for GenerationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for GenerationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GenerationId({})", self.0)
+    }
+}
+
+impl FromStr for GenerationId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse().map(Self)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: u32,
+    pub cache_kind: String,
+    pub compat_key: String,
+    pub compat_id: CompatId,
+    /// The facts the key was computed from, recorded so a miss can be explained later.
+    pub facts: BTreeMap<String, String>,
+    /// The policy that keyed and selected this generation.
+    pub policy: PolicyRef,
+    /// The head this generation was built on, if any.
+    pub parent: Option<GenerationId>,
+    /// Other generations whose files were merged in (concurrent publishers), sorted.
+    pub merged: Vec<GenerationId>,
+    pub producer: Producer,
+    /// Seconds since the Unix epoch.
+    pub created_at: u64,
+    pub packs: Vec<PackRef>,
+    /// Sorted by path, no duplicates, no file inside another file's path.
+    pub files: Vec<FileRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRef {
+    pub name: String,
+    pub version: String,
+    /// blake3 of the policy module (or "native" for code built into jitship).
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Producer {
+    pub host: String,
+    pub pod: Option<String>,
+    pub jitship_version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackRef {
+    pub id: ContentHash,
+    pub size: u64,
+}
+
+/// A regular file. Nothing else (links, devices, directories) can be expressed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRecord {
+    pub path: RelPath,
+    pub size: u64,
+    /// Permission bits only (at most 0o777).
+    pub mode: u32,
+    pub mtime_s: i64,
+    pub mtime_ns: u32,
+    pub blake3: ContentHash,
+    /// Where the bytes live, in order; their lengths add up to `size`.
+    pub chunks: Vec<Chunk>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chunk {
+    /// Index into `Manifest::packs`.
+    pub pack: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest is {0} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")]
+    TooLarge(usize),
+    #[error("manifest bytes hash to {actual}, not to the generation id {expected} they were stored under")]
+    HashMismatch { expected: GenerationId, actual: GenerationId },
+    #[error("manifest does not parse: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("manifest format {0} is not supported (this jitship reads format {FORMAT_VERSION}); upgrade jitship")]
+    Format(u32),
+    #[error("manifest is not in canonical form (it was not written by jitship)")]
+    NotCanonical,
+    #[error("manifest compat id does not match its cache kind and key")]
+    CompatMismatch,
+    #[error("manifest lists {0:?} twice, or out of order")]
+    DuplicateOrUnsorted(String),
+    #[error("manifest has {file:?} both as a file and as a directory of {other:?}")]
+    FileDirConflict { file: String, other: String },
+    #[error("manifest file {0:?} has mode {1:o}; only permission bits (<= 0o777) are allowed")]
+    BadMode(String, u32),
+    #[error("manifest file {0:?} has chunks that do not add up to its size or point outside a pack")]
+    BadChunks(String),
+}
+
+impl Manifest {
+    /// Canonical bytes: serde_json of this struct is deterministic because field order is fixed,
+    /// maps are BTreeMaps and vectors are kept sorted by `normalize`.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("manifest serialization cannot fail")
+    }
+
+    pub fn id(&self) -> GenerationId {
+        GenerationId(ContentHash::of(&self.encode()))
+    }
+
+    /// Sorts the lists whose order carries no meaning, so equal content gives equal bytes.
+    pub fn normalize(&mut self) {
+        self.files.sort_by(|a, b| a.path.cmp(&b.path));
+        self.merged.sort();
+        self.merged.dedup();
+    }
+
+    /// Parses and fully validates bytes fetched from a store under `expected` id.
+    pub fn decode(bytes: &[u8], expected: GenerationId) -> Result<Self, ManifestError> {
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::TooLarge(bytes.len()));
+        }
+        let actual = GenerationId(ContentHash::of(bytes));
+        if actual != expected {
+            return Err(ManifestError::HashMismatch { expected, actual });
+        }
+        let manifest: Manifest = serde_json::from_slice(bytes)?;
+        if manifest.format != FORMAT_VERSION {
+            return Err(ManifestError::Format(manifest.format));
+        }
+        if manifest.encode() != bytes {
+            return Err(ManifestError::NotCanonical);
+        }
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// Structural checks that hold for every manifest jitship writes.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        if self.compat_id != CompatId::new(&self.cache_kind, &self.compat_key) {
+            return Err(ManifestError::CompatMismatch);
+        }
+        for pair in self.files.windows(2) {
+            let (a, b) = (pair[0].path.as_str(), pair[1].path.as_str());
+            if a >= b {
+                return Err(ManifestError::DuplicateOrUnsorted(b.to_owned()));
+            }
+        }
+        // A path that is also the directory of another ("a" and "a/b") cannot both be files.
+        let files: HashMap<&str, ()> = self.files.iter().map(|f| (f.path.as_str(), ())).collect();
+        for f in &self.files {
+            if let Some(dir) = f.path.ancestors().find(|d| files.contains_key(d)) {
+                return Err(ManifestError::FileDirConflict { file: dir.to_owned(), other: f.path.to_string() });
+            }
+            if f.mode > 0o777 {
+                return Err(ManifestError::BadMode(f.path.to_string(), f.mode));
+            }
+            let mut total = 0u64;
+            for c in &f.chunks {
+                let pack = self.packs.get(c.pack as usize).ok_or_else(|| ManifestError::BadChunks(f.path.to_string()))?;
+                let end = c.offset.checked_add(c.len);
+                if c.len == 0 || end.is_none_or(|e| e > pack.size) {
+                    return Err(ManifestError::BadChunks(f.path.to_string()));
+                }
+                total = total.checked_add(c.len).ok_or_else(|| ManifestError::BadChunks(f.path.to_string()))?;
+            }
+            if total != f.size {
+                return Err(ManifestError::BadChunks(f.path.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    pub fn packed_bytes(&self) -> u64 {
+        self.packs.iter().map(|p| p.size).sum()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn sample() -> Manifest {
+        let mut m = Manifest {
+            format: FORMAT_VERSION,
+            cache_kind: "triton".into(),
+            compat_key: "k".into(),
+            compat_id: CompatId::new("triton", "k"),
+            facts: BTreeMap::from([("gpu.name".into(), "H100".into())]),
+            policy: PolicyRef { name: "native".into(), version: "1".into(), digest: "native".into() },
+            parent: None,
+            merged: vec![],
+            producer: Producer { host: "h".into(), pod: None, jitship_version: "0".into() },
+            created_at: 1,
+            packs: vec![PackRef { id: ContentHash([1; 32]), size: 10 }],
+            files: vec![
+                FileRecord {
+                    path: RelPath::parse("a/x").unwrap(),
+                    size: 4,
+                    mode: 0o644,
+                    mtime_s: 5,
+                    mtime_ns: 6,
+                    blake3: ContentHash([2; 32]),
+                    chunks: vec![Chunk { pack: 0, offset: 0, len: 4 }],
+                },
+                FileRecord {
+                    path: RelPath::parse("b").unwrap(),
+                    size: 0,
+                    mode: 0o600,
+                    mtime_s: 5,
+                    mtime_ns: 6,
+                    blake3: ContentHash::of(b""),
+                    chunks: vec![],
+                },
+            ],
+        };
+        m.normalize();
+        m
+    }
+
+    #[test]
+    fn round_trip_is_canonical() {
+        let m = sample();
+        let bytes = m.encode();
+        assert_eq!(Manifest::decode(&bytes, m.id()).unwrap(), m);
+    }
+
+    #[test]
+    fn wrong_id_or_whitespace_is_refused() {
+        let m = sample();
+        let bytes = m.encode();
+        assert!(matches!(Manifest::decode(&bytes, GenerationId(ContentHash([0; 32]))), Err(ManifestError::HashMismatch { .. })));
+        let mut pretty = serde_json::to_vec_pretty(&m).unwrap();
+        pretty.push(b'\n');
+        let id = GenerationId(ContentHash::of(&pretty));
+        assert!(matches!(Manifest::decode(&pretty, id), Err(ManifestError::NotCanonical)));
+    }
+}

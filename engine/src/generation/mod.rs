@@ -1,0 +1,25 @@
+//! Generations: the immutable unit jitship publishes. Pure data and hashing over local files;
+//! this module never talks to a store.
+//!
+//! A generation is a manifest (which files, with which hashes, stored where) plus the packs holding
+//! the bytes. Packs are named by a hash of their canonical descriptor, manifests by the hash of their
+//! canonical bytes, so identical inputs give identical names on any machine.
+
+mod compat;
+mod hash;
+mod head;
+mod manifest;
+mod merge;
+mod pack;
+mod relpath;
+
+pub use compat::CompatId;
+pub use hash::{ContentHash, hash_file};
+pub use head::HeadRecord;
+pub use manifest::{
+    Chunk, FORMAT_VERSION, FileRecord, GenerationId, Manifest, ManifestError, PackRef, PolicyRef,
+    Producer,
+};
+pub use merge::{Conflict, merge_files, prune_packs};
+pub use pack::{PackPlan, Piece, plan_packs};
+pub use relpath::{PathError, RelPath};

@@ -1,0 +1,13 @@
+//! jitship: publishes JIT and kernel caches of LLM inference workers as immutable, verified
+//! generations to a store, and installs the matching generation when the next worker starts.
+//! See ARCHITECTURE.md for the codemap and the invariants.
+
+pub mod catalog;
+pub mod config;
+pub mod facts;
+pub mod generation;
+pub mod install;
+pub mod policy;
+pub mod publish;
+pub mod scan;
+pub mod store;

@@ -1,0 +1,117 @@
+//! Generic selection rules compiled into jitship: the fallback for a cache kind with no policy
+//! module. They know no kind's completion signal, only what no kind ever wants published
+//! (research/jit-caches.md §5): in-flight temp files and directories, locks, per-host files.
+
+use std::path::Path;
+
+use super::{CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits};
+use crate::facts::Facts;
+use crate::generation::{GenerationId, PolicyRef};
+
+pub struct NativeRules {
+    info: PolicyInfo,
+}
+
+impl NativeRules {
+    pub fn new(cache_kind: &str) -> Self {
+        Self {
+            info: PolicyInfo {
+                name: "native".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                cache_kind: cache_kind.into(),
+                default_root: String::new(),
+                root_env: vec![],
+                description: "generic rules: skip temp, lock and per-host files; key on every fact".into(),
+            },
+        }
+    }
+}
+
+/// Why a path must never be published, if it must not.
+pub fn never_publish_reason(path: &str) -> Option<&'static str> {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let in_dir = |pred: &dyn Fn(&str) -> bool| path.split('/').rev().skip(1).any(pred);
+    if in_dir(&|d| d.starts_with("tmp.") || d.starts_with(".staging-") || d == "tmp" || d == "locks") {
+        return Some("inside an in-flight temp or lock directory");
+    }
+    if name.ends_with(".tmp") || name.starts_with("tmp.") || name.contains(".tmp.") {
+        return Some("in-flight temp file");
+    }
+    if name.ends_with(".lock") || name.ends_with(".lck") {
+        return Some("lock file");
+    }
+    if name.starts_with("gpu_p2p_access_cache") {
+        return Some("per-host file");
+    }
+    None
+}
+
+impl CachePolicy for NativeRules {
+    fn info(&self) -> &PolicyInfo {
+        &self.info
+    }
+
+    fn policy_ref(&self) -> PolicyRef {
+        PolicyRef { name: self.info.name.clone(), version: self.info.version.clone(), digest: "native".into() }
+    }
+
+    fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+        Ok(facts.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(";"))
+    }
+
+    fn select(&self, _root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+        Ok(entries
+            .iter()
+            .map(|e| match never_publish_reason(&e.path) {
+                Some(reason) => Decision::skip(reason),
+                None => Decision::publish("complete file"),
+            })
+            .collect())
+    }
+
+    fn retain(
+        &self,
+        generations: &[GenerationSummary],
+        now: u64,
+        limits: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, PolicyError> {
+        let keep = limits.max_generations.unwrap_or(3) as usize;
+        let mut bytes = 0u64;
+        let mut drop = Vec::new();
+        for (i, g) in generations.iter().enumerate() {
+            bytes += g.size_bytes;
+            let too_many = i >= keep;
+            let too_big = limits.max_bytes.is_some_and(|m| bytes > m) && i > 0;
+            let too_old = limits.max_age_secs.is_some_and(|a| now.saturating_sub(g.created_at) > a) && i > 0;
+            if !g.pinned && (too_many || too_big || too_old) {
+                drop.push(g.id);
+            }
+        }
+        Ok(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skips_what_no_cache_kind_wants() {
+        for p in [
+            "tmp.pid_12_abc/x.cubin",
+            "ab/tmp.pid_1_2/k.json",
+            "cache/tmp/uuid/kernel.cu",
+            "model.123.tmp",
+            "x/.staging-1234/m.so",
+            "cached_ops/tmp/a.lock",
+            "gpu_p2p_access_cache_for_0,1.json",
+            "locks/abc",
+            "fx/.1.2.tmp",
+        ] {
+            assert!(never_publish_reason(p).is_some(), "{p} would be published");
+        }
+        for p in ["ab/k.cubin", "ab/__grp__k.json", "cache/kernel.x/kernel.cubin", "rank_0_0/model"] {
+            assert!(never_publish_reason(p).is_none(), "{p} would be skipped");
+        }
+    }
+}
