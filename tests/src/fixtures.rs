@@ -73,9 +73,24 @@ pub fn digest(root: &Path) -> TreeDigest {
             if meta.is_dir() {
                 stack.push(entry.path());
             } else {
-                let rel = entry.path().strip_prefix(root).unwrap().display().to_string();
-                let hash = blake3::hash(&fs::read(entry.path()).unwrap()).to_hex().to_string();
-                out.insert(rel, (hash, meta.permissions().mode() & 0o7777, meta.mtime(), meta.mtime_nsec()));
+                let rel = entry
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap()
+                    .display()
+                    .to_string();
+                let hash = blake3::hash(&fs::read(entry.path()).unwrap())
+                    .to_hex()
+                    .to_string();
+                out.insert(
+                    rel,
+                    (
+                        hash,
+                        meta.permissions().mode() & 0o7777,
+                        meta.mtime(),
+                        meta.mtime_nsec(),
+                    ),
+                );
             }
         }
     }

@@ -49,7 +49,12 @@ pub fn plan_packs(contents: &[(ContentHash, u64)], pack_size: u64) -> Vec<PackPl
                 used = 0;
             }
             let len = (size - placed).min(pack_size - used);
-            current.push(Piece { content, content_offset: placed, pack_offset: used, len });
+            current.push(Piece {
+                content,
+                content_offset: placed,
+                pack_offset: used,
+                len,
+            });
             used += len;
             placed += len;
         }
@@ -68,7 +73,11 @@ fn finish(pieces: Vec<Piece>, size: u64) -> PackPlan {
         h.update(&p.content_offset.to_le_bytes());
         h.update(&p.len.to_le_bytes());
     }
-    PackPlan { id: h.finalize().into(), size, pieces }
+    PackPlan {
+        id: h.finalize().into(),
+        size,
+        pieces,
+    }
 }
 
 #[cfg(test)]
@@ -85,7 +94,11 @@ mod tests {
         assert_eq!(plans.len(), 2);
         assert_eq!(plans[0].pieces.len(), 2);
         assert_eq!(plans[1].pieces[0].content, c(3));
-        assert!(plans.iter().all(|p| p.pieces.iter().all(|x| x.content_offset == 0)));
+        assert!(
+            plans
+                .iter()
+                .all(|p| p.pieces.iter().all(|x| x.content_offset == 0))
+        );
     }
 
     #[test]
@@ -93,7 +106,12 @@ mod tests {
         let plans = plan_packs(&[(c(1), 3), (c(2), 25)], 10);
         let sizes: Vec<u64> = plans.iter().map(|p| p.size).collect();
         assert_eq!(sizes, vec![10, 10, 8]);
-        let total: u64 = plans.iter().flat_map(|p| &p.pieces).filter(|p| p.content == c(2)).map(|p| p.len).sum();
+        let total: u64 = plans
+            .iter()
+            .flat_map(|p| &p.pieces)
+            .filter(|p| p.content == c(2))
+            .map(|p| p.len)
+            .sum();
         assert_eq!(total, 25);
     }
 
@@ -101,7 +119,10 @@ mod tests {
     fn identical_inputs_give_identical_ids() {
         let input = [(c(1), 5), (c(2), 7)];
         assert_eq!(plan_packs(&input, 8), plan_packs(&input, 8));
-        assert_ne!(plan_packs(&input, 8)[0].id, plan_packs(&[(c(3), 5)], 8)[0].id);
+        assert_ne!(
+            plan_packs(&input, 8)[0].id,
+            plan_packs(&[(c(3), 5)], 8)[0].id
+        );
     }
 
     proptest::proptest! {
