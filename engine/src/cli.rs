@@ -64,6 +64,14 @@ pub enum Command {
     /// worker's key, or evicted), 12 failed (the root was left as it was); with several caches the
     /// most severe outcome wins. --best-effort exits 0 for all four.
     Install(InstallArgs),
+    /// Watch the cache roots and publish complete new work as it appears (the sidecar).
+    ///
+    /// A root is published once it has been quiet for the settle window, at most once per minimum
+    /// interval, and (with --ready-url) only after the server answered 200 once. On SIGTERM or
+    /// SIGINT every root is published once more within the grace period. Exit codes: 0 stopped
+    /// cleanly (final publish done, or held by the readiness gate), 1 the final publish failed or
+    /// ran out of time, 130 a second signal cut it short.
+    Watch(WatchArgs),
 }
 
 /// Where the store is, which caches, and the facts keys are built from.
@@ -141,6 +149,44 @@ pub struct InstallArgs {
     pub best_effort: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+
+    /// Quiet time after the last change before a root is published [default: 5s].
+    #[arg(long, env = "JITSHIP_SETTLE", value_parser = humantime::parse_duration)]
+    pub settle: Option<Duration>,
+
+    /// Full rescan of every root this often, the fallback for lost file events [default: 60s].
+    #[arg(long, env = "JITSHIP_RESCAN_INTERVAL", value_parser = humantime::parse_duration)]
+    pub rescan_interval: Option<Duration>,
+
+    /// Least time between two publishes of one root [default: 30s].
+    #[arg(long, env = "JITSHIP_MIN_INTERVAL", value_parser = humantime::parse_duration)]
+    pub min_interval: Option<Duration>,
+
+    /// Publish only once this URL answered 200, e.g. http://127.0.0.1:8000/health.
+    #[arg(long, env = "JITSHIP_READY_URL", value_name = "URL")]
+    pub ready_url: Option<String>,
+
+    /// Bound on the final publish after SIGTERM/SIGINT [default: 20s].
+    #[arg(long, env = "JITSHIP_GRACE", value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
+
+    /// Serve Prometheus metrics (/metrics) and /healthz here, e.g. 0.0.0.0:9464.
+    #[arg(long, env = "JITSHIP_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Largest pack object, e.g. "64 MiB".
+    #[arg(long, env = "JITSHIP_PACK_SIZE")]
+    pub pack_size: Option<bytesize::ByteSize>,
+
+    /// Pod name recorded as the producer.
+    #[arg(long, env = "POD_NAME")]
+    pub pod: Option<String>,
+}
+
 /// Entry point of the binary: returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -175,6 +221,7 @@ pub fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Publish(args) => run_publish(args),
         Command::Install(args) => run_install(args),
+        Command::Watch(args) => run_watch(args),
     }
 }
 
@@ -251,24 +298,28 @@ fn spinner(message: String) -> indicatif::ProgressBar {
     bar
 }
 
+impl Session {
+    fn publish_options(
+        &self,
+        pack_size: Option<bytesize::ByteSize>,
+        pod: Option<&String>,
+    ) -> PublishOptions {
+        PublishOptions {
+            pack_size: pack_size.unwrap_or(self.config.publish.pack_size).as_u64(),
+            producer: Producer {
+                host: gethostname::gethostname().to_string_lossy().into_owned(),
+                pod: pod.cloned().or_else(|| self.config.publish.pod.clone()),
+                jitship_version: env!("CARGO_PKG_VERSION").into(),
+            },
+            facts: self.facts.clone(),
+            max_head_attempts: 16,
+        }
+    }
+}
+
 fn run_publish(args: PublishArgs) -> Result<i32> {
     let session = Session::open(&args.settings)?;
-    let opts = PublishOptions {
-        pack_size: args
-            .pack_size
-            .unwrap_or(session.config.publish.pack_size)
-            .as_u64(),
-        producer: Producer {
-            host: gethostname::gethostname().to_string_lossy().into_owned(),
-            pod: args
-                .pod
-                .clone()
-                .or_else(|| session.config.publish.pod.clone()),
-            jitship_version: env!("CARGO_PKG_VERSION").into(),
-        },
-        facts: session.facts.clone(),
-        max_head_attempts: 16,
-    };
+    let opts = session.publish_options(args.pack_size, args.pod.as_ref());
     let mut failed = false;
     let mut reports: Vec<PublishReport> = Vec::new();
     for cache in &session.config.caches {
@@ -336,6 +387,109 @@ fn print_publish(r: &PublishReport) {
             c.path
         );
     }
+}
+
+fn run_watch(args: WatchArgs) -> Result<i32> {
+    use crate::watch::{self, FinalPublish, WatchOptions, WatchedRoot};
+
+    let session = Session::open(&args.settings)?;
+    let mut wc = session.config.watch.clone();
+    if let Some(v) = args.settle {
+        wc.settle = v;
+    }
+    if let Some(v) = args.rescan_interval {
+        wc.rescan_interval = v;
+    }
+    if let Some(v) = args.min_interval {
+        wc.min_interval = v;
+    }
+    if let Some(v) = &args.ready_url {
+        wc.ready_url = Some(v.clone());
+    }
+    if let Some(v) = args.grace {
+        wc.grace = v;
+    }
+    if let Some(v) = args.metrics_addr {
+        wc.metrics_addr = Some(v);
+    }
+    wc.validate()?;
+    let ready_url = wc
+        .ready_url
+        .as_deref()
+        .map(watch::ready::ReadyUrl::parse)
+        .transpose()?;
+    let opts = WatchOptions {
+        timing: watch::Timing {
+            settle: wc.settle,
+            min_interval: wc.min_interval,
+            rescan_interval: wc.rescan_interval,
+        },
+        ready_url,
+        grace: wc.grace,
+        metrics_addr: wc.metrics_addr,
+        publish: session.publish_options(args.pack_size, args.pod.as_ref()),
+    };
+    let roots: Vec<WatchedRoot> = session
+        .config
+        .caches
+        .iter()
+        .map(|c| WatchedRoot {
+            kind: c.kind.clone(),
+            root: c.root.clone(),
+            policy: session.policy(c),
+        })
+        .collect();
+    // One thread is enough: the loop mostly sleeps, and cycles run on blocking threads.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let store = session.store.clone();
+    let layout = session.layout.clone();
+    let result = rt.block_on(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
+        tokio::spawn(async move {
+            loop {
+                let name = tokio::select! {
+                    Some(()) = term.recv() => "SIGTERM",
+                    Some(()) = int.recv() => "SIGINT",
+                    else => break,
+                };
+                if tx.send(name.into()).await.is_err() {
+                    break;
+                }
+            }
+        });
+        watch::run(store, layout, roots, opts, rx)
+            .await
+            .map_err(anyhow::Error::from)
+    });
+    // A publish still running past the grace period must not hold the exit; what it wrote is
+    // invisible until its head is written (invariant 1).
+    rt.shutdown_background();
+    let summary = result?;
+    Ok(match summary.final_publish {
+        FinalPublish::Done | FinalPublish::NotReady => 0,
+        FinalPublish::Failed { caches } => {
+            eprintln!(
+                "final publish failed for {}; their pending work was not published",
+                caches.join(", ")
+            );
+            1
+        }
+        FinalPublish::TimedOut { unfinished } => {
+            eprintln!(
+                "the grace period ran out before {} were published; raise --grace (and the pod's \
+                 terminationGracePeriodSeconds)",
+                unfinished.join(", ")
+            );
+            1
+        }
+        FinalPublish::Interrupted => 130,
+    })
 }
 
 fn run_install(args: InstallArgs) -> Result<i32> {

@@ -37,6 +37,7 @@ pub struct Config {
     pub facts: BTreeMap<String, String>,
     pub publish: PublishConfig,
     pub install: InstallConfig,
+    pub watch: WatchConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,6 +121,78 @@ impl Default for InstallConfig {
     }
 }
 
+/// `jitship watch`: when to publish, and where to report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchConfig {
+    /// Quiet time after the last change under a root before it is published.
+    #[serde(with = "humantime_serde")]
+    pub settle: Duration,
+    /// Full rescan of every root this often: the fallback when file events are lost (inotify
+    /// overflow, the watch limit) or never come (network file systems).
+    #[serde(with = "humantime_serde")]
+    pub rescan_interval: Duration,
+    /// Least time between two publishes of one root.
+    #[serde(with = "humantime_serde")]
+    pub min_interval: Duration,
+    /// Publish only once this URL (the server's health endpoint, plain http) answered 200.
+    pub ready_url: Option<String>,
+    /// Bound on the final publish after SIGTERM/SIGINT.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// Serve Prometheus metrics (/metrics) and /healthz on this address, e.g. "0.0.0.0:9464".
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            settle: Duration::from_secs(5),
+            rescan_interval: Duration::from_secs(60),
+            min_interval: Duration::from_secs(30),
+            ready_url: None,
+            // Kubernetes gives 30 s between SIGTERM and SIGKILL by default.
+            grace: Duration::from_secs(20),
+            metrics_addr: None,
+        }
+    }
+}
+
+impl WatchConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |what, value: &Duration, hint: &str| ConfigError::Invalid {
+            what,
+            value: humantime::format_duration(*value).to_string(),
+            hint: hint.into(),
+        };
+        if self.rescan_interval < Duration::from_secs(1) {
+            return Err(invalid(
+                "watch.rescan_interval",
+                &self.rescan_interval,
+                "must be at least 1s (a shorter interval is busy polling)",
+            ));
+        }
+        if self.settle > Duration::from_secs(3600) {
+            return Err(invalid("watch.settle", &self.settle, "must be at most 1h"));
+        }
+        if self.grace > Duration::from_secs(3600) {
+            return Err(invalid(
+                "watch.grace",
+                &self.grace,
+                "must be at most 1h (and below the pod's terminationGracePeriodSeconds)",
+            ));
+        }
+        if let Some(url) = &self.ready_url {
+            crate::watch::ready::ReadyUrl::parse(url).map_err(|e| ConfigError::Invalid {
+                what: "watch.ready_url",
+                value: url.clone(),
+                hint: e.hint.into(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -151,6 +224,7 @@ impl Config {
                 hint: "must be at least 4 KiB".into(),
             });
         }
+        self.watch.validate()?;
         let mut kinds = std::collections::HashSet::new();
         for c in &self.caches {
             parse_kind(&c.kind)?;
@@ -258,6 +332,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("at least"), "{err}");
+        let err = Config::parse("[watch]\nrescan_interval = '0s'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("busy polling"), "{err}");
+        let err = Config::parse("[watch]\nready_url = 'https://x/h'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http://"), "{err}");
+        let err = Config::parse("[watch]\nsettel = '1s'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("settel"), "{err}");
         assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
         assert!(parse_fact_arg("=x").is_err());

@@ -12,3 +12,4 @@ pub mod policy;
 pub mod publish;
 pub mod scan;
 pub mod store;
+pub mod watch;

@@ -1,0 +1,356 @@
+//! Prometheus metrics of the watcher (`prometheus-client` registry, text exposition) and the small
+//! HTTP endpoint serving them: `GET /metrics` and `GET /healthz`.
+//!
+//! Names (prefix `jitship_watch_`): `publish_cycles_total{cache,outcome}`,
+//! `generations_published_total{cache}`, `bytes_uploaded_total{cache}`,
+//! `bytes_deduplicated_total{cache}`, `files_hashed_total{cache}`, `files_selected{cache}` and
+//! `files_skipped{cache,reason}` (both as of the last cycle), `last_publish_timestamp_seconds{cache}`
+//! (last new generation), `last_cycle_timestamp_seconds{cache}`, `errors_total{cache,kind}`,
+//! `pending{cache}`, `ready`, `rescans_total`, `events_total`.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::publish::{PublishOutcome, PublishReport};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Connections served at once; more wait in the kernel's accept queue.
+const MAX_CONNECTIONS: usize = 32;
+
+pub struct Metrics {
+    registry: Registry,
+    cycles: Family<Labels, Counter>,
+    generations: Family<Labels, Counter>,
+    bytes_uploaded: Family<Labels, Counter>,
+    bytes_deduplicated: Family<Labels, Counter>,
+    files_hashed: Family<Labels, Counter>,
+    files_selected: Family<Labels, Gauge>,
+    files_skipped: Family<Labels, Gauge>,
+    last_publish: Family<Labels, Gauge>,
+    last_cycle: Family<Labels, Gauge>,
+    errors: Family<Labels, Counter>,
+    pending: Family<Labels, Gauge>,
+    ready: Gauge,
+    rescans: Counter,
+    events: Counter,
+    /// Skip reasons seen per cache, so a reason that disappears is reset to 0, not left stale.
+    skip_reasons: Mutex<BTreeSet<(String, String)>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("jitship_watch");
+        let m = Self {
+            cycles: Family::default(),
+            generations: Family::default(),
+            bytes_uploaded: Family::default(),
+            bytes_deduplicated: Family::default(),
+            files_hashed: Family::default(),
+            files_selected: Family::default(),
+            files_skipped: Family::default(),
+            last_publish: Family::default(),
+            last_cycle: Family::default(),
+            errors: Family::default(),
+            pending: Family::default(),
+            ready: Gauge::default(),
+            rescans: Counter::default(),
+            events: Counter::default(),
+            skip_reasons: Mutex::new(BTreeSet::new()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "publish_cycles",
+            "Publish cycles run, by cache and outcome (published, unchanged, empty, error)",
+            m.cycles.clone(),
+        );
+        registry.register(
+            "generations_published",
+            "New generations made head",
+            m.generations.clone(),
+        );
+        registry.register(
+            "bytes_uploaded",
+            "Pack bytes uploaded to the store",
+            m.bytes_uploaded.clone(),
+        );
+        registry.register(
+            "bytes_deduplicated",
+            "Pack bytes needed but already in the store (not uploaded again)",
+            m.bytes_deduplicated.clone(),
+        );
+        registry.register(
+            "files_hashed",
+            "Files read and hashed (files known from earlier cycles are not)",
+            m.files_hashed.clone(),
+        );
+        registry.register(
+            "files_selected",
+            "Files the policy selected in the last cycle",
+            m.files_selected.clone(),
+        );
+        registry.register(
+            "files_skipped",
+            "Files not published in the last cycle, by reason",
+            m.files_skipped.clone(),
+        );
+        registry.register(
+            "last_publish_timestamp_seconds",
+            "Unix time of the last new generation",
+            m.last_publish.clone(),
+        );
+        registry.register(
+            "last_cycle_timestamp_seconds",
+            "Unix time of the last successful cycle",
+            m.last_cycle.clone(),
+        );
+        registry.register(
+            "errors",
+            "Errors by cache and kind (policy, scan, read, store, catalog, contention, panic, watch, watch_limit, ready)",
+            m.errors.clone(),
+        );
+        registry.register(
+            "pending",
+            "1 while a cache has changes not yet published",
+            m.pending.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 once the readiness gate is open (always 1 without --ready-url)",
+            m.ready.clone(),
+        );
+        registry.register(
+            "rescans",
+            "Periodic full rescans of the roots",
+            m.rescans.clone(),
+        );
+        registry.register(
+            "events",
+            "Batches of file-system events received",
+            m.events.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    pub fn record_report(&self, r: &PublishReport) {
+        let cache = r.cache_kind.clone();
+        let l = vec![("cache", cache.clone())];
+        let outcome = match r.outcome {
+            PublishOutcome::Published { .. } => "published",
+            PublishOutcome::Unchanged { .. } => "unchanged",
+            PublishOutcome::Empty => "empty",
+        };
+        self.cycles
+            .get_or_create(&vec![("cache", cache.clone()), ("outcome", outcome.into())])
+            .inc();
+        let now = crate::publish::now_secs() as i64;
+        if matches!(r.outcome, PublishOutcome::Published { .. }) {
+            self.generations.get_or_create(&l).inc();
+            self.last_publish.get_or_create(&l).set(now);
+        }
+        self.last_cycle.get_or_create(&l).set(now);
+        self.bytes_uploaded
+            .get_or_create(&l)
+            .inc_by(r.bytes_uploaded);
+        self.bytes_deduplicated
+            .get_or_create(&l)
+            .inc_by(r.bytes_deduplicated);
+        self.files_hashed.get_or_create(&l).inc_by(r.files_hashed);
+        self.files_selected
+            .get_or_create(&l)
+            .set(r.files_selected as i64);
+        if let Ok(mut seen) = self.skip_reasons.lock() {
+            for (c, reason) in seen.iter().filter(|(c, _)| *c == cache) {
+                if !r.skipped.contains_key(reason) {
+                    self.files_skipped
+                        .get_or_create(&vec![("cache", c.clone()), ("reason", reason.clone())])
+                        .set(0);
+                }
+            }
+            for (reason, n) in &r.skipped {
+                seen.insert((cache.clone(), reason.clone()));
+                self.files_skipped
+                    .get_or_create(&vec![("cache", cache.clone()), ("reason", reason.clone())])
+                    .set(*n as i64);
+            }
+        }
+    }
+
+    pub fn record_error(&self, cache: &str, kind: &str) {
+        self.errors
+            .get_or_create(&vec![
+                ("cache", cache.to_owned()),
+                ("kind", kind.to_owned()),
+            ])
+            .inc();
+    }
+
+    pub fn record_cycle_error(&self, cache: &str, kind: &str) {
+        self.cycles
+            .get_or_create(&vec![
+                ("cache", cache.to_owned()),
+                ("outcome", "error".into()),
+            ])
+            .inc();
+        self.record_error(cache, kind);
+    }
+
+    pub fn set_pending(&self, cache: &str, pending: bool) {
+        self.pending
+            .get_or_create(&vec![("cache", cache.to_owned())])
+            .set(i64::from(pending));
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    pub fn rescan(&self) {
+        self.rescans.inc();
+    }
+
+    pub fn events(&self) {
+        self.events.inc();
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Binds the metrics endpoint (an error here stops the watcher: a port clash should be seen at
+/// start, not discovered when someone scrapes).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serves `/metrics` and `/healthz` until the runtime stops. `/healthz` answers 200 while the
+/// watcher's runtime is alive (it serves from the same runtime as the event loop).
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends pass; do not spin on them.
+                tracing::warn!("metrics endpoint: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            // A client that keeps the connection open idle must not hold a slot forever.
+            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
+        });
+    }
+}
+
+fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, ctype, body) = match (req.method(), req.uri().path()) {
+        (&hyper::Method::GET, "/metrics") => (
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        ),
+        (&hyper::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".into()),
+        (&hyper::Method::GET, _) => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics or /healthz\n".into(),
+        ),
+        _ => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "only GET\n".into(),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
+        resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generation::CompatId;
+    use std::collections::BTreeMap;
+
+    fn report(outcome: PublishOutcome, skipped: &[(&str, u64)]) -> PublishReport {
+        PublishReport {
+            cache_kind: "triton".into(),
+            root: "/r".into(),
+            compat_key: "k".into(),
+            compat_id: CompatId::new("triton", "k"),
+            outcome,
+            files_selected: 3,
+            skipped: skipped
+                .iter()
+                .map(|(r, n)| ((*r).to_owned(), *n))
+                .collect::<BTreeMap<_, _>>(),
+            files_new: 3,
+            files_hashed: 3,
+            bytes_uploaded: 1000,
+            bytes_deduplicated: 10,
+            packs_uploaded: 1,
+            packs_reused: 0,
+            conflicts: vec![],
+            merged: vec![],
+            duration_ms: 1,
+        }
+    }
+
+    #[test]
+    fn reports_become_metrics_and_stale_skip_reasons_reset() {
+        let m = Metrics::new();
+        m.record_report(&report(PublishOutcome::Empty, &[("lock file", 2)]));
+        m.record_report(&report(PublishOutcome::Empty, &[]));
+        m.record_cycle_error("triton", "store");
+        let text = m.encode();
+        for line in [
+            "jitship_watch_publish_cycles_total{cache=\"triton\",outcome=\"empty\"} 2",
+            "jitship_watch_publish_cycles_total{cache=\"triton\",outcome=\"error\"} 1",
+            "jitship_watch_bytes_uploaded_total{cache=\"triton\"} 2000",
+            "jitship_watch_files_skipped{cache=\"triton\",reason=\"lock file\"} 0",
+            "jitship_watch_errors_total{cache=\"triton\",kind=\"store\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+    }
+}

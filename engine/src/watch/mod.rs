@@ -1,0 +1,723 @@
+//! `jitship watch`: the background publisher beside a server.
+//!
+//! One event loop (tokio) owns the state of every cache root and decides when a root is due for a
+//! publish cycle; the cycle itself is `publish::publish` (the one publish path), run on a blocking
+//! thread with the root's own `HashCache`, so files seen before are not hashed again.
+//!
+//! What wakes the loop, and nothing else (no polling while idle):
+//! - file-system events (`fswatch`), which mark the roots they touch as changed;
+//! - the earliest due time: a changed root is due once it has been quiet for the settle window,
+//!   the minimum interval since its last cycle has passed and any failure backoff is over
+//!   (`schedule`);
+//! - the periodic rescan, the fallback for lost events (inotify overflow, network file systems):
+//!   it walks each root (stat only) and marks a root changed when its listing differs from the
+//!   previous rescan;
+//! - while the readiness gate is closed and something is pending, a probe every `READY_POLL`;
+//! - SIGTERM/SIGINT (a message on the `stop` channel): one final publish of every root within the
+//!   grace period, then return. A second signal abandons the final publish.
+//!
+//! Nothing is persisted: after a restart every root is pending, and the first cycle finds out from
+//! the store (the head's manifest) and the disk what is left; no marker file exists to go stale.
+//! One root failing (its policy, its disk, the store) is logged, counted, backed off and retried;
+//! the other roots go on.
+
+pub mod fswatch;
+pub mod metrics;
+pub mod ready;
+pub mod schedule;
+
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::policy::CachePolicy;
+use crate::publish::{HashCache, PublishError, PublishOptions, PublishOutcome, PublishReport};
+use crate::store::{KeyLayout, Store};
+use fswatch::FsWatch;
+use metrics::Metrics;
+use ready::{Probe, ReadyUrl};
+pub use schedule::Timing;
+use schedule::{Rescan, RootSchedule};
+
+/// Probe interval of the readiness gate while it is closed and something waits to be published.
+pub const READY_POLL: Duration = Duration::from_secs(2);
+
+/// A cache root to watch, with the policy that selects and keys its files.
+pub struct WatchedRoot {
+    pub kind: String,
+    pub root: PathBuf,
+    pub policy: Box<dyn CachePolicy>,
+}
+
+pub struct WatchOptions {
+    pub timing: Timing,
+    /// Publish only once this answered 200.
+    pub ready_url: Option<ReadyUrl>,
+    /// Bound on the final publish after SIGTERM/SIGINT.
+    pub grace: Duration,
+    /// Serve `/metrics` and `/healthz` here.
+    pub metrics_addr: Option<SocketAddr>,
+    pub publish: PublishOptions,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("no cache roots to watch: pass --cache KIND=ROOT or add [[cache]] to the config file")]
+    NoRoots,
+    #[error(
+        "cannot serve metrics on {addr}: {source}; pick another --metrics-addr (or free the port)"
+    )]
+    MetricsBind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// How the final publish after a stop signal went.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "final", rename_all = "kebab-case")]
+pub enum FinalPublish {
+    /// Every root was published (or had nothing new).
+    Done,
+    /// These cache kinds failed; their pending work was not published.
+    Failed { caches: Vec<String> },
+    /// The grace period ran out; roots not done by then were not published.
+    TimedOut { unfinished: Vec<String> },
+    /// A second signal cut the final publish short.
+    Interrupted,
+    /// The readiness gate never opened: nothing was published, as configured.
+    NotReady,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WatchSummary {
+    /// The signal (or reason) that stopped the watcher.
+    pub stopped_by: String,
+    pub cycles: u64,
+    pub generations: u64,
+    pub failed_cycles: u64,
+    pub final_publish: FinalPublish,
+}
+
+/// What a root needs to run a cycle; moved to the blocking thread and back.
+struct Worker {
+    policy: Box<dyn CachePolicy>,
+    hashes: HashCache,
+}
+
+struct Slot {
+    kind: String,
+    root: PathBuf,
+    sched: RootSchedule,
+    /// `None` while its cycle runs.
+    worker: Option<Worker>,
+    /// Digest of the root's listing at the last rescan.
+    listing: Option<blake3::Hash>,
+    /// The root itself existed at the last watch sync.
+    root_existed: bool,
+}
+
+type CycleResult = Result<PublishReport, (&'static str, String)>;
+
+enum JobDone {
+    Cycle {
+        index: usize,
+        worker: Worker,
+        result: CycleResult,
+    },
+    Rescan {
+        listings: Vec<Result<blake3::Hash, String>>,
+    },
+}
+
+struct Gate {
+    url: Option<ReadyUrl>,
+    open: bool,
+    next_probe: Instant,
+    /// Last probe result, so a steady "not ready" is logged once, not every 2 s.
+    last: Option<Probe>,
+}
+
+struct Loop {
+    store: Arc<dyn Store>,
+    layout: KeyLayout,
+    opts: WatchOptions,
+    slots: Vec<Slot>,
+    fs: FsWatch,
+    metrics: Arc<Metrics>,
+    rescan: Rescan,
+    gate: Gate,
+    summary: WatchSummary,
+}
+
+/// Runs the watcher until a message arrives on `stop` (the CLI sends one per SIGTERM/SIGINT),
+/// then publishes once more within the grace period and returns.
+pub async fn run(
+    store: Arc<dyn Store>,
+    layout: KeyLayout,
+    roots: Vec<WatchedRoot>,
+    opts: WatchOptions,
+    stop: mpsc::Receiver<String>,
+) -> Result<WatchSummary, WatchError> {
+    run_with_metrics(store, layout, roots, opts, stop, Arc::new(Metrics::new())).await
+}
+
+/// `run`, recording into `metrics` (tests read them).
+pub async fn run_with_metrics(
+    store: Arc<dyn Store>,
+    layout: KeyLayout,
+    roots: Vec<WatchedRoot>,
+    opts: WatchOptions,
+    mut stop: mpsc::Receiver<String>,
+    metrics: Arc<Metrics>,
+) -> Result<WatchSummary, WatchError> {
+    if roots.is_empty() {
+        return Err(WatchError::NoRoots);
+    }
+    if let Some(addr) = opts.metrics_addr {
+        let listener = metrics::bind(addr)
+            .await
+            .map_err(|source| WatchError::MetricsBind { addr, source })?;
+        let shown = listener.local_addr().unwrap_or(addr);
+        tracing::info!("metrics on http://{shown}/metrics, health on http://{shown}/healthz");
+        tokio::spawn(metrics::serve(listener, metrics.clone()));
+    }
+    let now = Instant::now();
+    let slots: Vec<Slot> = roots
+        .into_iter()
+        .map(|r| {
+            // Events carry absolute paths; a relative root would never match them.
+            let root = std::path::absolute(&r.root).unwrap_or(r.root);
+            Slot {
+                kind: r.kind,
+                root_existed: root.is_dir(),
+                root,
+                sched: RootSchedule::new(now.into_std()),
+                worker: Some(Worker {
+                    policy: r.policy,
+                    hashes: HashCache::default(),
+                }),
+                listing: None,
+            }
+        })
+        .collect();
+    let (fs, fault) = FsWatch::new();
+    let gate = Gate {
+        open: opts.ready_url.is_none(),
+        url: opts.ready_url.clone(),
+        next_probe: now,
+        last: None,
+    };
+    metrics.set_ready(gate.open);
+    let mut lp = Loop {
+        rescan: Rescan::new(now.into_std(), &opts.timing),
+        store,
+        layout,
+        opts,
+        slots,
+        fs,
+        metrics,
+        gate,
+        summary: WatchSummary {
+            stopped_by: String::new(),
+            cycles: 0,
+            generations: 0,
+            failed_cycles: 0,
+            final_publish: FinalPublish::Done,
+        },
+    };
+    if let Some(f) = fault {
+        lp.fault(&f);
+    }
+    lp.sync_watches(true, false);
+    for s in &lp.slots {
+        tracing::info!(
+            cache = %s.kind,
+            root = %s.root.display(),
+            "watching{}",
+            if s.root_existed { "" } else { " (the root does not exist yet; waiting for it)" }
+        );
+    }
+    let t = lp.opts.timing;
+    tracing::info!(
+        settle = ?t.settle,
+        min_interval = ?t.min_interval,
+        rescan_interval = ?t.rescan_interval,
+        grace = ?lp.opts.grace,
+        ready_url = lp.gate.url.as_ref().map(ReadyUrl::as_str),
+        "jitship watch started"
+    );
+
+    let (stopped_by, running) = lp.main_loop(&mut stop).await;
+    tracing::info!(
+        "{stopped_by}: final publish of pending work (grace {:?})",
+        lp.opts.grace
+    );
+    lp.summary.stopped_by = stopped_by;
+    lp.summary.final_publish = lp.final_publish(running, &mut stop).await;
+    tracing::info!(
+        cycles = lp.summary.cycles,
+        generations = lp.summary.generations,
+        failed_cycles = lp.summary.failed_cycles,
+        final_publish = ?lp.summary.final_publish,
+        "jitship watch stopped"
+    );
+    Ok(lp.summary)
+}
+
+/// Awaits the running job, or forever when there is none.
+async fn join(job: &mut Option<JoinHandle<JobDone>>) -> Result<JobDone, tokio::task::JoinError> {
+    match job.as_mut() {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The outcome of waiting for something during the final publish.
+enum Bounded<T> {
+    Done(T),
+    TimedOut,
+    Interrupted,
+}
+
+async fn bounded<F: std::future::Future>(
+    fut: F,
+    deadline: Instant,
+    stop: &mut mpsc::Receiver<String>,
+) -> Bounded<F::Output> {
+    tokio::select! {
+        out = fut => Bounded::Done(out),
+        _ = tokio::time::sleep_until(deadline) => Bounded::TimedOut,
+        Some(sig) = stop.recv() => {
+            tracing::warn!("{sig} again: abandoning the final publish");
+            Bounded::Interrupted
+        }
+    }
+}
+
+fn error_kind(e: &PublishError) -> &'static str {
+    match e {
+        PublishError::Policy { .. } | PublishError::PolicyContract(..) => "policy",
+        PublishError::Scan { .. } => "scan",
+        PublishError::Read { .. } => "read",
+        PublishError::Store(_) => "store",
+        PublishError::Catalog(_) => "catalog",
+        PublishError::Contention(_) => "contention",
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+/// Digest of a root's listing (paths, sizes, mtimes, inodes): equal digests, nothing changed.
+fn listing_digest(root: &std::path::Path) -> Result<blake3::Hash, String> {
+    let snap = crate::scan::snapshot(root).map_err(|e| e.to_string())?;
+    let mut h = blake3::Hasher::new();
+    for f in &snap.files {
+        h.update(f.path.as_str().as_bytes());
+        h.update(&[0]);
+        h.update(&f.size.to_le_bytes());
+        h.update(&f.mtime_s.to_le_bytes());
+        h.update(&f.mtime_ns.to_le_bytes());
+        h.update(&f.ino.to_le_bytes());
+    }
+    for (p, _) in &snap.unpublishable {
+        h.update(p.as_bytes());
+        h.update(&[1]);
+    }
+    Ok(h.finalize())
+}
+
+impl Loop {
+    /// Runs until a stop message; returns its name and the job still running, if any.
+    async fn main_loop(
+        &mut self,
+        stop: &mut mpsc::Receiver<String>,
+    ) -> (String, Option<JoinHandle<JobDone>>) {
+        let inbox = self.fs.inbox();
+        let mut job: Option<JoinHandle<JobDone>> = None;
+        loop {
+            let now = Instant::now();
+            if job.is_none() {
+                if self.rescan.next <= now.into_std() {
+                    job = Some(self.spawn_rescan());
+                } else if !self.gate.open {
+                    if self.any_pending() && self.gate.next_probe <= now {
+                        self.probe_gate().await;
+                        continue;
+                    }
+                } else if let Some(i) = self.earliest_due(now) {
+                    job = Some(self.spawn_cycle(i));
+                }
+            }
+            let wake = self.next_wake();
+            tokio::select! {
+                sig = stop.recv() => {
+                    return (sig.unwrap_or_else(|| "stop channel closed".into()), job);
+                }
+                done = join(&mut job) => {
+                    job = None;
+                    self.finish(done);
+                }
+                _ = inbox.notified() => {}
+                _ = tokio::time::sleep_until(wake), if job.is_none() => {}
+            }
+            self.handle_events();
+            self.update_pending_metrics();
+        }
+    }
+
+    fn any_pending(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.sched.pending && s.worker.is_some())
+    }
+
+    /// The due root that has waited longest.
+    fn earliest_due(&self, now: Instant) -> Option<usize> {
+        let t = &self.opts.timing;
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.worker.is_some())
+            .filter_map(|(i, s)| Some((s.sched.due_at(t)?, i)))
+            .filter(|(at, _)| *at <= now.into_std())
+            .min()
+            .map(|(_, i)| i)
+    }
+
+    /// When the loop must wake up by itself if no event comes.
+    fn next_wake(&self) -> Instant {
+        let mut wake = self.rescan.next;
+        if self.gate.open {
+            let t = &self.opts.timing;
+            if let Some(due) = self
+                .slots
+                .iter()
+                .filter(|s| s.worker.is_some())
+                .filter_map(|s| s.sched.due_at(t))
+                .min()
+            {
+                wake = wake.min(due);
+            }
+        } else if self.any_pending() {
+            wake = wake.min(self.gate.next_probe.into_std());
+        }
+        Instant::from_std(wake)
+    }
+
+    async fn probe_gate(&mut self) {
+        let Some(url) = self.gate.url.clone() else {
+            self.gate.open = true;
+            return;
+        };
+        let result = ready::probe(&url).await;
+        if result == Probe::Ready {
+            tracing::info!(url = %url.as_str(), "server is ready: publishing from now on");
+            self.gate.open = true;
+            self.metrics.set_ready(true);
+        } else if self.gate.last.as_ref() != Some(&result) {
+            tracing::info!(url = %url.as_str(), ?result, "server not ready yet: holding publishes");
+        }
+        self.gate.last = Some(result);
+        self.gate.next_probe = Instant::now() + READY_POLL;
+    }
+
+    fn spawn_cycle(&mut self, index: usize) -> JoinHandle<JobDone> {
+        let slot = &mut self.slots[index];
+        let now = Instant::now().into_std();
+        slot.sched.cycle_started(now);
+        self.metrics.set_pending(&slot.kind, false);
+        let mut worker = slot
+            .worker
+            .take()
+            .expect("earliest_due only picks roots whose worker is home");
+        let root = slot.root.clone();
+        let store = self.store.clone();
+        let layout = self.layout.clone();
+        let opts = self.opts.publish.clone();
+        tracing::debug!(cache = %slot.kind, root = %root.display(), "publish cycle");
+        tokio::task::spawn_blocking(move || {
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                crate::publish::publish(
+                    store.as_ref(),
+                    &layout,
+                    worker.policy.as_ref(),
+                    &root,
+                    &opts,
+                    &mut worker.hashes,
+                )
+            }));
+            let result = match result {
+                Ok(Ok(report)) => Ok(report),
+                Ok(Err(e)) => Err((error_kind(&e), e.to_string())),
+                Err(p) => Err(("panic", panic_message(p.as_ref()))),
+            };
+            JobDone::Cycle {
+                index,
+                worker,
+                result,
+            }
+        })
+    }
+
+    fn spawn_rescan(&mut self) -> JoinHandle<JobDone> {
+        self.metrics.rescan();
+        let roots: Vec<PathBuf> = self.slots.iter().map(|s| s.root.clone()).collect();
+        tokio::task::spawn_blocking(move || JobDone::Rescan {
+            listings: roots.iter().map(|r| listing_digest(r)).collect(),
+        })
+    }
+
+    fn finish(&mut self, done: Result<JobDone, tokio::task::JoinError>) {
+        let now = Instant::now().into_std();
+        match done {
+            Ok(JobDone::Cycle {
+                index,
+                worker,
+                result,
+            }) => {
+                let slot = &mut self.slots[index];
+                slot.worker = Some(worker);
+                self.summary.cycles += 1;
+                match result {
+                    Ok(report) => {
+                        slot.sched.cycle_succeeded();
+                        self.metrics.record_report(&report);
+                        log_report(&report);
+                        if matches!(report.outcome, PublishOutcome::Published { .. }) {
+                            self.summary.generations += 1;
+                        }
+                    }
+                    Err((kind, message)) => {
+                        slot.sched.cycle_failed(now);
+                        self.summary.failed_cycles += 1;
+                        self.metrics.record_cycle_error(&slot.kind, kind);
+                        let retry = slot
+                            .sched
+                            .due_at(&self.opts.timing)
+                            .map(|at| at.saturating_duration_since(now));
+                        tracing::warn!(
+                            cache = %slot.kind,
+                            root = %slot.root.display(),
+                            error_kind = kind,
+                            retry_in = ?retry,
+                            "publish cycle failed: {message}"
+                        );
+                    }
+                }
+            }
+            Ok(JobDone::Rescan { listings }) => {
+                self.rescan.done(now, &self.opts.timing);
+                for (slot, listing) in self.slots.iter_mut().zip(listings) {
+                    match listing {
+                        Ok(digest) => {
+                            if slot.listing != Some(digest) {
+                                // Changed since the last rescan (or first rescan): settle, then
+                                // publish. Usually events saw it first and this cycle is a cheap
+                                // "unchanged"; without events (lost, NFS) this is how it is seen.
+                                slot.listing = Some(digest);
+                                slot.sched.changed(now);
+                            }
+                        }
+                        Err(e) => {
+                            self.metrics.record_error(&slot.kind, "scan");
+                            tracing::warn!(cache = %slot.kind, "rescan failed: {e}");
+                        }
+                    }
+                }
+                self.sync_watches(true, false);
+            }
+            Err(e) => {
+                // Cycles catch their panics, so this is unreachable in practice; the root whose
+                // worker was lost stays out of the rotation (and the error is counted).
+                self.metrics.record_error("*", "panic");
+                tracing::error!("background job failed: {e}");
+                self.rescan.done(now, &self.opts.timing);
+            }
+        }
+    }
+
+    fn fault(&self, f: &fswatch::WatchFault) {
+        self.metrics.record_error("*", f.kind);
+        tracing::warn!("{}", f.message);
+    }
+
+    /// Registers the watches the roots need now; a root that just appeared is marked changed
+    /// (files may have been written into it before its watch existed).
+    fn sync_watches(&mut self, retry_failed: bool, force: bool) {
+        let roots: Vec<PathBuf> = self.slots.iter().map(|s| s.root.clone()).collect();
+        for f in self.fs.sync(&roots, retry_failed, force) {
+            self.fault(&f);
+        }
+        let now = Instant::now().into_std();
+        for s in &mut self.slots {
+            let exists = s.root.is_dir();
+            if exists != s.root_existed {
+                tracing::info!(
+                    cache = %s.kind,
+                    root = %s.root.display(),
+                    "the root {}",
+                    if exists { "appeared" } else { "disappeared" }
+                );
+                s.root_existed = exists;
+                s.sched.changed(now);
+            }
+        }
+    }
+
+    fn handle_events(&mut self) {
+        let d = self.fs.inbox().drain();
+        for f in &d.errors {
+            self.fault(f);
+            if f.kind == "watch_limit" {
+                self.rescan.soon(Instant::now().into_std());
+            }
+        }
+        if d.paths.is_empty() && !d.all_changed && !d.overflowed {
+            return;
+        }
+        self.metrics.events();
+        let now = Instant::now().into_std();
+        if d.overflowed {
+            tracing::warn!("file events were lost (inotify queue overflow): rescanning");
+            self.metrics.record_error("*", "overflow");
+            self.rescan.soon(now);
+        }
+        for s in &mut self.slots {
+            let touched = d.all_changed
+                || d.overflowed
+                || d.paths
+                    .iter()
+                    .any(|p| p.starts_with(&s.root) || s.root.starts_with(p));
+            if touched {
+                s.sched.changed(now);
+            }
+        }
+        // Roots appearing or vanishing show up as events on their ancestors.
+        self.sync_watches(false, d.overflowed);
+    }
+
+    fn update_pending_metrics(&self) {
+        for s in &self.slots {
+            self.metrics.set_pending(&s.kind, s.sched.pending);
+        }
+    }
+
+    /// After a stop signal: wait for the running job, then publish every root once (pending
+    /// ones first), retrying the failed ones once, all within the grace period.
+    async fn final_publish(
+        &mut self,
+        running: Option<JoinHandle<JobDone>>,
+        stop: &mut mpsc::Receiver<String>,
+    ) -> FinalPublish {
+        let deadline = Instant::now() + self.opts.grace;
+        if let Some(h) = running {
+            match bounded(h, deadline, stop).await {
+                Bounded::Done(done) => self.finish(done),
+                Bounded::TimedOut => {
+                    return FinalPublish::TimedOut {
+                        unfinished: self.slots.iter().map(|s| s.kind.clone()).collect(),
+                    };
+                }
+                Bounded::Interrupted => return FinalPublish::Interrupted,
+            }
+        }
+        if !self.gate.open {
+            // The server may have become ready since the last probe.
+            match bounded(self.probe_gate(), deadline, stop).await {
+                Bounded::Done(()) => {}
+                Bounded::TimedOut => return FinalPublish::NotReady,
+                Bounded::Interrupted => return FinalPublish::Interrupted,
+            }
+            if !self.gate.open {
+                tracing::warn!(
+                    "the server never reported ready: nothing published (the readiness gate holds \
+                     for the final publish too)"
+                );
+                return FinalPublish::NotReady;
+            }
+        }
+        let mut order: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].worker.is_some())
+            .collect();
+        order.sort_by_key(|&i| !self.slots[i].sched.pending);
+        let mut failed: Vec<usize> = Vec::new();
+        for attempt in 0..2 {
+            let mut next_failed = Vec::new();
+            let todo = if attempt == 0 {
+                order.clone()
+            } else {
+                std::mem::take(&mut failed)
+            };
+            for (n, &i) in todo.iter().enumerate() {
+                let h = self.spawn_cycle(i);
+                match bounded(h, deadline, stop).await {
+                    Bounded::Done(done) => {
+                        self.finish(done);
+                        if self.slots[i].sched.failures > 0 {
+                            next_failed.push(i);
+                        }
+                    }
+                    Bounded::TimedOut => {
+                        let unfinished = todo[n..]
+                            .iter()
+                            .chain(&next_failed)
+                            .map(|&j| self.slots[j].kind.clone())
+                            .collect();
+                        return FinalPublish::TimedOut { unfinished };
+                    }
+                    Bounded::Interrupted => return FinalPublish::Interrupted,
+                }
+            }
+            failed = next_failed;
+            if failed.is_empty() {
+                return FinalPublish::Done;
+            }
+        }
+        FinalPublish::Failed {
+            caches: failed.iter().map(|&i| self.slots[i].kind.clone()).collect(),
+        }
+    }
+}
+
+fn log_report(r: &PublishReport) {
+    match &r.outcome {
+        PublishOutcome::Published { generation, seq } => tracing::info!(
+            cache = %r.cache_kind,
+            generation = %generation,
+            seq,
+            files_new = r.files_new,
+            files_hashed = r.files_hashed,
+            bytes_uploaded = r.bytes_uploaded,
+            bytes_deduplicated = r.bytes_deduplicated,
+            duration_ms = r.duration_ms,
+            "published a new generation"
+        ),
+        PublishOutcome::Unchanged { generation } => tracing::debug!(
+            cache = %r.cache_kind,
+            generation = %generation,
+            files_hashed = r.files_hashed,
+            duration_ms = r.duration_ms,
+            "unchanged"
+        ),
+        PublishOutcome::Empty => tracing::debug!(cache = %r.cache_kind, "nothing to publish yet"),
+    }
+    for c in &r.conflicts {
+        tracing::warn!(
+            cache = %r.cache_kind,
+            path = %c.path,
+            "a file differs from the published copy; kept the published one"
+        );
+    }
+}
