@@ -132,7 +132,8 @@ pub struct WatchConfig {
     /// overflow, the watch limit) or never come (network file systems).
     #[serde(with = "humantime_serde")]
     pub rescan_interval: Duration,
-    /// Least time between two publishes of one root.
+    /// Least time between two new generations of one root (cycles that find nothing new do not
+    /// count).
     #[serde(with = "humantime_serde")]
     pub min_interval: Duration,
     /// Publish only once this URL (the server's health endpoint, plain http) answered 200.

@@ -7,7 +7,7 @@
 //! What wakes the loop, and nothing else (no polling while idle):
 //! - file-system events (`fswatch`), which mark the roots they touch as changed;
 //! - the earliest due time: a changed root is due once it has been quiet for the settle window,
-//!   the minimum interval since its last cycle has passed and any failure backoff is over
+//!   the minimum interval since its last new generation has passed and any failure backoff is over
 //!   (`schedule`);
 //! - the periodic rescan, the fallback for lost events (inotify overflow, network file systems):
 //!   it walks each root (stat only) and marks a root changed when its listing differs from the
@@ -492,12 +492,11 @@ impl Loop {
                 self.summary.cycles += 1;
                 match result {
                     Ok(report) => {
-                        slot.sched.cycle_succeeded();
+                        let published = matches!(report.outcome, PublishOutcome::Published { .. });
+                        slot.sched.cycle_succeeded(published);
                         self.metrics.record_report(&report);
                         log_report(&report);
-                        if matches!(report.outcome, PublishOutcome::Published { .. }) {
-                            self.summary.generations += 1;
-                        }
+                        self.summary.generations += u64::from(published);
                     }
                     Err((kind, message)) => {
                         slot.sched.cycle_failed(now);

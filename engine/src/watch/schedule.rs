@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 pub struct Timing {
     /// Quiet time after the last change before a cycle.
     pub settle: Duration,
-    /// Least time between the starts of two cycles of one root.
+    /// Least time between two publishes (new generations) of one root. Cycles that find nothing
+    /// new do not count: they cost no upload and make no generation.
     pub min_interval: Duration,
     /// Full rescan of every root this often, whatever the events say.
     pub rescan_interval: Duration,
@@ -27,8 +28,10 @@ pub struct RootSchedule {
     pub pending: bool,
     /// Last change seen (event or rescan difference): the settle window counts from here.
     pub last_change: Instant,
-    /// Start of the last cycle, successful or not (for the minimum interval).
+    /// Start of the running or last cycle.
     pub last_attempt: Option<Instant>,
+    /// Start of the last cycle that made a new generation (for the minimum interval).
+    pub last_publish: Option<Instant>,
     /// Consecutive failed cycles.
     pub failures: u32,
     /// No retry before this, after a failure.
@@ -43,6 +46,7 @@ impl RootSchedule {
             pending: true,
             last_change: now,
             last_attempt: None,
+            last_publish: None,
             failures: 0,
             retry_at: None,
         }
@@ -59,7 +63,7 @@ impl RootSchedule {
             return None;
         }
         let mut at = self.last_change + t.settle;
-        if let Some(last) = self.last_attempt {
+        if let Some(last) = self.last_publish {
             at = at.max(last + t.min_interval);
         }
         if let Some(retry) = self.retry_at {
@@ -78,7 +82,11 @@ impl RootSchedule {
         self.last_attempt = Some(now);
     }
 
-    pub fn cycle_succeeded(&mut self) {
+    /// `published`: the cycle made a new generation.
+    pub fn cycle_succeeded(&mut self, published: bool) {
+        if published {
+            self.last_publish = self.last_attempt;
+        }
         self.failures = 0;
         self.retry_at = None;
     }
@@ -153,11 +161,22 @@ mod tests {
         let t = timing();
         let mut s = RootSchedule::new(t0);
         s.cycle_started(t0 + Duration::from_secs(5));
-        s.cycle_succeeded();
+        s.cycle_succeeded(true);
         assert_eq!(s.due_at(&t), None);
-        // A change 1 s after the cycle: settle says 11 s, the minimum interval says 35 s.
+        // A change 1 s after the publish: settle says 11 s, the minimum interval says 35 s.
         s.changed(t0 + Duration::from_secs(6));
         assert_eq!(s.due_at(&t), Some(t0 + Duration::from_secs(35)));
+    }
+
+    #[test]
+    fn cycles_that_publish_nothing_do_not_hold_the_next_publish() {
+        let t0 = Instant::now();
+        let t = timing();
+        let mut s = RootSchedule::new(t0);
+        s.cycle_started(t0 + Duration::from_secs(5));
+        s.cycle_succeeded(false);
+        s.changed(t0 + Duration::from_secs(7));
+        assert_eq!(s.due_at(&t), Some(t0 + Duration::from_secs(12)));
     }
 
     #[test]
@@ -166,7 +185,7 @@ mod tests {
         let mut s = RootSchedule::new(t0);
         s.cycle_started(t0);
         s.changed(t0 + Duration::from_millis(10));
-        s.cycle_succeeded();
+        s.cycle_succeeded(true);
         assert!(s.pending);
     }
 
@@ -190,7 +209,7 @@ mod tests {
         assert_eq!(waits[3], Duration::from_secs(16));
         assert_eq!(*waits.last().unwrap(), MAX_BACKOFF);
         s.cycle_started(t0);
-        s.cycle_succeeded();
+        s.cycle_succeeded(false);
         assert_eq!(s.failures, 0);
         assert_eq!(s.retry_at, None);
     }
