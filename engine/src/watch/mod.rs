@@ -71,11 +71,12 @@ pub enum WatchError {
     #[error("no cache roots to watch: pass --cache KIND=ROOT or add [[cache]] to the config file")]
     NoRoots,
     #[error(
-        "cannot serve metrics on {addr}: {source}; pick another --metrics-addr (or free the port)"
+        "cannot serve metrics on {addr}: {reason}; pick another --metrics-addr (or free the port)"
     )]
     MetricsBind {
         addr: SocketAddr,
-        source: std::io::Error,
+        // Not `source`: the message already says it, and anyhow would print it twice.
+        reason: std::io::Error,
     },
 }
 
@@ -183,7 +184,7 @@ pub async fn run_with_metrics(
     if let Some(addr) = opts.metrics_addr {
         let listener = metrics::bind(addr)
             .await
-            .map_err(|source| WatchError::MetricsBind { addr, source })?;
+            .map_err(|reason| WatchError::MetricsBind { addr, reason })?;
         let shown = listener.local_addr().unwrap_or(addr);
         tracing::info!("metrics on http://{shown}/metrics, health on http://{shown}/healthz");
         tokio::spawn(metrics::serve(listener, metrics.clone()));
