@@ -427,6 +427,7 @@ fn run_watch(args: WatchArgs) -> Result<i32> {
         ready_url,
         grace: wc.grace,
         metrics_addr: wc.metrics_addr,
+        notify: true,
         publish: session.publish_options(args.pack_size, args.pod.as_ref()),
     };
     let roots: Vec<WatchedRoot> = session

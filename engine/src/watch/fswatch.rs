@@ -169,11 +169,17 @@ pub struct FsWatch {
 }
 
 impl FsWatch {
-    /// Without a working notify backend the watcher still works, on rescans alone.
-    pub fn new() -> (Self, Option<WatchFault>) {
+    /// Without a working notify backend (or with `enabled` false) the watcher still works, on
+    /// rescans alone.
+    pub fn new(enabled: bool) -> (Self, Option<WatchFault>) {
         let inbox = Arc::new(Inbox::default());
         let sink = inbox.clone();
-        let (watcher, fault) = match notify::recommended_watcher(move |ev| sink.push_event(ev)) {
+        let created = if enabled {
+            notify::recommended_watcher(move |ev| sink.push_event(ev))
+        } else {
+            Err(notify::Error::generic("disabled by configuration"))
+        };
+        let (watcher, fault) = match created {
             Ok(w) => (Some(w), None),
             Err(e) => (
                 None,

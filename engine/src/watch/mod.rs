@@ -64,6 +64,9 @@ pub struct WatchOptions {
     /// Serve `/metrics` and `/healthz` here.
     pub metrics_addr: Option<SocketAddr>,
     pub publish: PublishOptions,
+    /// Use file notifications (true in production). False leaves only the periodic rescan, as on
+    /// a file system that never delivers events; tests use it to prove the fallback alone works.
+    pub notify: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -130,7 +133,8 @@ enum JobDone {
     Cycle {
         index: usize,
         worker: Worker,
-        result: CycleResult,
+        // Boxed: a report is much larger than a rescan's result.
+        result: Box<CycleResult>,
     },
     Rescan {
         listings: Vec<Result<blake3::Hash, String>>,
@@ -208,7 +212,7 @@ pub async fn run_with_metrics(
             }
         })
         .collect();
-    let (fs, fault) = FsWatch::new();
+    let (fs, fault) = FsWatch::new(opts.notify);
     let gate = Gate {
         open: opts.ready_url.is_none(),
         url: opts.ready_url.clone(),
@@ -467,7 +471,7 @@ impl Loop {
             JobDone::Cycle {
                 index,
                 worker,
-                result,
+                result: Box::new(result),
             }
         })
     }
@@ -491,7 +495,7 @@ impl Loop {
                 let slot = &mut self.slots[index];
                 slot.worker = Some(worker);
                 self.summary.cycles += 1;
-                match result {
+                match *result {
                     Ok(report) => {
                         let published = matches!(report.outcome, PublishOutcome::Published { .. });
                         slot.sched.cycle_succeeded(published);
@@ -777,6 +781,7 @@ mod tests {
             ready_url: None,
             grace: Duration::from_secs(10),
             metrics_addr: None,
+            notify: true,
             publish: PublishOptions {
                 pack_size: 1 << 20,
                 producer: Producer {
@@ -862,6 +867,54 @@ mod tests {
             }
         );
         assert!(summary.failed_cycles >= 4, "{summary:?}");
+    }
+
+    /// No file events at all (network file system): the rescan alone finds the change, and the
+    /// settle window still applies after it.
+    #[tokio::test]
+    async fn the_rescan_alone_finds_changes_when_no_event_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let store: Arc<dyn Store> = Arc::new(LocalStore::open(dir.path().join("store")).unwrap());
+        let layout = KeyLayout::new("t").unwrap();
+        let mut opts = options();
+        opts.notify = false;
+        opts.timing.rescan_interval = Duration::from_secs(1);
+        let (tx, rx) = mpsc::channel(2);
+        let task = tokio::spawn(run(
+            store.clone(),
+            layout.clone(),
+            vec![WatchedRoot {
+                kind: "k".into(),
+                root: root.clone(),
+                policy: Box::new(NativeRules::new("k")),
+            }],
+            opts,
+            rx,
+        ));
+        // Let the start-up cycle (empty root) pass, then write.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(root.join("a.cubin"), b"kernel").unwrap();
+        let written = Instant::now();
+        let compat = crate::generation::CompatId::new("k", "");
+        loop {
+            if crate::catalog::newest_head(store.as_ref(), &layout, &compat)
+                .unwrap()
+                .is_some()
+            {
+                break;
+            }
+            assert!(
+                written.elapsed() < Duration::from_secs(20),
+                "the rescan never found the file"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tx.send("SIGTERM".into()).await.unwrap();
+        let summary = task.await.unwrap().unwrap();
+        assert_eq!(summary.generations, 1);
+        assert_eq!(summary.final_publish, FinalPublish::Done);
     }
 
     #[tokio::test]
