@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 work=${1:-target/quickstart}
 rm -rf "$work" && mkdir -p "$work"
 
-cargo build --release -q -p jitship
-jitship=target/release/jitship
+# The test suite runs this with JITSHIP_QUICKSTART_PROFILE=dev to reuse its debug build.
+profile=${JITSHIP_QUICKSTART_PROFILE:-release}
+cargo build --profile "$profile" -q -p jitship
+jitship=target/$([ "$profile" = dev ] && echo debug || echo "$profile")/jitship
 store="local:$work/store"
 
 echo "== a worker compiles kernels: 300 Triton-like kernel directories"

@@ -18,4 +18,4 @@ step "unit and end-to-end tests on the local store"
 cargo test --workspace --no-fail-fast
 
 step "quickstart (the README's first command)"
-./examples/quickstart.sh target/quickstart-test
+JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test
