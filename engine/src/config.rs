@@ -12,11 +12,18 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path} is not valid: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid {what} {value:?}: {hint}")]
-    Invalid { what: &'static str, value: String, hint: String },
+    Invalid {
+        what: &'static str,
+        value: String,
+        hint: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -45,7 +52,11 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { backend: Backend::Local, namespace: "jitship".into(), local: LocalStoreConfig::default() }
+        Self {
+            backend: Backend::Local,
+            namespace: "jitship".into(),
+            local: LocalStoreConfig::default(),
+        }
     }
 }
 
@@ -63,7 +74,9 @@ pub struct LocalStoreConfig {
 
 impl Default for LocalStoreConfig {
     fn default() -> Self {
-        Self { path: PathBuf::from("/var/lib/jitship/store") }
+        Self {
+            path: PathBuf::from("/var/lib/jitship/store"),
+        }
     }
 }
 
@@ -121,7 +134,10 @@ pub struct PublishConfig {
 
 impl Default for PublishConfig {
     fn default() -> Self {
-        Self { pack_size: ByteSize::mib(64), pod: None }
+        Self {
+            pack_size: ByteSize::mib(64),
+            pod: None,
+        }
     }
 }
 
@@ -135,18 +151,26 @@ pub struct InstallConfig {
 
 impl Default for InstallConfig {
     fn default() -> Self {
-        Self { deadline: Duration::from_secs(60) }
+        Self {
+            deadline: Duration::from_secs(60),
+        }
     }
 }
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
         Self::parse(&text, path)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -180,7 +204,11 @@ impl Config {
         for c in &self.caches {
             parse_kind(&c.kind)?;
             if !kinds.insert(&c.kind) {
-                return Err(ConfigError::Invalid { what: "cache kind", value: c.kind.clone(), hint: "each kind may appear once".into() });
+                return Err(ConfigError::Invalid {
+                    what: "cache kind",
+                    value: c.kind.clone(),
+                    hint: "each kind may appear once".into(),
+                });
             }
         }
         Ok(())
@@ -188,8 +216,16 @@ impl Config {
 }
 
 fn parse_kind(kind: &str) -> Result<(), ConfigError> {
-    if kind.is_empty() || !kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
-        return Err(ConfigError::Invalid { what: "cache kind", value: kind.into(), hint: "use lowercase letters, digits, - and _".into() });
+    if kind.is_empty()
+        || !kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(ConfigError::Invalid {
+            what: "cache kind",
+            value: kind.into(),
+            hint: "use lowercase letters, digits, - and _".into(),
+        });
     }
     Ok(())
 }
@@ -203,16 +239,27 @@ pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
     })?;
     parse_kind(kind)?;
     if root.is_empty() {
-        return Err(ConfigError::Invalid { what: "--cache", value: s.into(), hint: "the root is empty".into() });
+        return Err(ConfigError::Invalid {
+            what: "--cache",
+            value: s.into(),
+            hint: "the root is empty".into(),
+        });
     }
-    Ok(CacheConfig { kind: kind.into(), root: PathBuf::from(root) })
+    Ok(CacheConfig {
+        kind: kind.into(),
+        root: PathBuf::from(root),
+    })
 }
 
 /// `K=V`, as given to `--fact`.
 pub fn parse_fact_arg(s: &str) -> Result<(String, String), ConfigError> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.into(), v.into())),
-        _ => Err(ConfigError::Invalid { what: "--fact", value: s.into(), hint: "expected NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B".into() }),
+        _ => Err(ConfigError::Invalid {
+            what: "--fact",
+            value: s.into(),
+            hint: "expected NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B".into(),
+        }),
     }
 }
 
@@ -224,7 +271,11 @@ pub fn apply_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigErr
             store.local.path = PathBuf::from(dir);
             Ok(())
         }
-        _ => Err(ConfigError::Invalid { what: "--store", value: s.into(), hint: "expected local:DIR".into() }),
+        _ => Err(ConfigError::Invalid {
+            what: "--store",
+            value: s.into(),
+            hint: "expected local:DIR".into(),
+        }),
     }
 }
 
@@ -234,18 +285,27 @@ mod tests {
 
     #[test]
     fn example_config_parses() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/jitship.toml"));
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/jitship.toml"
+        ));
         let config = Config::load(path).unwrap();
         assert!(!config.caches.is_empty());
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_clear_errors() {
-        let err = Config::parse("[store]\nbakend = 'local'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[store]\nbakend = 'local'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bakend") && err.contains("x.toml"), "{err}");
-        let err = Config::parse("[install]\ndeadline = 'soon'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[install]\ndeadline = 'soon'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("deadline"), "{err}");
-        let err = Config::parse("[publish]\npack_size = '1KiB'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[publish]\npack_size = '1KiB'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("at least"), "{err}");
         assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
