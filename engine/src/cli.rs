@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, CacheConfig, Config};
-use crate::facts::Facts;
+use crate::facts::{Facts, FactsConfig};
 use crate::generation::Producer;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::policy::CachePolicy;
@@ -64,6 +64,14 @@ pub enum Command {
     /// worker's key, or evicted), 12 failed (the root was left as it was); with several caches the
     /// most severe outcome wins. --best-effort exits 0 for all four.
     Install(InstallArgs),
+    /// Print the facts compatibility keys are built from, where each came from, and why each
+    /// missing one is missing.
+    ///
+    /// GPU and driver come from NVML (or nvidia-smi, or /proc/driver/nvidia/version), Python and
+    /// package versions from a bare interpreter and site-packages metadata (no import of torch).
+    /// Overrides win: the config's [facts], then --fact / JITSHIP_FACTS. A policy that needs a
+    /// missing fact refuses to produce a key: give it with --fact NAME=VALUE.
+    Facts(FactsArgs),
 }
 
 /// Where the store is, which caches, and the facts keys are built from.
@@ -141,6 +149,30 @@ pub struct InstallArgs {
     pub best_effort: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct FactsArgs {
+    /// TOML config file: its [facts] overrides and [gather] settings.
+    #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
+    #[arg(
+        long = "fact",
+        env = "JITSHIP_FACTS",
+        value_name = "NAME=VALUE",
+        value_delimiter = ';'
+    )]
+    pub facts: Vec<String>,
+
+    /// The inference engine's Python interpreter (default: [gather] python, then python3 on PATH).
+    #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
+    /// Print {"facts", "sources", "missing"} as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Entry point of the binary: returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -175,6 +207,7 @@ pub fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Publish(args) => run_publish(args),
         Command::Install(args) => run_install(args),
+        Command::Facts(args) => run_facts(args),
     }
 }
 
@@ -406,4 +439,26 @@ fn print_install(r: &InstallReport) {
     for c in &r.conflicts {
         println!("  left alone: {c}");
     }
+}
+
+fn run_facts(args: FactsArgs) -> Result<i32> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(python) = &args.python {
+        config.gather.python = Some(python.clone());
+    }
+    let mut flag_facts = std::collections::BTreeMap::new();
+    for arg in args.facts.iter().filter(|a| !a.trim().is_empty()) {
+        let (k, v) = config::parse_fact_arg(arg.trim())?;
+        flag_facts.insert(k, v);
+    }
+    let gathered = crate::facts::gather(&FactsConfig::from_process(&config, &flag_facts));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&gathered)?);
+    } else {
+        print!("{}", gathered.render_table());
+    }
+    Ok(0)
 }

@@ -189,10 +189,18 @@ impl Config {
             });
         }
         if self.gather.timeout.is_zero() {
-            return Err(ConfigError::Invalid { what: "gather.timeout", value: "0s".into(), hint: "must be above zero, e.g. \"5s\"".into() });
+            return Err(ConfigError::Invalid {
+                what: "gather.timeout",
+                value: "0s".into(),
+                hint: "must be above zero, e.g. \"5s\"".into(),
+            });
         }
         for name in &self.gather.packages {
-            if name.trim().is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+            if name.trim().is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
                 return Err(ConfigError::Invalid {
                     what: "gather.packages entry",
                     value: name.clone(),
@@ -310,9 +318,13 @@ mod tests {
         assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
         assert!(parse_fact_arg("=x").is_err());
-        let err = Config::parse("[gather]\ntimeout = '0s'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[gather]\ntimeout = '0s'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("gather.timeout"), "{err}");
-        let err = Config::parse("[gather]\npackages = ['torch>=2']\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[gather]\npackages = ['torch>=2']\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("torch>=2"), "{err}");
     }
 
@@ -321,9 +333,15 @@ mod tests {
         let text = "[facts]\n\"model.id\" = \"m\"\n[gather]\npython = \"/venv/bin/python3\"\npackages = [\"xformers\"]\ntimeout = \"2s\"\n";
         let config = Config::parse(text, Path::new("x.toml")).unwrap();
         assert_eq!(config.facts.get("model.id").map(String::as_str), Some("m"));
-        assert_eq!(config.gather.python.as_deref(), Some(Path::new("/venv/bin/python3")));
+        assert_eq!(
+            config.gather.python.as_deref(),
+            Some(Path::new("/venv/bin/python3"))
+        );
         assert_eq!(config.gather.packages, vec!["xformers".to_string()]);
         assert_eq!(config.gather.timeout, Duration::from_secs(2));
-        assert_eq!(config.gather.nvml_library, PathBuf::from("libnvidia-ml.so.1"));
+        assert_eq!(
+            config.gather.nvml_library,
+            PathBuf::from("libnvidia-ml.so.1")
+        );
     }
 }

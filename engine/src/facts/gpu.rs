@@ -60,8 +60,8 @@ pub(crate) fn from_nvml(library: &Path, timeout: Duration) -> Result<GpuReport, 
 
 fn query_nvml(library: &Path) -> Result<GpuReport, String> {
     // SAFETY: loading NVML runs its initializers; it is NVIDIA's library, loaded as CUDA would.
-    let lib = unsafe { libloading::Library::new(library) }
-        .map_err(|e| format!("cannot load {}: {e}", library.display()))?;
+    let lib =
+        unsafe { libloading::Library::new(library) }.map_err(|e| format!("cannot load {e}"))?;
     // SAFETY: the types above are NVML's documented signatures for these symbols.
     unsafe {
         let init: libloading::Symbol<InitFn> = symbol(&lib, b"nvmlInit_v2\0")?;

@@ -89,6 +89,11 @@ impl FromIterator<(String, String)> for Facts {
     }
 }
 
+/// How a derived fact is computed from the fact it follows.
+type Derivation = fn(&str) -> Option<String>;
+/// One fact's field of a GPU source's report.
+type ReportField = fn(&gpu::GpuReport) -> Option<String>;
+
 /// Distributions whose versions are always gathered as `pkg.*` facts.
 pub const DEFAULT_PACKAGES: &[&str] = &[
     "torch",
@@ -315,7 +320,7 @@ impl Gathered {
 
     /// `gpu.arch` from `gpu.cc` and `driver.major` from `driver.version`, unless overridden.
     fn derive(&mut self) {
-        let rules: [(&str, &str, fn(&str) -> Option<String>); 2] = [
+        let rules: [(&str, &str, Derivation); 2] = [
             ("gpu.arch", "gpu.cc", gpu::arch_from_cc),
             ("driver.major", "driver.version", gpu::driver_major),
         ];
@@ -332,13 +337,7 @@ impl Gathered {
                     self.found(name, value, Source::Derived, format!("from {from}"))
                 }
                 Some((v, None)) => self.lack(name, format!("cannot derive it from {from} = {v:?}")),
-                None => {
-                    let why = self
-                        .missing
-                        .get(from)
-                        .map_or_else(|| "not gathered".to_string(), Clone::clone);
-                    self.lack(name, format!("{from} is missing: {why}"));
-                }
+                None => self.lack(name, format!("{from} is missing")),
             }
         }
     }
@@ -399,7 +398,7 @@ fn gather_gpu(cfg: &FactsConfig) -> Gathered {
         }
     }
     let mut g = Gathered::default();
-    let fields: [(&str, fn(&gpu::GpuReport) -> Option<String>); 4] = [
+    let fields: [(&str, ReportField); 4] = [
         ("gpu.name", |r| r.name.clone()),
         ("gpu.count", |r| r.count.map(|c| c.to_string())),
         ("gpu.cc", |r| r.cc.clone()),

@@ -315,14 +315,16 @@ mod tests {
         std::fs::create_dir(&di).unwrap();
         std::fs::write(di.join("METADATA"), "Metadata-Version: 2.1\nName: vllm\nVersion: 0.11.0+cu128\n\nVersion: 9.9 in the description\n").unwrap();
         assert_eq!(
-            package_version(&[site.clone()], "vllm").unwrap().0,
+            package_version(std::slice::from_ref(&site), "vllm")
+                .unwrap()
+                .0,
             "0.11.0+cu128"
         );
         // A second version beside it is reported, not silently picked.
         let di2 = site.join("vllm-0.10.0.dist-info");
         std::fs::create_dir(&di2).unwrap();
         std::fs::write(di2.join("METADATA"), "Name: vllm\nVersion: 0.10.0\n").unwrap();
-        let err = package_version(&[site.clone()], "vllm").unwrap_err();
+        let err = package_version(std::slice::from_ref(&site), "vllm").unwrap_err();
         assert!(
             err.contains("several versions") && err.contains("0.10.0"),
             "{err}"
@@ -332,7 +334,7 @@ mod tests {
         std::fs::create_dir(&di3).unwrap();
         std::fs::write(di3.join("METADATA"), "Name: triton\n").unwrap();
         assert!(
-            package_version(&[site.clone()], "triton")
+            package_version(std::slice::from_ref(&site), "triton")
                 .unwrap_err()
                 .contains("no Version header")
         );
