@@ -230,9 +230,87 @@ pub(crate) fn driver_major(version: &str) -> Option<String> {
     (!major.is_empty() && major.chars().all(|c| c.is_ascii_digit())).then(|| major.to_string())
 }
 
+/// A stand-in NVML built from C with the system compiler, for tests of the FFI path on machines
+/// without a GPU. `variant`: "ok" (8 x H100), "init-fails", "hangs" (nvmlInit_v2 sleeps 30 s).
+/// `None` when no C compiler is installed.
+#[cfg(test)]
+pub(crate) fn build_fake_nvml(dir: &Path, variant: &str) -> Option<std::path::PathBuf> {
+    let source = dir.join(format!("fake-nvml-{variant}.c"));
+    let library = dir.join(format!("libfake-nvml-{variant}.so"));
+    let init = match variant {
+        "ok" => "return 0;",
+        "init-fails" => "return 9;",
+        "hangs" => "sleep(30); return 0;",
+        other => panic!("unknown fake NVML variant {other}"),
+    };
+    let code = format!(
+        r#"#include <string.h>
+#include <unistd.h>
+static int device;
+int nvmlInit_v2(void) {{ {init} }}
+int nvmlShutdown(void) {{ return 0; }}
+const char *nvmlErrorString(int rc) {{ return rc == 9 ? "Driver Not Loaded" : "Unknown Error"; }}
+int nvmlDeviceGetCount_v2(unsigned int *count) {{ *count = 8; return 0; }}
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **dev) {{ if (i >= 8) return 2; *dev = &device; return 0; }}
+int nvmlDeviceGetName(void *dev, char *name, unsigned int len) {{
+    if (dev != &device || len < 96) return 2; strncpy(name, "NVIDIA H100 80GB HBM3", len); return 0; }}
+int nvmlDeviceGetCudaComputeCapability(void *dev, int *major, int *minor) {{
+    if (dev != &device) return 2; *major = 9; *minor = 0; return 0; }}
+int nvmlSystemGetDriverVersion(char *v, unsigned int len) {{ if (len < 80) return 2; strncpy(v, "550.54.15", len); return 0; }}
+"#
+    );
+    std::fs::write(&source, code).ok()?;
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .ok()?;
+    assert!(status.success(), "cc failed to build the fake NVML");
+    Some(library)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvml_answers_through_the_declared_signatures() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(lib) = build_fake_nvml(dir.path(), "ok") else {
+            eprintln!("no C compiler: skipping the fake NVML test");
+            return;
+        };
+        let r = from_nvml(&lib, Duration::from_secs(10)).unwrap();
+        let expected = GpuReport {
+            name: Some("NVIDIA H100 80GB HBM3".into()),
+            count: Some(8),
+            cc: Some("9.0".into()),
+            driver: Some("550.54.15".into()),
+        };
+        assert_eq!(r, expected);
+    }
+
+    #[test]
+    fn nvml_errors_and_hangs_are_reasons() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(fails) = build_fake_nvml(dir.path(), "init-fails") else {
+            return;
+        };
+        let err = from_nvml(&fails, Duration::from_secs(10)).unwrap_err();
+        assert_eq!(err, "nvmlInit_v2 returned 9 (Driver Not Loaded)");
+        let Some(hangs) = build_fake_nvml(dir.path(), "hangs") else {
+            return;
+        };
+        let start = std::time::Instant::now();
+        let err = from_nvml(&hangs, Duration::from_millis(300)).unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(err, "NVML did not answer within 300ms");
+    }
 
     #[test]
     fn nvidia_smi_rows_give_first_gpu_and_count() {

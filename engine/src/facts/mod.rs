@@ -903,6 +903,29 @@ mod tests {
     }
 
     #[test]
+    fn nvml_wins_over_nvidia_smi() {
+        let m = FakeMachine::new();
+        let Some(nvml) = gpu::build_fake_nvml(m.dir.path(), "ok") else {
+            eprintln!("no C compiler: skipping");
+            return;
+        };
+        // nvidia-smi would disagree; it must not even be asked once NVML answered everything.
+        m.script("bin/nvidia-smi", "echo 'Tesla T4, 7.5, 470.1'");
+        let mut cfg = m.config();
+        cfg.settings.nvml_library = nvml.clone();
+        let g = gather(&cfg);
+        assert_eq!(g.facts.get("gpu.name"), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(g.facts.get("gpu.count"), Some("8"));
+        assert_eq!(g.facts.get("gpu.arch"), Some("sm_90"));
+        assert_eq!(g.facts.get("driver.major"), Some("550"));
+        let expected = Provenance {
+            source: Source::Nvml,
+            detail: nvml.display().to_string(),
+        };
+        assert_eq!(g.sources["driver.version"], expected);
+    }
+
+    #[test]
     fn failing_nvidia_smi_falls_back_to_the_driver_file() {
         let m = FakeMachine::new();
         m.script("bin/nvidia-smi", "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"; exit 9");
