@@ -242,10 +242,10 @@ pub fn parse_fact_list(s: &str) -> Result<BTreeMap<String, String>, ConfigError>
 pub fn gather(cfg: &FactsConfig) -> Gathered {
     let mut g = Gathered::default();
     // The GPU probe (NVML, nvidia-smi) and the Python probe are independent: run them side by side.
-    let gpu_facts = std::thread::scope(|s| {
+    let (gpu_facts, site_dirs) = std::thread::scope(|s| {
         let gpu = s.spawn(|| gather_gpu(cfg));
-        gather_python(cfg, &mut g);
-        gpu.join()
+        let site_dirs = gather_python(cfg, &mut g);
+        (gpu.join(), site_dirs)
     });
     match gpu_facts {
         Ok(gpu) => g.absorb(gpu),
@@ -255,7 +255,7 @@ pub fn gather(cfg: &FactsConfig) -> Gathered {
             }
         }
     }
-    gather_cuda(cfg, &mut g);
+    gather_cuda(cfg, &site_dirs, &mut g);
     gather_deployment(cfg, &mut g);
     g.found(
         "os.arch",
@@ -430,8 +430,8 @@ fn complete(r: &gpu::GpuReport) -> bool {
         || r.count == Some(0) && r.driver.is_some()
 }
 
-/// `python.*` facts and `pkg.*` versions. `gather_cuda` reads `python.site_packages` after it.
-fn gather_python(cfg: &FactsConfig, g: &mut Gathered) {
+/// `python.*` facts and `pkg.*` versions; returns the site-packages directories it read.
+fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf> {
     let settings = &cfg.settings;
     let interpreter = match &settings.python {
         Some(p) if command::is_executable(p) => Ok(p.clone()),
@@ -442,77 +442,60 @@ fn gather_python(cfg: &FactsConfig, g: &mut Gathered) {
         None => command::find_in(&cfg.search_path, "python3")
             .ok_or_else(|| "no python3 on PATH; set [gather] python".to_string()),
     };
-    let probed =
-        interpreter.and_then(|p| python::probe(&p, settings.timeout).map(|info| (p, info)));
-    let site_dirs: Result<Vec<PathBuf>, String> = match &probed {
+    let probed = interpreter.and_then(|p| python::probe(&p, settings.timeout).map(|i| (p, i)));
+    let asked = match probed {
         Ok((path, info)) => {
-            g.found(
-                "python.version",
-                info.version.clone(),
-                Source::Python,
-                format!("{} -I -S", path.display()),
-            );
+            let detail = format!("{} -I -S", path.display());
+            g.found("python.version", info.version, Source::Python, &detail);
             g.found(
                 "python.executable",
                 info.executable.clone(),
                 Source::Python,
-                format!("{} -I -S", path.display()),
+                &detail,
             );
-            if settings.site_packages.is_empty() {
-                if info.site_packages.is_empty() {
-                    Err(format!(
-                        "{} reports no existing site-packages directory",
-                        info.executable
-                    ))
-                } else {
-                    Ok(info.site_packages.clone())
-                }
+            if info.site_packages.is_empty() {
+                Err(format!(
+                    "{} reports no existing site-packages directory",
+                    info.executable
+                ))
             } else {
-                Ok(settings.site_packages.clone())
+                Ok(info.site_packages)
             }
         }
         Err(reason) => {
             g.lack("python.version", reason.clone());
             g.lack("python.executable", reason.clone());
-            if settings.site_packages.is_empty() {
-                Err(format!("no interpreter to ask: {reason}"))
-            } else {
-                Ok(settings.site_packages.clone())
-            }
+            Err(format!("no interpreter to ask: {reason}"))
         }
     };
+    let site_dirs = if settings.site_packages.is_empty() {
+        asked.map(|dirs| (dirs, Source::Python, "sys.path of the interpreter"))
+    } else {
+        Ok((
+            settings.site_packages.clone(),
+            Source::Config,
+            "[gather] site_packages",
+        ))
+    };
+    let mut names: Vec<&str> = DEFAULT_PACKAGES.to_vec();
+    names.extend(settings.packages.iter().map(String::as_str));
     let site_dirs = match site_dirs {
-        Ok(dirs) => {
-            let joined = std::env::join_paths(&dirs).map(|s| s.to_string_lossy().into_owned());
-            let source = if settings.site_packages.is_empty() {
-                (Source::Python, "sys.path of the interpreter")
-            } else {
-                (Source::Config, "[gather] site_packages")
-            };
-            match joined {
-                Ok(v) => g.found("python.site_packages", v, source.0, source.1),
-                Err(e) => g.lack(
-                    "python.site_packages",
-                    format!("a site-packages path cannot be listed: {e}"),
-                ),
+        Ok((dirs, source, detail)) => {
+            match std::env::join_paths(&dirs) {
+                Ok(v) => g.found("python.site_packages", v.to_string_lossy(), source, detail),
+                Err(e) => g.lack("python.site_packages", format!("cannot be listed: {e}")),
             }
             dirs
         }
         Err(reason) => {
             g.lack("python.site_packages", reason.clone());
-            let mut names: Vec<&str> = DEFAULT_PACKAGES.to_vec();
-            names.extend(settings.packages.iter().map(String::as_str));
             for name in names {
-                g.lack(
-                    &format!("pkg.{}", python::normalize(name)),
-                    format!("no site-packages: {reason}"),
-                );
+                let fact = format!("pkg.{}", python::normalize(name));
+                g.lack(&fact, format!("no site-packages: {reason}"));
             }
-            return;
+            return Vec::new();
         }
     };
-    let mut names: Vec<&str> = DEFAULT_PACKAGES.to_vec();
-    names.extend(settings.packages.iter().map(String::as_str));
     for name in names {
         let fact = format!("pkg.{}", python::normalize(name));
         match python::package_version(&site_dirs, name) {
@@ -525,10 +508,11 @@ fn gather_python(cfg: &FactsConfig, g: &mut Gathered) {
             Err(reason) => g.lack(&fact, reason),
         }
     }
+    site_dirs
 }
 
 /// `cuda.home`, `cuda.runtime` (torch's, else libcudart's) and `cuda.nvcc`.
-fn gather_cuda(cfg: &FactsConfig, g: &mut Gathered) {
+fn gather_cuda(cfg: &FactsConfig, site_dirs: &[PathBuf], g: &mut Gathered) {
     let home = ["CUDA_HOME", "CUDA_PATH"].iter().find_map(|var| {
         cfg.env
             .get(*var)
@@ -560,11 +544,6 @@ fn gather_cuda(cfg: &FactsConfig, g: &mut Gathered) {
     }
     let home = home.map(|(p, ..)| p);
 
-    let site_dirs: Vec<PathBuf> = g
-        .facts
-        .get("python.site_packages")
-        .map(|v| std::env::split_paths(v).collect())
-        .unwrap_or_default();
     let mut lib_dirs: Vec<PathBuf> = site_dirs
         .iter()
         .map(|d| d.join("nvidia/cuda_runtime/lib"))
@@ -572,14 +551,14 @@ fn gather_cuda(cfg: &FactsConfig, g: &mut Gathered) {
     if let Some(home) = &home {
         lib_dirs.extend([home.join("lib64"), home.join("lib")]);
     }
-    match python::torch_cuda(&site_dirs) {
+    match python::torch_cuda(site_dirs) {
         Ok((v, path)) => g.found(
             "cuda.runtime",
             v,
             Source::SitePackages,
             path.display().to_string(),
         ),
-        Err(torch_reason) => match python::libcudart_version(&site_dirs, &lib_dirs) {
+        Err(torch_reason) => match python::libcudart_version(site_dirs, &lib_dirs) {
             Ok((v, path)) => g.found(
                 "cuda.runtime",
                 v,
