@@ -151,34 +151,50 @@ fn c_string(buf: &[c_char]) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-/// `nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader`.
+/// `nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader`. Drivers older
+/// than the `compute_cap` field (before about R510) refuse that query; they are asked again for
+/// name and driver only, and the capability is left to be missing.
 pub(crate) fn from_nvidia_smi(program: &Path, timeout: Duration) -> Result<GpuReport, String> {
-    let out = command::run(
-        program,
-        &[
-            "--query-gpu=name,compute_cap,driver_version",
-            "--format=csv,noheader",
-        ],
-        timeout,
-    )?;
-    if !out.success {
-        return Err(format!("{} failed: {}", program.display(), out.failure()));
+    let query = |fields: &str| {
+        let arg = format!("--query-gpu={fields}");
+        command::run(program, &[&arg, "--format=csv,noheader"], timeout)
+    };
+    let out = query("name,compute_cap,driver_version")?;
+    if out.success {
+        return parse_nvidia_smi(&out.stdout, true);
     }
-    parse_nvidia_smi(&out.stdout)
+    let refused_field = out.stdout.contains("compute_cap") || out.stderr.contains("compute_cap");
+    if refused_field {
+        let old = query("name,driver_version")?;
+        if old.success {
+            return parse_nvidia_smi(&old.stdout, false);
+        }
+    }
+    Err(format!("{} failed: {}", program.display(), out.failure()))
 }
 
-pub(crate) fn parse_nvidia_smi(text: &str) -> Result<GpuReport, String> {
+/// Rows of `name[,compute_cap],driver_version`. Fields are taken from the right, so a comma in a
+/// GPU name cannot shift them.
+pub(crate) fn parse_nvidia_smi(text: &str, with_cc: bool) -> Result<GpuReport, String> {
     let rows: Vec<&str> = text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
     let first = rows.first().ok_or("nvidia-smi listed no GPU")?;
-    let fields: Vec<&str> = first.split(',').map(str::trim).collect();
-    let [name, cc, driver] = fields[..] else {
+    let wanted = if with_cc { 3 } else { 2 };
+    let mut fields: Vec<&str> = first.rsplitn(wanted, ',').map(str::trim).collect();
+    if fields.len() != wanted {
         return Err(format!(
-            "unexpected nvidia-smi line {first:?} (wanted name, compute_cap, driver_version)"
+            "unexpected nvidia-smi line {first:?} (wanted name,{}driver_version)",
+            if with_cc { "compute_cap," } else { "" }
         ));
+    }
+    fields.reverse();
+    let (name, cc, driver) = if with_cc {
+        (fields[0], Some(fields[1]), fields[2])
+    } else {
+        (fields[0], None, fields[1])
     };
     // nvidia-smi prints "[N/A]" or "[Not Supported]" for what it cannot tell.
     let known = |v: &str| (!v.is_empty() && !v.starts_with('[')).then(|| v.to_string());
@@ -186,8 +202,8 @@ pub(crate) fn parse_nvidia_smi(text: &str) -> Result<GpuReport, String> {
     Ok(GpuReport {
         name: known(name),
         count: Some(count),
-        cc: known(cc).filter(|c| is_version(c)),
-        driver: known(driver),
+        cc: cc.and_then(known).filter(|c| is_version(c)),
+        driver: known(driver).filter(|d| is_version(d)),
     })
 }
 
@@ -315,15 +331,34 @@ mod tests {
     #[test]
     fn nvidia_smi_rows_give_first_gpu_and_count() {
         let text = "NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA H100 80GB HBM3, 9.0, 550.54.15\n";
-        let r = parse_nvidia_smi(text).unwrap();
+        let r = parse_nvidia_smi(text, true).unwrap();
         assert_eq!(r.name.as_deref(), Some("NVIDIA H100 80GB HBM3"));
         assert_eq!(r.count, Some(2));
         assert_eq!(r.cc.as_deref(), Some("9.0"));
         assert_eq!(r.driver.as_deref(), Some("550.54.15"));
-        let r = parse_nvidia_smi("Tesla T4, [N/A], 470.1\n").unwrap();
+        let r = parse_nvidia_smi("Tesla T4, [N/A], 470.1\n", true).unwrap();
         assert_eq!(r.cc, None);
-        assert!(parse_nvidia_smi("").is_err());
-        assert!(parse_nvidia_smi("garbage line\n").is_err());
+        let r = parse_nvidia_smi("Odd, Name, 8.6, 535.1\n", true).unwrap();
+        assert_eq!(r.name.as_deref(), Some("Odd, Name"));
+        assert_eq!(r.cc.as_deref(), Some("8.6"));
+        let r = parse_nvidia_smi("Tesla V100-SXM2-16GB, 470.57.02\n", false).unwrap();
+        assert_eq!((r.cc, r.driver.as_deref()), (None, Some("470.57.02")));
+        assert!(parse_nvidia_smi("", true).is_err());
+        assert!(parse_nvidia_smi("garbage line\n", true).is_err());
+    }
+
+    #[test]
+    fn an_old_nvidia_smi_without_compute_cap_still_gives_name_and_driver() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let smi = dir.path().join("nvidia-smi");
+        let body = "case \"$1\" in *compute_cap*) echo 'Field \"compute_cap\" is not a valid field to query.'; exit 2;; esac\necho 'Tesla V100-SXM2-16GB, 470.57.02'";
+        std::fs::write(&smi, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let r = from_nvidia_smi(&smi, Duration::from_secs(5)).unwrap();
+        assert_eq!(r.name.as_deref(), Some("Tesla V100-SXM2-16GB"));
+        assert_eq!(r.driver.as_deref(), Some("470.57.02"));
+        assert_eq!(r.cc, None);
     }
 
     #[test]
