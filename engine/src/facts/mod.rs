@@ -27,7 +27,7 @@
 //!
 //! Every fact can be overridden, in increasing precedence: the config's `[facts]` table, then
 //! `JITSHIP_FACTS="k=v;k=v"` / `--fact k=v`. An overridden fact is reported with source
-//! `override`. The derived facts `gpu.arch` and `driver.major` follow the final `gpu.cc` and
+//! `override`; an empty value (`--fact gpu.name=`) makes the fact missing. The derived facts `gpu.arch` and `driver.major` follow the final `gpu.cc` and
 //! `driver.version` (overridden or not) unless they are overridden themselves.
 //!
 //! Gathering reads nothing from the process environment by itself: `FactsConfig` carries the
@@ -311,10 +311,15 @@ impl Gathered {
         self.missing.extend(other.missing);
     }
 
-    /// Sets every fact of `layer`, reported with source `override`.
+    /// Sets every fact of `layer`, reported with source `override`. An empty value removes the
+    /// fact (it becomes missing), so an operator can see what a policy does without it.
     pub fn apply_overrides(&mut self, layer: &OverrideLayer) {
         for (name, value) in &layer.facts {
-            self.found(name, value.clone(), Source::Override, layer.origin.clone());
+            if value.is_empty() {
+                self.lack(name, format!("set empty by {}", layer.origin));
+            } else {
+                self.found(name, value.clone(), Source::Override, layer.origin.clone());
+            }
         }
     }
 
@@ -964,6 +969,7 @@ mod tests {
                     ("model.id".into(), "Qwen/Qwen3-8B".into()),
                     ("driver.major".into(), "999".into()),
                     ("pkg.torch".into(), "2.9.0".into()),
+                    ("gpu.name".into(), String::new()),
                 ]),
             },
         ];
@@ -985,7 +991,10 @@ mod tests {
         assert_eq!(g.facts.get("driver.major"), Some("999"));
         assert_eq!(g.facts.get("pkg.torch"), Some("2.9.0"));
         assert!(!g.missing.contains_key("pkg.torch"));
-        assert_eq!(g.facts.get("gpu.name"), Some("NVIDIA H100 80GB HBM3"));
+        // An empty override makes a gathered fact missing, with the reason.
+        assert_eq!(g.facts.get("gpu.name"), None);
+        assert_eq!(g.missing["gpu.name"], "set empty by --fact");
+        assert_eq!(g.facts.get("gpu.count"), Some("1"));
     }
 
     #[test]
