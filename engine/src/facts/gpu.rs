@@ -247,7 +247,7 @@ pub(crate) fn driver_major(version: &str) -> Option<String> {
 }
 
 /// A stand-in NVML built from C with the system compiler, for tests of the FFI path on machines
-/// without a GPU. `variant`: "ok" (8 x H100), "init-fails", "hangs" (nvmlInit_v2 sleeps 30 s).
+/// without a GPU. `variant`: "ok" (8 x H100), "no-devices", "init-fails", "hangs" (nvmlInit_v2 sleeps 30 s).
 /// `None` when no C compiler is installed.
 #[cfg(test)]
 pub(crate) fn build_fake_nvml(dir: &Path, variant: &str) -> Option<std::path::PathBuf> {
@@ -257,17 +257,19 @@ pub(crate) fn build_fake_nvml(dir: &Path, variant: &str) -> Option<std::path::Pa
         "ok" => "return 0;",
         "init-fails" => "return 9;",
         "hangs" => "sleep(30); return 0;",
+        "no-devices" => "gpus = 0; return 0;",
         other => panic!("unknown fake NVML variant {other}"),
     };
     let code = format!(
         r#"#include <string.h>
 #include <unistd.h>
 static int device;
+static unsigned int gpus = 8;
 int nvmlInit_v2(void) {{ {init} }}
 int nvmlShutdown(void) {{ return 0; }}
 const char *nvmlErrorString(int rc) {{ return rc == 9 ? "Driver Not Loaded" : "Unknown Error"; }}
-int nvmlDeviceGetCount_v2(unsigned int *count) {{ *count = 8; return 0; }}
-int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **dev) {{ if (i >= 8) return 2; *dev = &device; return 0; }}
+int nvmlDeviceGetCount_v2(unsigned int *count) {{ *count = gpus; return 0; }}
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **dev) {{ if (i >= gpus) return 2; *dev = &device; return 0; }}
 int nvmlDeviceGetName(void *dev, char *name, unsigned int len) {{
     if (dev != &device || len < 96) return 2; strncpy(name, "NVIDIA H100 80GB HBM3", len); return 0; }}
 int nvmlDeviceGetCudaComputeCapability(void *dev, int *major, int *minor) {{

@@ -30,6 +30,9 @@
 //! `override`; an empty value (`--fact gpu.name=`) makes the fact missing. The derived facts `gpu.arch` and `driver.major` follow the final `gpu.cc` and
 //! `driver.version` (overridden or not) unless they are overridden themselves.
 //!
+//! GPU facts describe the node as the driver lists it (NVML index 0, all GPUs, whatever
+//! `CUDA_VISIBLE_DEVICES` says); on a node with mixed GPU models, override `gpu.*` per worker.
+//!
 //! Gathering reads nothing from the process environment by itself: `FactsConfig` carries the
 //! search path and the variables it consults, so tests and callers decide them explicitly.
 
@@ -415,7 +418,9 @@ fn gather_gpu(cfg: &FactsConfig) -> Gathered {
             .find_map(|(r, source, detail)| field(r).map(|v| (v, *source, detail)))
         {
             Some((value, source, detail)) => g.found(name, value, source, detail.clone()),
-            None if name != "gpu.count" && reports.iter().any(|(r, ..)| r.count == Some(0)) => {
+            None if name.starts_with("gpu.")
+                && reports.iter().any(|(r, ..)| r.count == Some(0)) =>
+            {
                 g.lack(name, "no GPU visible (the driver reports 0 devices)")
             }
             None => {
@@ -907,6 +912,24 @@ mod tests {
             detail: nvml.display().to_string(),
         };
         assert_eq!(g.sources["driver.version"], expected);
+    }
+
+    #[test]
+    fn a_driver_with_no_gpu_gives_count_zero_and_says_so() {
+        let m = FakeMachine::new();
+        let Some(nvml) = gpu::build_fake_nvml(m.dir.path(), "no-devices") else {
+            return;
+        };
+        let mut cfg = m.config();
+        cfg.settings.nvml_library = nvml;
+        let g = gather(&cfg);
+        assert_eq!(g.facts.get("gpu.count"), Some("0"));
+        assert_eq!(g.facts.get("driver.version"), Some("550.54.15"));
+        assert_eq!(
+            g.missing["gpu.name"],
+            "no GPU visible (the driver reports 0 devices)"
+        );
+        assert_eq!(g.missing["gpu.arch"], "gpu.cc is missing");
     }
 
     #[test]
