@@ -187,10 +187,14 @@ pub fn publish(
     };
 
     let head = catalog::newest_head(store, layout, &compat_id)?;
-    // A head whose manifest was evicted is no parent: this publish starts a fresh chain above it.
-    let parent = match &head {
-        Some(h) => catalog::fetch_manifest(store, layout, &h.generation)?,
-        None => None,
+    // A head whose manifest was evicted (or is corrupt) is no parent: this publish starts a fresh
+    // chain above it. A parent with evicted packs is used without the files those packs held
+    // (they are uploaded again from this root if it has them), so one lost pack cannot make every
+    // later generation incomplete.
+    let parent_id = head.as_ref().map(|h| h.generation);
+    let (parent, parent_damaged) = match &head {
+        Some(h) => usable_parent(store, layout, &h.generation)?,
+        None => (None, false),
     };
 
     let local = hash_selected(root, &selected, parent.as_ref(), hashes, &mut report)?;
@@ -204,7 +208,7 @@ pub fn publish(
         .filter(|(f, _)| !parent_paths.contains_key(&f.path))
         .collect();
     report.files_new = new_files.len() as u64;
-    if new_files.is_empty() {
+    if new_files.is_empty() && !parent_damaged {
         report.conflicts = local
             .iter()
             .filter_map(|(f, h)| {
@@ -284,7 +288,7 @@ pub fn publish(
         compat_id,
         facts: opts.facts.as_map().clone(),
         policy: policy.policy_ref(),
-        parent: parent.as_ref().map(Manifest::id),
+        parent: parent_id.filter(|_| parent.is_some()),
         merged: vec![],
         producer: opts.producer.clone(),
         created_at: now_secs(),
@@ -300,6 +304,15 @@ pub fn publish(
     report.conflicts.extend(conflicts);
     prune_packs(&mut candidate);
 
+    // The compat index lets gc and `ls` find this compat id on stores that cannot list keys; it is
+    // written before the head, so no head exists that the index does not lead to.
+    catalog::ensure_indexed(
+        store,
+        layout,
+        &compat_id,
+        &candidate.cache_kind,
+        &candidate.compat_key,
+    )?;
     let (generation, seq) = commit_head(
         store,
         layout,
@@ -311,6 +324,48 @@ pub fn publish(
     report.outcome = PublishOutcome::Published { generation, seq };
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// The manifest of `id` as a parent, and whether it had to be repaired: `None` if it is missing or
+/// does not decode (a corrupt manifest must not block every later publish); files held in packs
+/// the store no longer has are dropped from it.
+fn usable_parent(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<(Option<Manifest>, bool), PublishError> {
+    let mut manifest = match catalog::fetch_manifest(store, layout, id) {
+        Ok(Some(m)) => m,
+        Ok(None) => return Ok((None, false)),
+        Err(CatalogError::Manifest { id, source }) => {
+            tracing::warn!(generation = %id, error = %source, "the head's manifest is corrupt; publishing a fresh chain");
+            return Ok((None, false));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let keys: Vec<String> = manifest.packs.iter().map(|p| layout.pack(&p.id)).collect();
+    let mut missing = vec![false; keys.len()];
+    for (chunk_no, chunk) in keys.chunks(256).enumerate() {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        for (i, r) in store.exists_batch(&refs).into_iter().enumerate() {
+            missing[chunk_no * 256 + i] = !r?;
+        }
+    }
+    if !missing.iter().any(|&m| m) {
+        return Ok((Some(manifest), false));
+    }
+    let before = manifest.files.len();
+    manifest
+        .files
+        .retain(|f| f.chunks.iter().all(|c| !missing[c.pack as usize]));
+    prune_packs(&mut manifest);
+    tracing::warn!(
+        generation = %id,
+        packs_missing = missing.iter().filter(|&&m| m).count(),
+        files_dropped = before - manifest.files.len(),
+        "the head generation lost packs (evicted or collected); building on what is left"
+    );
+    Ok((Some(manifest), true))
 }
 
 /// Hashes of the selected files: from the hash cache, from the parent manifest when size and
@@ -480,7 +535,21 @@ fn commit_head(
         }
         // Another publisher won this seq: build on its generation (the union of both).
         tracing::info!(seq, winner = %stored.generation, "another publisher won the head; merging");
-        if let Some(winner) = catalog::fetch_manifest(store, layout, &stored.generation)? {
+        let winner = match catalog::fetch_manifest(store, layout, &stored.generation) {
+            Ok(w) => w,
+            // A corrupt winner cannot be merged; like a missing one, it is skipped (the next seq
+            // supersedes it).
+            Err(CatalogError::Manifest { id, source }) => {
+                tracing::warn!(generation = %id, error = %source, "the winning head's manifest is corrupt; skipping it");
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if winner.is_none() {
+            tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing; writing above it");
+            // Our candidate is unchanged and is written again (same id) at the next seq.
+        }
+        if let Some(winner) = winner {
             let (files, packs, conflicts) = merge_files(
                 &winner.files,
                 &winner.packs,

@@ -8,7 +8,8 @@
 //! - every `get` may miss (`Ok(None)`): eviction is silent. A miss is not an error.
 //! - `remove` of a missing key is `Ok(false)`.
 //! - batched calls return one result per key, in order; one key failing does not fail the others.
-//! - `list` is optional (Mooncake has no listing): backends without it return `Unsupported`.
+//! - `list` and `modified` are optional (Mooncake has neither): backends without them return
+//!   `Unsupported`.
 //! - values are at most `max_value_size()` bytes (packs are planned below it).
 
 pub mod conformance;
@@ -74,6 +75,13 @@ pub trait Store: Send + Sync + fmt::Debug {
         Err(StoreError::Unsupported("listing keys"))
     }
 
+    /// When `key` was written, `None` if it is missing. Optional (gc uses it on listing stores to
+    /// leave alone what a publish in progress just wrote).
+    fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+        let _ = key;
+        Err(StoreError::Unsupported("write times"))
+    }
+
     fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
         items.iter().map(|(k, v)| self.put(k, v)).collect()
     }
@@ -110,6 +118,115 @@ pub fn open(config: &crate::config::StoreConfig) -> StoreResult<std::sync::Arc<d
     match config.backend {
         crate::config::Backend::Local => {
             Ok(std::sync::Arc::new(LocalStore::open(&config.local.path)?))
+        }
+    }
+}
+
+/// Store wrappers for tests and drills: the local store made to behave more like Mooncake.
+pub mod testing {
+    use std::time::Duration;
+
+    use super::{Store, StoreError, StoreResult};
+
+    /// Hides `list` and `modified`, so code paths for stores without listing (Mooncake) run on
+    /// the local store.
+    #[derive(Debug)]
+    pub struct WithoutListing<S>(pub S);
+
+    impl<S: Store> Store for WithoutListing<S> {
+        fn describe(&self) -> String {
+            format!("{} (listing hidden)", self.0.describe())
+        }
+        fn max_value_size(&self) -> u64 {
+            self.0.max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            self.0.put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            self.0.get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            self.0.exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            self.0.remove(key)
+        }
+        fn list(&self, _prefix: &str) -> StoreResult<Vec<String>> {
+            Err(StoreError::Unsupported("listing keys"))
+        }
+    }
+
+    /// Delays every `get` of a key containing `/pack/`, to hold an install in progress.
+    #[derive(Debug)]
+    pub struct SlowPackGets<S> {
+        pub inner: S,
+        pub delay: Duration,
+    }
+
+    impl<S: Store> Store for SlowPackGets<S> {
+        fn describe(&self) -> String {
+            format!("{} (slow pack gets)", self.inner.describe())
+        }
+        fn max_value_size(&self) -> u64 {
+            self.inner.max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            self.inner.put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            if key.contains("/pack/") {
+                std::thread::sleep(self.delay);
+            }
+            self.inner.get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            self.inner.exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            self.inner.remove(key)
+        }
+        fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+            self.inner.list(prefix)
+        }
+        fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+            self.inner.modified(key)
+        }
+    }
+
+    impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+        fn describe(&self) -> String {
+            (**self).describe()
+        }
+        fn max_value_size(&self) -> u64 {
+            (**self).max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            (**self).put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            (**self).get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            (**self).exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            (**self).remove(key)
+        }
+        fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+            (**self).list(prefix)
+        }
+        fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+            (**self).modified(key)
+        }
+        fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
+            (**self).put_batch(items)
+        }
+        fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+            (**self).get_batch(keys)
+        }
+        fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
+            (**self).exists_batch(keys)
         }
     }
 }
