@@ -37,6 +37,46 @@ pub struct Config {
     pub facts: BTreeMap<String, String>,
     pub publish: PublishConfig,
     pub install: InstallConfig,
+    pub retention: RetentionConfig,
+}
+
+/// Quotas handed to the retention policy, per compat key, and gc's safety margin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Generations to keep per compat key (the built-in policy keeps 3 when unset).
+    pub max_generations: Option<u32>,
+    /// Bytes (sum of file sizes) to keep per compat key, newest first; the newest always stays.
+    pub max_bytes: Option<ByteSize>,
+    /// Drop generations created longer ago than this (the newest always stays).
+    #[serde(with = "humantime_serde")]
+    pub max_age: Option<Duration>,
+    /// A generation is removed only once it was superseded at least this long ago: an install that
+    /// read the previous head may still be fetching it. Keep it above the install deadline plus
+    /// clock skew between hosts.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            max_generations: None,
+            max_bytes: None,
+            max_age: None,
+            grace: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl RetentionConfig {
+    pub fn limits(&self) -> crate::policy::RetentionLimits {
+        crate::policy::RetentionLimits {
+            max_generations: self.max_generations,
+            max_bytes: self.max_bytes.map(|b| b.as_u64()),
+            max_age_secs: self.max_age.map(|d| d.as_secs()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,6 +189,13 @@ impl Config {
                 what: "publish.pack_size",
                 value: self.publish.pack_size.to_string(),
                 hint: "must be at least 4 KiB".into(),
+            });
+        }
+        if self.retention.max_generations == Some(0) {
+            return Err(ConfigError::Invalid {
+                what: "retention.max_generations",
+                value: "0".into(),
+                hint: "must be at least 1 (the newest generation is always kept)".into(),
             });
         }
         let mut kinds = std::collections::HashSet::new();
