@@ -92,3 +92,76 @@ pub fn unique_prefix(test: &str) -> String {
         t.as_nanos()
     )
 }
+
+/// Publishing and installing one cache root the way the CLI will, with the native policy.
+pub mod flow {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use jitship::facts::Facts;
+    use jitship::generation::Producer;
+    use jitship::install::{self, InstallOptions, InstallReport};
+    use jitship::policy::native::NativeRules;
+    use jitship::publish::{self, HashCache, PublishError, PublishOptions, PublishReport};
+    use jitship::store::{KeyLayout, Store};
+
+    /// Facts that make a compat id of their own (tests in one namespace do not meet).
+    pub fn facts(tag: &str) -> Facts {
+        let mut f = Facts::new();
+        f.set("model.id", "test/model");
+        f.set("test.tag", tag);
+        f
+    }
+
+    pub fn options(facts: &Facts, pack_size: u64) -> PublishOptions {
+        PublishOptions {
+            pack_size,
+            producer: Producer {
+                host: "test-host".into(),
+                pod: Some("test-pod".into()),
+                jitship_version: "test".into(),
+            },
+            facts: facts.clone(),
+            max_head_attempts: 8,
+        }
+    }
+
+    pub fn publish(
+        store: &dyn Store,
+        layout: &KeyLayout,
+        root: &Path,
+        facts: &Facts,
+        pack_size: u64,
+    ) -> Result<PublishReport, PublishError> {
+        publish::publish(
+            store,
+            layout,
+            &NativeRules::new("triton"),
+            root,
+            &options(facts, pack_size),
+            &mut HashCache::default(),
+        )
+    }
+
+    pub fn install(
+        store: Arc<dyn Store>,
+        layout: &KeyLayout,
+        root: &Path,
+        facts: &Facts,
+        deadline: Duration,
+    ) -> InstallReport {
+        let opts = InstallOptions {
+            deadline,
+            ..InstallOptions::default()
+        };
+        install::install(
+            store,
+            layout,
+            &NativeRules::new("triton"),
+            root,
+            facts,
+            &opts,
+        )
+    }
+}
