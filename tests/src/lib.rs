@@ -1,4 +1,5 @@
 //! Shared pieces of the end-to-end tests and benchmarks: fixture trees shaped like real caches,
-//! and a digest of a tree to compare two of them.
+//! a digest of a tree to compare two of them, and the Mooncake test cluster's whereabouts.
 
 pub mod fixtures;
+pub mod mooncake;

@@ -15,17 +15,29 @@
 pub mod conformance;
 pub mod keys;
 pub mod local;
+pub mod mooncake;
 
 use std::fmt;
+use std::sync::Arc;
 
 pub use keys::KeyLayout;
 pub use local::LocalStore;
+pub use mooncake::MooncakeStore;
+
+use crate::config::{Backend, StoreConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached or answered with a failure that may pass (master or node down).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Mooncake: the master does not answer (down, restarting, unreachable). Retry later.
+    #[error("store master unavailable: {0}")]
+    MasterDown(String),
+    /// Mooncake: a store node holding the object does not answer (its keys read as missing once
+    /// the master notices). Retry later.
+    #[error("store node unavailable: {0}")]
+    NodeDown(String),
     #[error("store is full: {0}")]
     NoSpace(String),
     #[error("value of {size} bytes is over the store's limit of {limit} bytes")]
@@ -95,6 +107,25 @@ pub trait Store: Send + Sync + fmt::Debug {
     }
 }
 
+impl StoreError {
+    /// True for failures that may pass by themselves (a node or master down, a timeout).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::MasterDown(_) | Self::NodeDown(_) | Self::Timeout(_)
+        )
+    }
+}
+
+/// Opens the store `config` selects: the local directory, or a connection to a Mooncake cluster
+/// (which fails within `store.mooncake.probe_timeout` when the master is unreachable).
+pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    match config.backend {
+        Backend::Local => Ok(Arc::new(LocalStore::open(&config.local.path)?)),
+        Backend::Mooncake => Ok(Arc::new(MooncakeStore::connect(&config.mooncake)?)),
+    }
+}
+
 /// Keys are printable ASCII without spaces, at most 512 bytes, `/`-separated segments that are
 /// neither empty nor `.`/`..` (so the local backend can map them to paths safely).
 pub fn check_key(key: &str) -> StoreResult<()> {
@@ -110,15 +141,6 @@ pub fn check_key(key: &str) -> StoreResult<()> {
         Ok(())
     } else {
         Err(StoreError::InvalidKey(key.to_owned()))
-    }
-}
-
-/// Opens the store the configuration names.
-pub fn open(config: &crate::config::StoreConfig) -> StoreResult<std::sync::Arc<dyn Store>> {
-    match config.backend {
-        crate::config::Backend::Local => {
-            Ok(std::sync::Arc::new(LocalStore::open(&config.local.path)?))
-        }
     }
 }
 
