@@ -1,5 +1,7 @@
 //! Shared pieces of the end-to-end tests and benchmarks: fixture trees shaped like real caches,
-//! a digest of a tree to compare two of them, and the Mooncake test cluster's whereabouts.
+//! a digest of a tree to compare two of them, the Mooncake test cluster's whereabouts, and the
+//! backends a test runs against.
 
+pub mod backends;
 pub mod fixtures;
 pub mod mooncake;
