@@ -554,6 +554,15 @@ pub fn newest_gc_journal(
     }
 }
 
+/// Marks journal `seq` finished: the next gc does not retry it.
+pub fn mark_gc_done(store: &dyn Store, layout: &KeyLayout, seq: u64) -> Result<(), StoreError> {
+    store.put(&layout.gc_done(seq), b"done")
+}
+
+pub fn gc_done(store: &dyn Store, layout: &KeyLayout, seq: u64) -> Result<bool, StoreError> {
+    store.exists(&layout.gc_done(seq))
+}
+
 pub fn write_gc_journal(
     store: &dyn Store,
     layout: &KeyLayout,

@@ -865,6 +865,8 @@ fn run_gc(args: GcArgs) -> Result<i32> {
         grace: args.grace.unwrap_or(retention.grace),
         limits,
         dry_run: args.dry_run,
+        lease_wait: retention.lease_wait,
+        lease_rounds: crate::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
     };
     let policy_for = |kind: &str| session.policy_for_kind(kind);
     let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policy_for, &opts)

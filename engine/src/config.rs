@@ -56,6 +56,10 @@ pub struct RetentionConfig {
     /// clock skew between hosts.
     #[serde(with = "humantime_serde")]
     pub grace: Duration,
+    /// How long gc waits before retrying a key a reader holds a lease on (Mooncake:
+    /// `default_kv_lease_ttl` of the master, 10 s by default, plus a margin).
+    #[serde(with = "humantime_serde")]
+    pub lease_wait: Duration,
 }
 
 impl Default for RetentionConfig {
@@ -65,6 +69,7 @@ impl Default for RetentionConfig {
             max_bytes: None,
             max_age: None,
             grace: Duration::from_secs(3600),
+            lease_wait: Duration::from_secs(11),
         }
     }
 }

@@ -14,8 +14,11 @@
 //! 1. a head floor per compat id whose heads are removed (`catalog::FloorRecord`): heads below it
 //!    may go, so probing for the newest head starts there;
 //! 2. a journal (`catalog::GcJournal`) naming every key and pack this run will remove, so an
-//!    interrupted run is finished by the next one (on Mooncake nothing else leads to them);
-//! 3. head records, then manifests, then packs. Before removing packs, the newest heads are read
+//!    interrupted run is finished by the next one (on Mooncake nothing else leads to them); a
+//!    `gc-done` marker once every removal succeeded;
+//! 3. head records, then manifests, then packs. A key a reader holds a lease on (Mooncake leases
+//!    every key read or probed, for 10 s) is retried after `lease_wait`, so gc never pulls a pack
+//!    from under an install that is reading it there. Before removing packs, the newest heads are read
 //!    again and every pack their generations reference is spared. A pack is removed only if no
 //!    retained generation of any compat id references it (packs are shared by content).
 //!
@@ -48,6 +51,17 @@ pub struct GcOptions {
     pub grace: Duration,
     pub limits: RetentionLimits,
     pub dry_run: bool,
+    /// How long to wait before retrying keys the store refuses to remove because a reader holds a
+    /// lease on them (Mooncake leases every key read or probed for `default_kv_lease_ttl`, 10 s by
+    /// default; gc's own reads lease what it is about to remove).
+    pub lease_wait: Duration,
+    /// Waits before gc gives up on a leased key (the journal lets the next run retry it).
+    pub lease_rounds: u32,
+}
+
+impl GcOptions {
+    pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_secs(11);
+    pub const DEFAULT_LEASE_ROUNDS: u32 = 3;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,14 +176,15 @@ pub fn collect(
     }
 
     // An interrupted earlier run: finish what it planned.
-    let previous = catalog::newest_gc_journal(store, layout)?;
+    let previous = match catalog::newest_gc_journal(store, layout)? {
+        Some(j) if !catalog::gc_done(store, layout, j.seq)? => Some(j),
+        _ => None,
+    };
     let mut resume_keys: Vec<String> = Vec::new();
     if let Some(j) = &previous {
-        for key in &j.keys {
-            if store.exists(key)? {
-                resume_keys.push(key.clone());
-            }
-        }
+        // Not probed with `exists` (on Mooncake a probe leases the key and blocks its removal);
+        // removing a key that is already gone is a no-op.
+        resume_keys.extend(j.keys.iter().cloned());
         for p in &j.packs {
             dropped_packs.entry(*p).or_insert(0);
         }
@@ -265,17 +280,15 @@ pub fn collect(
         packs.iter().map(|p| p.0).collect(),
     )?;
     report.journal = Some(journal.seq);
-    for key in &report.heads {
-        remove(store, key, &mut report.errors);
-    }
-    for key in report
+    let heads = report.heads.clone();
+    remove_all(store, &heads, opts, &mut report.errors);
+    let manifest_keys: Vec<String> = report
         .manifests
         .iter()
         .map(|id| layout.generation(id))
         .chain(resumed_manifests)
-    {
-        remove(store, &key, &mut report.errors);
-    }
+        .collect();
+    remove_all(store, &manifest_keys, opts, &mut report.errors);
     // Publishes that committed while gc ran: spare every pack their generations reference.
     let mut spared = plan.retained.clone();
     for compat in catalog::compat_ids(store, layout)? {
@@ -286,15 +299,25 @@ pub fn collect(
             spared.extend(m.packs.iter().map(|p| p.id));
         }
     }
+    let mut pack_keys = Vec::new();
+    let mut size_of: HashMap<String, (ContentHash, u64)> = HashMap::new();
     for (id, size) in packs {
         if spared.contains(&id) {
             report.packs_shared += 1;
             continue;
         }
-        if remove(store, &layout.pack(&id), &mut report.errors) {
+        let key = layout.pack(&id);
+        size_of.insert(key.clone(), (id, size));
+        pack_keys.push(key);
+    }
+    for key in remove_all(store, &pack_keys, opts, &mut report.errors) {
+        if let Some(&(id, size)) = size_of.get(&key) {
             report.packs.push(id);
             report.pack_bytes += size;
         }
+    }
+    if report.errors.is_empty() {
+        catalog::mark_gc_done(store, layout, journal.seq)?;
     }
     Ok(report)
 }
@@ -442,13 +465,40 @@ fn list_or_none(store: &dyn Store, prefix: &str) -> Result<Option<Vec<String>>, 
     }
 }
 
-/// Removes `key`; a failure is recorded and gc goes on. True if the key was there and is gone.
-fn remove(store: &dyn Store, key: &str, errors: &mut Vec<String>) -> bool {
-    match store.remove(key) {
-        Ok(removed) => removed,
-        Err(e) => {
-            errors.push(format!("{key}: {e}"));
-            false
+/// Removes `keys`, waiting out readers' leases (`opts.lease_wait`, at most `opts.lease_rounds`
+/// times); other failures are recorded and gc goes on. Returns the keys that were there and are
+/// gone. A leased key is one an install (or gc itself) is reading: waiting is what keeps gc from
+/// pulling data from under a reader on Mooncake.
+fn remove_all(
+    store: &dyn Store,
+    keys: &[String],
+    opts: &GcOptions,
+    errors: &mut Vec<String>,
+) -> Vec<String> {
+    let mut removed = Vec::new();
+    let mut pending: Vec<&String> = keys.iter().collect();
+    for round in 0..=opts.lease_rounds {
+        if pending.is_empty() {
+            break;
         }
+        if round > 0 {
+            tracing::info!(
+                keys = pending.len(),
+                wait = ?opts.lease_wait,
+                "keys are leased by readers; waiting before removing them"
+            );
+            std::thread::sleep(opts.lease_wait);
+        }
+        let mut leased = Vec::new();
+        for key in pending {
+            match store.remove(key) {
+                Ok(true) => removed.push(key.clone()),
+                Ok(false) => {}
+                Err(StoreError::Leased(_)) if round < opts.lease_rounds => leased.push(key),
+                Err(e) => errors.push(format!("{key}: {e}")),
+            }
+        }
+        pending = leased;
     }
+    removed
 }

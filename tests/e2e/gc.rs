@@ -81,6 +81,8 @@ fn run_gc(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, dry_run:
                 ..RetentionLimits::default()
             },
             dry_run,
+            lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
+            lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
         },
     )
     .unwrap_or_else(|e| panic!("gc: {e}"))

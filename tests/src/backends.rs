@@ -99,3 +99,18 @@ pub fn mooncake(test: &str) -> Option<Backend> {
         _tmp: tmp,
     })
 }
+
+/// Removes `key`, waiting out readers' leases (Mooncake refuses to remove a key read or probed in
+/// the last 10 s). Test setup only (corrupting or losing data on purpose).
+pub fn remove_retrying(store: &dyn Store, key: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    loop {
+        match store.remove(key) {
+            Ok(removed) => return removed,
+            Err(jitship::store::StoreError::Leased(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            Err(e) => panic!("removing {key}: {e}"),
+        }
+    }
+}

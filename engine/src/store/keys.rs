@@ -10,6 +10,7 @@
 //! | `{ns}/compat/{compat-id}`         | marker: "this compat id is indexed"    | publish (first)   |
 //! | `{ns}/floor/{compat-id}/{seq}`    | head floor: heads below it may be gone | gc                |
 //! | `{ns}/gc/{seq}`                   | gc journal: what one gc run removes    | gc                |
+//! | `{ns}/gc-done/{seq}`              | marker: that gc run finished           | gc                |
 //! | `{ns}/pin/{generation-id}`        | pin record; its existence = pinned     | pin (unpin removes)|
 //!
 //! Sequences (`head`, `index`, `floor`, `gc`) are appended at `newest + 1` and read back to learn
@@ -93,6 +94,10 @@ impl KeyLayout {
 
     pub fn gc_journal_prefix(&self) -> String {
         format!("{}/gc/", self.namespace)
+    }
+
+    pub fn gc_done(&self, seq: u64) -> String {
+        format!("{}/gc-done/{seq}", self.namespace)
     }
 
     pub fn pin(&self, id: &GenerationId) -> String {
