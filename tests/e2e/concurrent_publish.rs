@@ -91,6 +91,10 @@ fn run_for(b: &Backend) {
         let r = &reports[0];
         assert_eq!(r["outcome"], "published", "[{}] publisher {p}: {r}", b.name);
         merged += r["merged"].as_array().map_or(0, Vec::len);
+        eprintln!(
+            "[{}] publisher {p}: head {} generation {} merged {}",
+            b.name, r["seq"], r["generation"], r["merged"]
+        );
         seqs.insert(r["seq"].as_u64().unwrap());
         let c: CompatId = r["compat_id"].as_str().unwrap().parse().unwrap();
         assert!(compat.is_none_or(|x| x == c), "one compat id for all");
