@@ -531,9 +531,27 @@ pub fn pin(
     Ok(pin_record(store, layout, id)?.unwrap_or(record))
 }
 
-/// Removes the pin; `false` if the generation was not pinned.
+/// Removes the pin; `false` if the generation was not pinned. On Mooncake any recent read of the
+/// pin (an `ls`, a gc) leases it for 10 s; the remove is retried until the lease passes.
 pub fn unpin(store: &dyn Store, layout: &KeyLayout, id: &GenerationId) -> Result<bool, StoreError> {
-    store.remove(&layout.pin(id))
+    remove_waiting_out_leases(store, &layout.pin(id), std::time::Duration::from_secs(30))
+}
+
+/// Removes `key`, retrying while a reader's lease blocks it, for at most `patience`.
+pub fn remove_waiting_out_leases(
+    store: &dyn Store,
+    key: &str,
+    patience: std::time::Duration,
+) -> Result<bool, StoreError> {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        match store.remove(key) {
+            Err(StoreError::Leased(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

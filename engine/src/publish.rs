@@ -7,8 +7,17 @@
 //!
 //! Steps: scan -> policy.select -> read the newest head and its manifest (the parent) -> hash the
 //! selected files not already known -> merge onto the parent -> plan packs for contents the parent
-//! lacks -> upload the packs the store lacks -> put manifest -> put head seq+1, read it back, and if
-//! another publisher won that seq, merge onto its generation and try the next seq.
+//! lacks -> upload the packs the store lacks -> make sure the compat id is in the compat index
+//! (`catalog::ensure_indexed`, so gc and `ls` find it without listing) -> put manifest -> put head
+//! seq+1, read it back, and if another publisher won that seq, merge onto its generation and try
+//! the next seq (details and the in-flight-put cases: `commit_head`).
+//!
+//! Conflict rule (one path, two contents): the generation already published wins (the head's
+//! version when building on it; the winner's when a head race was lost), and the other version is
+//! reported in `PublishReport::conflicts`.
+//!
+//! A head whose manifest is missing or corrupt is not a parent (a fresh chain starts above it);
+//! a parent whose packs were evicted or collected is used without the files they held.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
