@@ -277,10 +277,12 @@ fn an_install_running_during_gc_completes() {
         assert!(g2_packs.len() >= 10, "enough packs to hold the install");
         std::thread::sleep(Duration::from_secs(3));
 
-        // Install gen2 through a store that takes 100 ms per pack.
+        // Install gen2 through a store that delays every pack get, so the install outlasts gc
+        // (on Mooncake gc waits out the 10 s read leases its own survey took: give it 45 s).
+        let install_time = if b.name == "mooncake" { 45_000 } else { 5_000 };
         let slow: Arc<dyn Store> = Arc::new(SlowPackGets {
             inner: b.store.clone(),
-            delay: Duration::from_millis(100),
+            delay: Duration::from_millis(install_time / g2_packs.len() as u64),
         });
         let layout = b.layout.clone();
         let dst = tmp.path().join("dst");
