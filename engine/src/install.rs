@@ -614,6 +614,15 @@ fn diff_with_disk<'m>(
                     source: e,
                 });
             }
+            // Same size and the exact mtime an install sets: the file is ours; skip rehashing it.
+            Ok(m)
+                if m.is_file()
+                    && m.len() == f.size
+                    && m.mtime() == f.mtime_s
+                    && m.mtime_nsec() == i64::from(f.mtime_ns) =>
+            {
+                present += 1;
+            }
             Ok(m) if m.is_file() && m.len() == f.size => {
                 let (h, _) = hash_file(&dest).map_err(io("read", &dest))?;
                 if h == f.blake3 {
@@ -638,11 +647,29 @@ fn commit(
     report: &mut InstallReport,
 ) -> Result<(), InstallError> {
     let bytes: u64 = pending.iter().map(|p| p.record.size).sum();
-    if fs::symlink_metadata(root).is_err() {
-        fs::rename(tree, root).map_err(io("rename into", root))?;
-        report.files_installed = pending.len() as u64;
-        report.bytes_installed = bytes;
-        return Ok(());
+    // A root that does not exist, or exists empty, receives the whole tree in one rename (rename(2)
+    // replaces an empty directory). If that fails (a mount point, a file appeared), go file by file.
+    let root_is_empty_dir = fs::read_dir(root).is_ok_and(|mut d| d.next().is_none());
+    if fs::symlink_metadata(root).is_err() || root_is_empty_dir {
+        let old_mode = fs::metadata(root).ok().map(|m| m.permissions());
+        match fs::rename(tree, root) {
+            Ok(()) => {
+                if let Some(mode) = old_mode {
+                    fs::set_permissions(root, mode).map_err(io("chmod", root))?;
+                }
+                report.files_installed = pending.len() as u64;
+                report.bytes_installed = bytes;
+                return Ok(());
+            }
+            Err(e) if !root_is_empty_dir => {
+                return Err(InstallError::Io {
+                    op: "rename into",
+                    path: root.into(),
+                    source: e,
+                });
+            }
+            Err(_) => {}
+        }
     }
     let mut moved: Vec<PathBuf> = Vec::new();
     let mut created_dirs: Vec<PathBuf> = Vec::new();

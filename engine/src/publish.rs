@@ -81,6 +81,9 @@ pub struct PublishReport {
     pub conflicts: Vec<Conflict>,
     /// Generations of other publishers merged in because they won a head seq first.
     pub merged: Vec<GenerationId>,
+    /// Time spent hashing files, and reading and uploading packs (where a publish's time goes).
+    pub hash_ms: u64,
+    pub upload_ms: u64,
     pub duration_ms: u64,
 }
 
@@ -192,6 +195,8 @@ pub fn publish(
         packs_reused: 0,
         conflicts: vec![],
         merged: vec![],
+        hash_ms: 0,
+        upload_ms: 0,
         duration_ms: 0,
     };
 
@@ -206,7 +211,9 @@ pub fn publish(
         None => (None, false),
     };
 
+    let hashing = Instant::now();
     let local = hash_selected(root, &selected, parent.as_ref(), hashes, &mut report)?;
+    report.hash_ms = hashing.elapsed().as_millis() as u64;
     let parent_paths: HashMap<&RelPath, &FileRecord> = parent
         .iter()
         .flat_map(|m| &m.files)
@@ -255,7 +262,9 @@ pub fn publish(
         }
     }
     let plans = plan_packs(&order, opts.pack_size);
+    let uploading = Instant::now();
     upload_packs(store, layout, root, &plans, &source_of, &mut report)?;
+    report.upload_ms = uploading.elapsed().as_millis() as u64;
 
     // Our side: the new files, located in parent packs or in the packs just uploaded.
     let mut ours_packs: Vec<PackRef> = parent.as_ref().map(|m| m.packs.clone()).unwrap_or_default();

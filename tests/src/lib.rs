@@ -4,4 +4,5 @@
 
 pub mod backends;
 pub mod fixtures;
+pub mod harness;
 pub mod mooncake;
