@@ -125,8 +125,9 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
     for b in backends("gc_removes_unreferenced_packs_and_keeps_referenced_ones") {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-packs";
-        // gen1: one large file over 2.5 packs; gen2 adds a small file; gen3 (a fresh chain) has the
-        // same large file (so it shares the two full packs with gen1) and another small file.
+        // gen1: one large file over 2.5 packs; gen2 adds a small file (a pack only gen1 and gen2
+        // reference); gen3 (a fresh chain) has the same large file (so it shares at least its two
+        // full packs with gen1) and another small file.
         let r1 = tmp.path().join("r1");
         let big = bytes(42, (PACK * 5 / 2) as usize);
         std::fs::create_dir_all(r1.join("big")).unwrap();
@@ -152,10 +153,9 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
             .filter(|p| !p3.contains(p))
             .copied()
             .collect();
-        assert_eq!(
-            shared.len(),
-            2,
-            "[{}] gen3 shares the two full packs",
+        assert!(
+            shared.len() >= 2,
+            "[{}] gen3 shares the full packs of the large file with gen1",
             b.name
         );
         assert!(!doomed.is_empty());
