@@ -480,3 +480,90 @@ fn pins_floors_and_an_interrupted_gc() {
         assert!(v.ok, "[{}] {v:?}", b.name);
     }
 }
+
+/// A retention policy that drops everything it is shown, or fails.
+struct Greedy {
+    inner: NativeRules,
+    fail: bool,
+}
+
+impl jitship::policy::CachePolicy for Greedy {
+    fn info(&self) -> &jitship::policy::PolicyInfo {
+        self.inner.info()
+    }
+    fn policy_ref(&self) -> jitship::generation::PolicyRef {
+        self.inner.policy_ref()
+    }
+    fn compat_key(
+        &self,
+        facts: &jitship::facts::Facts,
+    ) -> Result<String, jitship::policy::PolicyError> {
+        self.inner.compat_key(facts)
+    }
+    fn select(
+        &self,
+        root: &Path,
+        entries: &[jitship::policy::FileEntry],
+    ) -> Result<Vec<jitship::policy::Decision>, jitship::policy::PolicyError> {
+        self.inner.select(root, entries)
+    }
+    fn retain(
+        &self,
+        generations: &[jitship::policy::GenerationSummary],
+        _now: u64,
+        _limits: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, jitship::policy::PolicyError> {
+        if self.fail {
+            return Err(jitship::policy::PolicyError::Internal("boom".into()));
+        }
+        Ok(generations.iter().map(|g| g.id).collect())
+    }
+}
+
+#[test]
+fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
+    let b = jitship_tests::backends::local("policy", true);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let mut gens = Vec::new();
+    for k in 1..=3 {
+        triton_tree(&root, k, 8);
+        gens.push(publish(&b, &root, "greedy").0);
+    }
+    catalog::pin(b.store.as_ref(), &b.layout, &gens[0], None).unwrap();
+    let opts = GcOptions {
+        now: now_secs(),
+        grace: Duration::ZERO,
+        limits: RetentionLimits::default(),
+        dry_run: false,
+        lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
+        lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
+    };
+
+    // A failing policy disables retention for its kind: everything stays, the error is reported.
+    let failing = |kind: &str| -> Box<dyn jitship::policy::CachePolicy> {
+        Box::new(Greedy {
+            inner: NativeRules::new(kind),
+            fail: true,
+        })
+    };
+    let r = gc::collect(b.store.as_ref(), &b.layout, &failing, &opts).unwrap();
+    assert_eq!(r.policy_errors.len(), 1, "{r:#?}");
+    assert!(r.policy_errors[0].contains("boom"));
+    assert!(r.decisions.iter().all(|d| d.verdict == Verdict::Keep));
+    assert!(r.heads.is_empty() && r.manifests.is_empty());
+
+    // A policy that drops everything: the newest and the pinned one stay.
+    let greedy = |kind: &str| -> Box<dyn jitship::policy::CachePolicy> {
+        Box::new(Greedy {
+            inner: NativeRules::new(kind),
+            fail: false,
+        })
+    };
+    let r = gc::collect(b.store.as_ref(), &b.layout, &greedy, &opts).unwrap();
+    assert_eq!(verdict(&r, &gens[2]).0, Verdict::Keep);
+    assert_eq!(verdict(&r, &gens[0]), (Verdict::Keep, "pinned".into()));
+    assert_eq!(verdict(&r, &gens[1]).0, Verdict::Drop);
+    assert!(has(&b, &b.layout.generation(&gens[0])) && has(&b, &b.layout.generation(&gens[2])));
+    assert!(!has(&b, &b.layout.generation(&gens[1])));
+}
