@@ -453,8 +453,12 @@ impl MooncakeStore {
             .name("mooncake-call".into())
             .spawn(move || {
                 let r = f(&guard.0);
-                let _ = tx.send(r);
+                // Let go of the handle before answering: otherwise the caller can drop the store
+                // and exit while this thread holds the last reference, so `destroy` runs here
+                // concurrently with the process's exit handlers (seen as "double free or
+                // corruption" aborts of CLI processes after their work was done).
                 drop(guard);
+                let _ = tx.send(r);
             })
             .map_err(|e| StoreError::Other(format!("cannot start a store call thread: {e}")))?;
         match rx.recv_timeout(self.call_timeout) {
