@@ -168,7 +168,7 @@ pub struct SettingsArgs {
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Store to use: local:DIR.
+    /// Store to use: local:DIR, mooncake (the [store.mooncake] settings) or mooncake:HOST:PORT.
     #[arg(long, env = "JITSHIP_STORE", value_name = "STORE")]
     pub store: Option<String>,
 
