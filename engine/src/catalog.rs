@@ -217,14 +217,26 @@ pub fn newest_floor(
     Ok(None)
 }
 
-/// Appends a floor record (gc only; before removing any head below `floor`).
+/// Appends a floor record (gc only; before removing any head below `floor`). A floor never goes
+/// down: if a newer floor is higher (another gc ran meanwhile), that one is kept, so heads it let
+/// gc remove never fall above the newest floor. Run one gc at a time per namespace all the same.
 pub fn write_floor(
     store: &dyn Store,
     layout: &KeyLayout,
     compat: &CompatId,
     floor: u64,
-    keep: Vec<u64>,
+    mut keep: Vec<u64>,
 ) -> Result<FloorRecord, CatalogError> {
+    let mut floor = floor;
+    if let Some(previous) = newest_floor(store, layout, compat)?
+        && previous.floor > floor
+    {
+        floor = previous.floor;
+        keep.extend(previous.keep.iter().copied());
+        keep.retain(|&s| s < floor);
+        keep.sort_unstable_by(|a, b| b.cmp(a));
+        keep.dedup();
+    }
     let writer = writer_id();
     let written_at = now_secs();
     let make = |seq| {
