@@ -745,6 +745,19 @@ mod tests {
     }
 
     #[test]
+    fn a_floor_never_goes_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = WithoutListing(LocalStore::open(dir.path()).unwrap());
+        let layout = KeyLayout::new("ns").unwrap();
+        let compat = CompatId::new("triton", "k");
+        write_floor(&store, &layout, &compat, 7, vec![2]).unwrap();
+        // A gc that planned on an older view writes a lower floor: the higher one stands.
+        let f = write_floor(&store, &layout, &compat, 5, vec![3]).unwrap();
+        assert_eq!((f.seq, f.floor, f.keep.clone()), (2, 7, vec![3, 2]));
+        assert_eq!(newest_floor(&store, &layout, &compat).unwrap().unwrap(), f);
+    }
+
+    #[test]
     fn the_compat_index_is_written_once_and_found_without_listing() {
         let dir = tempfile::tempdir().unwrap();
         let store = WithoutListing(LocalStore::open(dir.path()).unwrap());
