@@ -11,8 +11,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, CacheConfig, Config};
-use crate::facts::Facts;
+use crate::facts::{Facts, FactsConfig};
+use crate::generation::GenerationId;
 use crate::generation::Producer;
+use crate::inspect::{self, ManifestState};
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::policy::CachePolicy;
 use crate::policy::native::NativeRules;
@@ -72,6 +74,107 @@ pub enum Command {
     /// cleanly (final publish done, or held by the readiness gate), 1 the final publish failed or
     /// ran out of time, 130 a second signal cut it short.
     Watch(WatchArgs),
+    /// Print the facts compatibility keys are built from, where each came from, and why each
+    /// missing one is missing.
+    ///
+    /// GPU and driver come from NVML (or nvidia-smi, or /proc/driver/nvidia/version), Python and
+    /// package versions from a bare interpreter and site-packages metadata (no import of torch).
+    /// Overrides win: the config's [facts], then --fact / JITSHIP_FACTS. A policy that needs a
+    /// missing fact refuses to produce a key: give it with --fact NAME=VALUE.
+    Facts(FactsArgs),
+    /// List compat keys and their generations: sizes, file counts, ages, pins.
+    Ls(LsArgs),
+    /// Show one generation: manifest, facts, producer, parent chain.
+    Inspect(InspectArgs),
+    /// Fetch and check every pack and every file hash of a generation (default: every generation
+    /// `ls` shows). Exit codes: 0 all good, 3 a problem was found (named on the output), 1 error.
+    Verify(VerifyArgs),
+    /// Pin a generation: retention never drops it (until `unpin`).
+    Pin(PinArgs),
+    /// Remove a pin.
+    Unpin(PinArgs),
+    /// Apply retention: remove dropped generations, their heads and the packs nothing retained
+    /// references. `--dry-run` shows what it would remove.
+    Gc(GcArgs),
+}
+
+/// Settings plus `--json`, for the operator commands.
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+
+    /// Print JSON on stdout (for scripts) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Generation id (64 hex digits, or a unique prefix of at least 8 as `ls` prints).
+    pub generation: String,
+
+    /// Also list every file.
+    #[arg(long)]
+    pub files: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Generation id or unique prefix; all generations when omitted.
+    pub generation: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PinArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Generation id or unique prefix.
+    pub generation: String,
+
+    /// Why (recorded in the pin; `pin` only).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Show what would be removed; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Generations to keep per compat key (overrides retention.max_generations).
+    #[arg(long, value_name = "N")]
+    pub keep: Option<u32>,
+
+    /// Bytes to keep per compat key, e.g. "20 GiB" (overrides retention.max_bytes).
+    #[arg(long)]
+    pub max_bytes: Option<bytesize::ByteSize>,
+
+    /// Drop generations older than this, e.g. "14d" (overrides retention.max_age).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_age: Option<Duration>,
+
+    /// Remove a dropped generation only once superseded this long ago, e.g. "1h" (overrides
+    /// retention.grace). Keep it above the install deadline.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
 }
 
 /// Where the store is, which caches, and the facts keys are built from.
@@ -81,7 +184,7 @@ pub struct SettingsArgs {
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Store to use: local:DIR.
+    /// Store to use: local:DIR, mooncake (the [store.mooncake] settings) or mooncake:HOST:PORT.
     #[arg(long, env = "JITSHIP_STORE", value_name = "STORE")]
     pub store: Option<String>,
 
@@ -187,6 +290,30 @@ pub struct WatchArgs {
     pub pod: Option<String>,
 }
 
+#[derive(Debug, Args)]
+pub struct FactsArgs {
+    /// TOML config file: its [facts] overrides and [gather] settings.
+    #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
+    #[arg(
+        long = "fact",
+        env = "JITSHIP_FACTS",
+        value_name = "NAME=VALUE",
+        value_delimiter = ';'
+    )]
+    pub facts: Vec<String>,
+
+    /// The inference engine's Python interpreter (default: [gather] python, then python3 on PATH).
+    #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
+    /// Print {"facts", "sources", "missing"} as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Entry point of the binary: returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -222,6 +349,13 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Publish(args) => run_publish(args),
         Command::Install(args) => run_install(args),
         Command::Watch(args) => run_watch(args),
+        Command::Facts(args) => run_facts(args),
+        Command::Ls(args) => run_ls(args),
+        Command::Inspect(args) => run_inspect(args),
+        Command::Verify(args) => run_verify(args),
+        Command::Pin(args) => run_pin(args, true),
+        Command::Unpin(args) => run_pin(args, false),
+        Command::Gc(args) => run_gc(args),
     }
 }
 
@@ -264,12 +398,18 @@ struct Session {
 
 impl Session {
     fn open(settings: &SettingsArgs) -> Result<Self> {
-        let config = settings.resolve()?;
-        if config.caches.is_empty() {
+        let session = Self::open_store(settings)?;
+        if session.config.caches.is_empty() {
             bail!(
                 "no cache roots configured: pass --cache KIND=ROOT (e.g. --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
+        Ok(session)
+    }
+
+    /// For commands that need the store only (ls, inspect, verify, pin, gc).
+    fn open_store(settings: &SettingsArgs) -> Result<Self> {
+        let config = settings.resolve()?;
         let store = crate::store::open(&config.store)
             .with_context(|| format!("opening the {:?} store", config.store.backend))?;
         let layout = KeyLayout::new(&config.store.namespace)?;
@@ -285,6 +425,22 @@ impl Session {
 
     fn policy(&self, cache: &CacheConfig) -> Box<dyn CachePolicy> {
         Box::new(NativeRules::new(&cache.kind))
+    }
+
+    /// The policy for a cache kind found in the store (gc): the configured cache of that kind, or
+    /// the kind's policy with no root when this host does not configure it.
+    fn policy_for_kind(&self, kind: &str) -> Box<dyn CachePolicy> {
+        let cache = self
+            .config
+            .caches
+            .iter()
+            .find(|c| c.kind == kind)
+            .cloned()
+            .unwrap_or_else(|| CacheConfig {
+                kind: kind.to_owned(),
+                root: PathBuf::new(),
+            });
+        self.policy(&cache)
     }
 }
 
@@ -561,4 +717,432 @@ fn print_install(r: &InstallReport) {
     for c in &r.conflicts {
         println!("  left alone: {c}");
     }
+}
+
+fn run_facts(args: FactsArgs) -> Result<i32> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(python) = &args.python {
+        config.gather.python = Some(python.clone());
+    }
+    let mut flag_facts = std::collections::BTreeMap::new();
+    for arg in args.facts.iter().filter(|a| !a.trim().is_empty()) {
+        let (k, v) = config::parse_fact_arg(arg.trim())?;
+        flag_facts.insert(k, v);
+    }
+    let gathered = crate::facts::gather(&FactsConfig::from_process(&config, &flag_facts));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&gathered)?);
+    } else {
+        print!("{}", gathered.render_table());
+    }
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operator commands
+
+fn now() -> u64 {
+    crate::publish::now_secs()
+}
+
+/// "45s", "12m", "3h", "5d" ago.
+fn age(then: u64) -> String {
+    let s = now().saturating_sub(then);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+fn short(id: &impl std::fmt::Display) -> String {
+    id.to_string().chars().take(12).collect()
+}
+
+/// Prints rows as left-aligned columns under a header.
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+fn resolve_generation(session: &Session, text: &str) -> Result<GenerationId> {
+    Ok(inspect::resolve(
+        session.store.as_ref(),
+        &session.layout,
+        text,
+    )?)
+}
+
+fn run_ls(args: LsArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let survey = inspect::survey(session.store.as_ref(), &session.layout)
+        .with_context(|| format!("reading {}", session.store.describe()))?;
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&survey)?);
+        return Ok(0);
+    }
+    if survey.compats.is_empty() {
+        println!(
+            "no generations in namespace {:?} of {}",
+            survey.namespace,
+            session.store.describe()
+        );
+        return Ok(0);
+    }
+    for c in &survey.compats {
+        println!(
+            "{} {}  compat id {}",
+            c.cache_kind.as_deref().unwrap_or("?"),
+            c.compat_key.as_deref().unwrap_or("(no readable manifest)"),
+            short(&c.compat_id)
+        );
+        let rows: Vec<Vec<String>> = c
+            .generations
+            .iter()
+            .map(|g| {
+                let seqs = g
+                    .seqs
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let mut flags = Vec::new();
+                if g.is_head {
+                    flags.push("head".to_owned());
+                }
+                if g.pinned {
+                    flags.push("pinned".to_owned());
+                }
+                match &g.state {
+                    ManifestState::Present(s) => vec![
+                        short(&g.id),
+                        seqs,
+                        s.file_count.to_string(),
+                        bytesize::ByteSize(s.size_bytes).to_string(),
+                        s.packs.len().to_string(),
+                        age(s.created_at),
+                        flags.join(" "),
+                    ],
+                    ManifestState::Missing | ManifestState::Corrupt { .. } => {
+                        flags.push(
+                            if matches!(g.state, ManifestState::Missing) {
+                                "manifest-missing"
+                            } else {
+                                "manifest-corrupt"
+                            }
+                            .to_owned(),
+                        );
+                        vec![
+                            short(&g.id),
+                            seqs,
+                            "-".into(),
+                            "-".into(),
+                            "-".into(),
+                            age(g.head_written_at),
+                            flags.join(" "),
+                        ]
+                    }
+                }
+            })
+            .collect();
+        table(
+            &["  GENERATION", "HEAD", "FILES", "SIZE", "PACKS", "AGE", ""],
+            &rows
+                .into_iter()
+                .map(|mut r| {
+                    r[0] = format!("  {}", r[0]);
+                    r
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+    Ok(0)
+}
+
+fn run_inspect(args: InspectArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let id = resolve_generation(&session, &args.generation)?;
+    let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id)?;
+    if !args.files {
+        i.files.clear();
+    }
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&i)?);
+        return Ok(0);
+    }
+    println!("generation  {}", i.id);
+    println!("cache       {} (compat id {})", i.cache_kind, i.compat_id);
+    println!("compat key  {}", i.compat_key);
+    println!(
+        "created     {} ago by {}{} (jitship {})",
+        age(i.created_at),
+        i.producer.host,
+        i.producer
+            .pod
+            .as_ref()
+            .map(|p| format!(", pod {p}"))
+            .unwrap_or_default(),
+        i.producer.jitship_version
+    );
+    println!(
+        "policy      {} {} ({})",
+        i.policy.name, i.policy.version, i.policy.digest
+    );
+    println!(
+        "content     {} files, {}, in {} packs ({})",
+        i.file_count,
+        bytesize::ByteSize(i.size_bytes),
+        i.pack_count,
+        bytesize::ByteSize(i.packed_bytes)
+    );
+    let heads = if i.heads.is_empty() {
+        "none (not reachable from a head)".to_owned()
+    } else {
+        format!(
+            "{}{}",
+            i.heads
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            if i.is_head { " (the newest)" } else { "" }
+        )
+    };
+    println!("heads       {heads}");
+    match &i.pinned {
+        Some(p) => println!(
+            "pinned      {} ago by {}{}",
+            age(p.pinned_at),
+            p.by,
+            p.reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        None => println!("pinned      no"),
+    }
+    println!("facts");
+    for (k, v) in &i.facts {
+        println!("  {k} = {v}");
+    }
+    if !i.merged.is_empty() {
+        println!("merged (publishers that lost a head race)");
+        for m in &i.merged {
+            println!("  {m}");
+        }
+    }
+    println!("parent chain");
+    if i.parent_chain.is_empty() {
+        println!("  (none: first generation of its chain)");
+    }
+    for link in &i.parent_chain {
+        match (link.created_at, link.file_count) {
+            (Some(c), Some(n)) => println!("  {}  {n} files, {} ago", link.id, age(c)),
+            _ => println!("  {}  (manifest gone: collected or evicted)", link.id),
+        }
+    }
+    if args.files {
+        println!("files");
+        for f in &i.files {
+            println!(
+                "  {}  {:>10}  {}",
+                short(&f.blake3),
+                bytesize::ByteSize(f.size).to_string(),
+                f.path
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn run_verify(args: VerifyArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let store = session.store.as_ref();
+    let ids: Vec<GenerationId> = match &args.generation {
+        Some(g) => vec![resolve_generation(&session, g)?],
+        None => {
+            let survey = inspect::survey(store, &session.layout)?;
+            let mut ids: Vec<GenerationId> = survey.generations().map(|(_, g)| g.id).collect();
+            ids.dedup();
+            ids
+        }
+    };
+    let mut results = Vec::new();
+    for id in &ids {
+        let bar = spinner(format!("verifying {}", short(id)));
+        let v = inspect::verify(store, &session.layout, id);
+        bar.finish_and_clear();
+        let v = v.with_context(|| format!("verifying {id}"))?;
+        if !args.common.json {
+            if v.ok {
+                println!(
+                    "{}: ok ({} files, {} packs, {})",
+                    v.generation,
+                    v.files_checked,
+                    v.packs_fetched,
+                    bytesize::ByteSize(v.bytes_fetched)
+                );
+            } else {
+                println!("{}: {} problem(s)", v.generation, v.problems.len());
+                for p in &v.problems {
+                    println!("  {p}");
+                }
+            }
+        }
+        results.push(v);
+    }
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else if ids.is_empty() {
+        println!("no generations to verify");
+    }
+    Ok(if results.iter().all(|v| v.ok) { 0 } else { 3 })
+}
+
+fn run_pin(args: PinArgs, pin: bool) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let store = session.store.as_ref();
+    let id = resolve_generation(&session, &args.generation)?;
+    if pin {
+        if crate::catalog::fetch_manifest(store, &session.layout, &id)?.is_none() {
+            bail!(
+                "generation {id} is not in the store (collected or evicted); run `jitship ls` to see what is"
+            );
+        }
+        let record = crate::catalog::pin(store, &session.layout, &id, args.reason.clone())?;
+        if args.common.json {
+            println!("{}", serde_json::to_string_pretty(&record)?);
+        } else {
+            println!("pinned {id}: gc will not drop it until `jitship unpin`");
+        }
+    } else {
+        let removed = crate::catalog::unpin(store, &session.layout, &id)?;
+        if args.common.json {
+            println!(
+                "{}",
+                serde_json::json!({ "generation": id, "was_pinned": removed })
+            );
+        } else if removed {
+            println!("unpinned {id}: retention applies to it again");
+        } else {
+            println!("{id} was not pinned");
+        }
+    }
+    Ok(0)
+}
+
+fn run_gc(args: GcArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let retention = &session.config.retention;
+    let mut limits = retention.limits();
+    if let Some(n) = args.keep {
+        if n == 0 {
+            bail!("--keep must be at least 1 (the newest generation is always kept)");
+        }
+        limits.max_generations = Some(n);
+    }
+    if let Some(b) = args.max_bytes {
+        limits.max_bytes = Some(b.as_u64());
+    }
+    if let Some(a) = args.max_age {
+        limits.max_age_secs = Some(a.as_secs());
+    }
+    let opts = crate::gc::GcOptions {
+        now: now(),
+        grace: args.grace.unwrap_or(retention.grace),
+        limits,
+        dry_run: args.dry_run,
+        lease_wait: retention.lease_wait,
+        lease_rounds: crate::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
+    };
+    let policy_for = |kind: &str| session.policy_for_kind(kind);
+    let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policy_for, &opts)
+        .with_context(|| format!("gc of {}", session.store.describe()))?;
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let rows: Vec<Vec<String>> = report
+            .decisions
+            .iter()
+            .map(|d| {
+                vec![
+                    d.cache_kind.clone().unwrap_or_else(|| "?".into()),
+                    short(&d.generation),
+                    serde_json::to_value(d.verdict)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    bytesize::ByteSize(d.size_bytes).to_string(),
+                    d.reason.clone(),
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            table(&["KIND", "GENERATION", "VERDICT", "SIZE", "WHY"], &rows);
+        }
+        for e in &report.policy_errors {
+            println!("policy error: {e}");
+        }
+        let verb = if report.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        println!(
+            "{verb} {} head records, {} manifests, {} packs ({}); {} packs kept because a retained generation shares them",
+            report.heads.len(),
+            report.manifests.len(),
+            report.packs.len(),
+            bytesize::ByteSize(report.pack_bytes),
+            report.packs_shared
+        );
+        if report.dry_run {
+            for h in &report.heads {
+                println!("  head      {h}");
+            }
+            for m in &report.manifests {
+                println!("  manifest  {m}");
+            }
+            for p in &report.packs {
+                println!("  pack      {p}");
+            }
+        }
+        if let Some(j) = report.resumed_journal {
+            println!("finished the interrupted gc run of journal {j}");
+        }
+        for e in &report.errors {
+            println!("could not remove {e}");
+        }
+    }
+    if !report.errors.is_empty() {
+        eprintln!(
+            "error: {} keys could not be removed; run gc again (it resumes from its journal)",
+            report.errors.len()
+        );
+        return Ok(1);
+    }
+    Ok(0)
 }

@@ -35,9 +35,56 @@ pub struct Config {
     pub caches: Vec<CacheConfig>,
     /// Facts that override (or add to) what jitship gathers.
     pub facts: BTreeMap<String, String>,
+    /// Where and how jitship gathers facts (the `[facts]` table stays a plain overrides map).
+    pub gather: GatherConfig,
     pub publish: PublishConfig,
     pub install: InstallConfig,
     pub watch: WatchConfig,
+    pub retention: RetentionConfig,
+}
+
+/// Quotas handed to the retention policy, per compat key, and gc's safety margin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Generations to keep per compat key (the built-in policy keeps 3 when unset).
+    pub max_generations: Option<u32>,
+    /// Bytes (sum of file sizes) to keep per compat key, newest first; the newest always stays.
+    pub max_bytes: Option<ByteSize>,
+    /// Drop generations created longer ago than this (the newest always stays).
+    #[serde(with = "humantime_serde")]
+    pub max_age: Option<Duration>,
+    /// A generation is removed only once it was superseded at least this long ago: an install that
+    /// read the previous head may still be fetching it. Keep it above the install deadline plus
+    /// clock skew between hosts.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// How long gc waits before retrying a key a reader holds a lease on (Mooncake:
+    /// `default_kv_lease_ttl` of the master, 10 s by default, plus a margin).
+    #[serde(with = "humantime_serde")]
+    pub lease_wait: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            max_generations: None,
+            max_bytes: None,
+            max_age: None,
+            grace: Duration::from_secs(3600),
+            lease_wait: Duration::from_secs(11),
+        }
+    }
+}
+
+impl RetentionConfig {
+    pub fn limits(&self) -> crate::policy::RetentionLimits {
+        crate::policy::RetentionLimits {
+            max_generations: self.max_generations,
+            max_bytes: self.max_bytes.map(|b| b.as_u64()),
+            max_age_secs: self.max_age.map(|d| d.as_secs()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +94,7 @@ pub struct StoreConfig {
     /// Prefix of every key jitship writes; separate deployments may share a store.
     pub namespace: String,
     pub local: LocalStoreConfig,
+    pub mooncake: MooncakeConfig,
 }
 
 impl Default for StoreConfig {
@@ -55,6 +103,7 @@ impl Default for StoreConfig {
             backend: Backend::Local,
             namespace: "jitship".into(),
             local: LocalStoreConfig::default(),
+            mooncake: MooncakeConfig::default(),
         }
     }
 }
@@ -63,6 +112,198 @@ impl Default for StoreConfig {
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     Local,
+    Mooncake,
+}
+
+/// Environment variable naming `libmooncake_store.so` when `store.mooncake.library` is not set.
+pub const MOONCAKE_LIBRARY_ENV: &str = "MOONCAKE_STORE_LIBRARY";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MooncakeProtocol {
+    Tcp,
+    Rdma,
+}
+
+impl MooncakeProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Rdma => "rdma",
+        }
+    }
+}
+
+/// `[store.mooncake]`: how to reach a Mooncake Store cluster. jitship is a pure client (it
+/// contributes no segment), and every setting is passed to Mooncake's setup call explicitly.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MooncakeConfig {
+    /// `libmooncake_store.so` (a Mooncake build with the C ABI, `-DWITH_STORE_C_SHARED=ON`).
+    /// Unset: the path in $MOONCAKE_STORE_LIBRARY.
+    pub library: Option<PathBuf>,
+    /// The master's RPC address, HOST:PORT.
+    pub master: String,
+    /// Transfer-engine metadata: `http://HOST:PORT/metadata` (the master's HTTP metadata server),
+    /// `etcd://...`, or `P2PHANDSHAKE`.
+    pub metadata_server: String,
+    pub protocol: MooncakeProtocol,
+    /// RDMA device names (e.g. ["mlx5_0", "mlx5_1"]); empty lets Mooncake pick. Ignored for tcp.
+    pub rdma_devices: Vec<String>,
+    /// The name or address store nodes reach this client by. Unset: the machine's hostname.
+    pub local_hostname: Option<String>,
+    /// Copies of each object, on distinct store nodes.
+    pub replicas: u32,
+    /// Soft-pinned objects survive ordinary eviction (until their pin TTL lapses).
+    pub soft_pin: bool,
+    /// Hard-pinned objects are never evicted; puts then fail with "store is full".
+    pub hard_pin: bool,
+    /// Size of each registered staging buffer; also the largest value jitship can put or get, so
+    /// `publish.pack_size` must not exceed it.
+    pub staging_buffer_size: ByteSize,
+    /// Staging buffers registered once at start (calls in flight at once).
+    pub staging_buffers: usize,
+    /// Mooncake's own client-side buffer (setup's `local_buffer_size`).
+    pub local_buffer_size: ByteSize,
+    /// Bound on each store call; past it the call reports a timeout.
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// Bound on reaching the master's TCP port before setup.
+    #[serde(with = "humantime_serde")]
+    pub probe_timeout: Duration,
+    /// Bound on Mooncake's setup call (connecting to the master and the metadata server).
+    #[serde(with = "humantime_serde")]
+    pub setup_timeout: Duration,
+}
+
+impl Default for MooncakeConfig {
+    fn default() -> Self {
+        Self {
+            library: None,
+            master: "127.0.0.1:50051".into(),
+            metadata_server: "http://127.0.0.1:8080/metadata".into(),
+            protocol: MooncakeProtocol::Tcp,
+            rdma_devices: vec![],
+            local_hostname: None,
+            replicas: 1,
+            soft_pin: false,
+            hard_pin: false,
+            staging_buffer_size: ByteSize::mib(64),
+            staging_buffers: 4,
+            local_buffer_size: ByteSize::mib(16),
+            call_timeout: Duration::from_secs(30),
+            probe_timeout: Duration::from_secs(3),
+            setup_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl MooncakeConfig {
+    /// The library to load: the configured path, else $MOONCAKE_STORE_LIBRARY.
+    pub fn library_path(&self) -> Result<PathBuf, ConfigError> {
+        if let Some(p) = &self.library {
+            return Ok(p.clone());
+        }
+        match std::env::var_os(MOONCAKE_LIBRARY_ENV) {
+            Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+            _ => Err(ConfigError::Invalid {
+                what: "store.mooncake.library",
+                value: String::new(),
+                hint: format!(
+                    "the mooncake backend needs libmooncake_store.so: set store.mooncake.library or {MOONCAKE_LIBRARY_ENV}"
+                ),
+            }),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |what, value: String, hint: &str| {
+            Err(ConfigError::Invalid {
+                what,
+                value,
+                hint: hint.into(),
+            })
+        };
+        if parse_host_port(&self.master).is_none() {
+            return invalid(
+                "store.mooncake.master",
+                self.master.clone(),
+                "expected HOST:PORT, e.g. 127.0.0.1:50051",
+            );
+        }
+        let m = &self.metadata_server;
+        let known = m == "P2PHANDSHAKE"
+            || m.starts_with("http://")
+            || m.starts_with("etcd://")
+            || m.starts_with("redis://");
+        if !known {
+            return invalid(
+                "store.mooncake.metadata_server",
+                m.clone(),
+                "expected http://HOST:PORT/metadata, etcd://HOST:PORT, redis://HOST:PORT or P2PHANDSHAKE",
+            );
+        }
+        if self
+            .rdma_devices
+            .iter()
+            .any(|d| d.is_empty() || d.contains(',') || d.contains(char::is_whitespace))
+        {
+            return invalid(
+                "store.mooncake.rdma_devices",
+                format!("{:?}", self.rdma_devices),
+                "device names like \"mlx5_0\", without commas or spaces",
+            );
+        }
+        if let Some(h) = &self.local_hostname
+            && (h.is_empty() || h.contains(char::is_whitespace))
+        {
+            return invalid(
+                "store.mooncake.local_hostname",
+                h.clone(),
+                "a hostname or IP address",
+            );
+        }
+        if self.replicas == 0 || self.replicas > 16 {
+            return invalid(
+                "store.mooncake.replicas",
+                self.replicas.to_string(),
+                "between 1 and 16",
+            );
+        }
+        let size = self.staging_buffer_size.as_u64();
+        if !(ByteSize::mib(1).as_u64()..=ByteSize::gib(16).as_u64()).contains(&size) {
+            return invalid(
+                "store.mooncake.staging_buffer_size",
+                self.staging_buffer_size.to_string(),
+                "between 1 MiB and 16 GiB",
+            );
+        }
+        if self.staging_buffers == 0 || self.staging_buffers > 64 {
+            return invalid(
+                "store.mooncake.staging_buffers",
+                self.staging_buffers.to_string(),
+                "between 1 and 64",
+            );
+        }
+        for (what, d) in [
+            ("store.mooncake.call_timeout", self.call_timeout),
+            ("store.mooncake.probe_timeout", self.probe_timeout),
+            ("store.mooncake.setup_timeout", self.setup_timeout),
+        ] {
+            if d.is_zero() {
+                return invalid(what, "0s".into(), "must be more than zero, e.g. \"10s\"");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `HOST:PORT` (a bracketed IPv6 host is fine) with a non-zero port.
+pub fn parse_host_port(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    let valid_host = !host.is_empty() && !host.contains(char::is_whitespace) && !host.contains('/');
+    valid_host.then_some((host, port))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,6 +326,41 @@ pub struct CacheConfig {
     /// Cache kind ("triton", "inductor", ...): selects the built-in policy of that name.
     pub kind: String,
     pub root: PathBuf,
+}
+
+/// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatherConfig {
+    /// The inference engine's interpreter (e.g. a venv's `bin/python3`); default `python3` on PATH.
+    pub python: Option<PathBuf>,
+    /// Site-packages directories to read package versions from, instead of asking the interpreter.
+    pub site_packages: Vec<PathBuf>,
+    /// Distributions whose versions become `pkg.*` facts, beyond the built-in list.
+    pub packages: Vec<String>,
+    /// The engine's configuration file; its blake3 becomes `engine.config_digest`.
+    pub engine_config: Option<PathBuf>,
+    /// NVML, loaded at run time.
+    pub nvml_library: PathBuf,
+    /// The NVIDIA kernel module's version file (driver version when NVML and nvidia-smi fail).
+    pub driver_version_file: PathBuf,
+    /// Bound on each external program (nvidia-smi, nvcc, python) and on NVML.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for GatherConfig {
+    fn default() -> Self {
+        Self {
+            python: None,
+            site_packages: Vec::new(),
+            packages: Vec::new(),
+            engine_config: None,
+            nvml_library: PathBuf::from("libnvidia-ml.so.1"),
+            driver_version_file: PathBuf::from("/proc/driver/nvidia/version"),
+            timeout: Duration::from_secs(5),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -226,6 +502,47 @@ impl Config {
             });
         }
         self.watch.validate()?;
+        if self.gather.timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                what: "gather.timeout",
+                value: "0s".into(),
+                hint: "must be above zero, e.g. \"5s\"".into(),
+            });
+        }
+        for name in &self.gather.packages {
+            if name.trim().is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(ConfigError::Invalid {
+                    what: "gather.packages entry",
+                    value: name.clone(),
+                    hint: "use a distribution name as pip spells it, e.g. flashinfer-python".into(),
+                });
+            }
+        }
+        if self.retention.max_generations == Some(0) {
+            return Err(ConfigError::Invalid {
+                what: "retention.max_generations",
+                value: "0".into(),
+                hint: "must be at least 1 (the newest generation is always kept)".into(),
+            });
+        }
+        if self.store.backend == Backend::Mooncake {
+            self.store.mooncake.validate()?;
+            let limit = self.store.mooncake.staging_buffer_size;
+            if self.publish.pack_size > limit {
+                return Err(ConfigError::Invalid {
+                    what: "publish.pack_size",
+                    value: self.publish.pack_size.to_string(),
+                    hint: format!(
+                        "over store.mooncake.staging_buffer_size ({limit}), the largest value the mooncake backend moves; \
+                         lower publish.pack_size or raise store.mooncake.staging_buffer_size"
+                    ),
+                });
+            }
+        }
         let mut kinds = std::collections::HashSet::new();
         for c in &self.caches {
             parse_kind(&c.kind)?;
@@ -289,18 +606,29 @@ pub fn parse_fact_arg(s: &str) -> Result<(String, String), ConfigError> {
     }
 }
 
-/// `local:DIR`, as given to `--store`.
+/// `local:DIR`, `mooncake` (the `[store.mooncake]` settings) or `mooncake:HOST:PORT` (those
+/// settings with another master), as given to `--store`.
 pub fn apply_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigError> {
+    let hint = "expected local:DIR, mooncake or mooncake:HOST:PORT (the master)";
     match s.split_once(':') {
         Some(("local", dir)) if !dir.is_empty() => {
             store.backend = Backend::Local;
             store.local.path = PathBuf::from(dir);
             Ok(())
         }
+        None if s == "mooncake" => {
+            store.backend = Backend::Mooncake;
+            Ok(())
+        }
+        Some(("mooncake", master)) if parse_host_port(master).is_some() => {
+            store.backend = Backend::Mooncake;
+            store.mooncake.master = master.into();
+            Ok(())
+        }
         _ => Err(ConfigError::Invalid {
             what: "--store",
             value: s.into(),
-            hint: "expected local:DIR".into(),
+            hint: hint.into(),
         }),
     }
 }
@@ -317,6 +645,25 @@ mod tests {
         ));
         let config = Config::load(path).unwrap();
         assert!(!config.caches.is_empty());
+    }
+
+    /// The Kubernetes example embeds a jitship.toml in a ConfigMap; it must stay a valid config.
+    #[test]
+    fn kubernetes_example_config_parses() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/kubernetes/configmap.yaml"
+        ));
+        let yaml = std::fs::read_to_string(path).unwrap();
+        let (_, body) = yaml.split_once("jitship.toml: |\n").unwrap();
+        let toml: String = body
+            .lines()
+            .map(|l| l.strip_prefix("    ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let config = Config::parse(&toml, path).unwrap();
+        assert_eq!(config.store.backend, Backend::Mooncake);
+        assert_eq!(config.watch.metrics_addr.unwrap().port(), 9464);
     }
 
     #[test]
@@ -348,5 +695,84 @@ mod tests {
         assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
         assert!(parse_fact_arg("=x").is_err());
+        let err = Config::parse("[gather]\ntimeout = '0s'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gather.timeout"), "{err}");
+        let err = Config::parse("[gather]\npackages = ['torch>=2']\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("torch>=2"), "{err}");
+    }
+
+    #[test]
+    fn gather_settings_parse_beside_the_facts_overrides() {
+        let text = "[facts]\n\"model.id\" = \"m\"\n[gather]\npython = \"/venv/bin/python3\"\npackages = [\"xformers\"]\ntimeout = \"2s\"\n";
+        let config = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(config.facts.get("model.id").map(String::as_str), Some("m"));
+        assert_eq!(
+            config.gather.python.as_deref(),
+            Some(Path::new("/venv/bin/python3"))
+        );
+        assert_eq!(config.gather.packages, vec!["xformers".to_string()]);
+        assert_eq!(config.gather.timeout, Duration::from_secs(2));
+        assert_eq!(
+            config.gather.nvml_library,
+            PathBuf::from("libnvidia-ml.so.1")
+        );
+    }
+
+    #[test]
+    fn mooncake_section_parses_validates_and_store_arg_selects_it() {
+        let text = "[store]\nbackend = 'mooncake'\n[store.mooncake]\nmaster = '10.0.0.5:50051'\nprotocol = 'rdma'\n\
+                    rdma_devices = ['mlx5_0', 'mlx5_1']\nreplicas = 2\nsoft_pin = true\nstaging_buffer_size = '128 MiB'\n\
+                    call_timeout = '5s'\n";
+        let c = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(c.store.backend, Backend::Mooncake);
+        assert_eq!(c.store.mooncake.master, "10.0.0.5:50051");
+        assert_eq!(c.store.mooncake.protocol, MooncakeProtocol::Rdma);
+        assert_eq!(c.store.mooncake.replicas, 2);
+        assert_eq!(c.store.mooncake.call_timeout, Duration::from_secs(5));
+        assert_eq!(
+            c.store.mooncake.staging_buffers, 4,
+            "unset fields take their defaults"
+        );
+
+        let bad = |t: &str| {
+            Config::parse(
+                &format!("[store]\nbackend = 'mooncake'\n[store.mooncake]\n{t}\n"),
+                Path::new("x.toml"),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(bad("mastr = 'x:1'").contains("mastr"));
+        assert!(bad("master = 'nohost'").contains("HOST:PORT"));
+        assert!(bad("master = 'h:0'").contains("HOST:PORT"));
+        assert!(bad("protocol = 'udp'").contains("protocol"));
+        assert!(bad("replicas = 0").contains("replicas"));
+        assert!(bad("staging_buffers = 0").contains("staging_buffers"));
+        assert!(bad("call_timeout = '0s'").contains("call_timeout"));
+        assert!(bad("metadata_server = 'localhost:8080'").contains("metadata_server"));
+        let err = Config::parse(
+            "[store]\nbackend = 'mooncake'\n[store.mooncake]\nstaging_buffer_size = '32 MiB'\n[publish]\npack_size = '64 MiB'\n",
+            Path::new("x.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("pack_size") && err.contains("staging_buffer_size"),
+            "{err}"
+        );
+
+        let mut store = StoreConfig::default();
+        apply_store_arg(&mut store, "mooncake").unwrap();
+        assert_eq!(store.backend, Backend::Mooncake);
+        assert_eq!(store.mooncake.master, "127.0.0.1:50051");
+        apply_store_arg(&mut store, "mooncake:master.svc:6000").unwrap();
+        assert_eq!(store.mooncake.master, "master.svc:6000");
+        assert!(apply_store_arg(&mut store, "mooncake:").is_err());
+        assert!(apply_store_arg(&mut store, "mooncake:host").is_err());
+        assert!(apply_store_arg(&mut store, "redis:host:1").is_err());
     }
 }

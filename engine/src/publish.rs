@@ -7,10 +7,19 @@
 //!
 //! Steps: scan -> policy.select -> read the newest head and its manifest (the parent) -> hash the
 //! selected files not already known -> merge onto the parent -> plan packs for contents the parent
-//! lacks -> upload the packs the store lacks -> put manifest -> put head seq+1, read it back, and if
-//! another publisher won that seq, merge onto its generation and try the next seq.
+//! lacks -> upload the packs the store lacks -> make sure the compat id is in the compat index
+//! (`catalog::ensure_indexed`, so gc and `ls` find it without listing) -> put manifest -> put head
+//! seq+1, read it back, and if another publisher won that seq, merge onto its generation and try
+//! the next seq (details and the in-flight-put cases: `commit_head`).
+//!
+//! Conflict rule (one path, two contents): the generation already published wins (the head's
+//! version when building on it; the winner's when a head race was lost), and the other version is
+//! reported in `PublishReport::conflicts`.
+//!
+//! A head whose manifest is missing or corrupt is not a parent (a fresh chain starts above it);
+//! a parent whose packs were evicted or collected is used without the files they held.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -72,6 +81,9 @@ pub struct PublishReport {
     pub conflicts: Vec<Conflict>,
     /// Generations of other publishers merged in because they won a head seq first.
     pub merged: Vec<GenerationId>,
+    /// Time spent hashing files, and reading and uploading packs (where a publish's time goes).
+    pub hash_ms: u64,
+    pub upload_ms: u64,
     pub duration_ms: u64,
 }
 
@@ -183,17 +195,25 @@ pub fn publish(
         packs_reused: 0,
         conflicts: vec![],
         merged: vec![],
+        hash_ms: 0,
+        upload_ms: 0,
         duration_ms: 0,
     };
 
     let head = catalog::newest_head(store, layout, &compat_id)?;
-    // A head whose manifest was evicted is no parent: this publish starts a fresh chain above it.
-    let parent = match &head {
-        Some(h) => catalog::fetch_manifest(store, layout, &h.generation)?,
-        None => None,
+    // A head whose manifest was evicted (or is corrupt) is no parent: this publish starts a fresh
+    // chain above it. A parent with evicted packs is used without the files those packs held
+    // (they are uploaded again from this root if it has them), so one lost pack cannot make every
+    // later generation incomplete.
+    let parent_id = head.as_ref().map(|h| h.generation);
+    let (parent, parent_damaged) = match &head {
+        Some(h) => usable_parent(store, layout, &h.generation)?,
+        None => (None, false),
     };
 
+    let hashing = Instant::now();
     let local = hash_selected(root, &selected, parent.as_ref(), hashes, &mut report)?;
+    report.hash_ms = hashing.elapsed().as_millis() as u64;
     let parent_paths: HashMap<&RelPath, &FileRecord> = parent
         .iter()
         .flat_map(|m| &m.files)
@@ -204,7 +224,7 @@ pub fn publish(
         .filter(|(f, _)| !parent_paths.contains_key(&f.path))
         .collect();
     report.files_new = new_files.len() as u64;
-    if new_files.is_empty() {
+    if new_files.is_empty() && !parent_damaged {
         report.conflicts = local
             .iter()
             .filter_map(|(f, h)| {
@@ -242,7 +262,9 @@ pub fn publish(
         }
     }
     let plans = plan_packs(&order, opts.pack_size);
+    let uploading = Instant::now();
     upload_packs(store, layout, root, &plans, &source_of, &mut report)?;
+    report.upload_ms = uploading.elapsed().as_millis() as u64;
 
     // Our side: the new files, located in parent packs or in the packs just uploaded.
     let mut ours_packs: Vec<PackRef> = parent.as_ref().map(|m| m.packs.clone()).unwrap_or_default();
@@ -284,7 +306,7 @@ pub fn publish(
         compat_id,
         facts: opts.facts.as_map().clone(),
         policy: policy.policy_ref(),
-        parent: parent.as_ref().map(Manifest::id),
+        parent: parent_id.filter(|_| parent.is_some()),
         merged: vec![],
         producer: opts.producer.clone(),
         created_at: now_secs(),
@@ -300,6 +322,15 @@ pub fn publish(
     report.conflicts.extend(conflicts);
     prune_packs(&mut candidate);
 
+    // The compat index lets gc and `ls` find this compat id on stores that cannot list keys; it is
+    // written before the head, so no head exists that the index does not lead to.
+    catalog::ensure_indexed(
+        store,
+        layout,
+        &compat_id,
+        &candidate.cache_kind,
+        &candidate.compat_key,
+    )?;
     let (generation, seq) = commit_head(
         store,
         layout,
@@ -311,6 +342,48 @@ pub fn publish(
     report.outcome = PublishOutcome::Published { generation, seq };
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// The manifest of `id` as a parent, and whether it had to be repaired: `None` if it is missing or
+/// does not decode (a corrupt manifest must not block every later publish); files held in packs
+/// the store no longer has are dropped from it.
+fn usable_parent(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<(Option<Manifest>, bool), PublishError> {
+    let mut manifest = match catalog::fetch_manifest(store, layout, id) {
+        Ok(Some(m)) => m,
+        Ok(None) => return Ok((None, false)),
+        Err(CatalogError::Manifest { id, source }) => {
+            tracing::warn!(generation = %id, error = %source, "the head's manifest is corrupt; publishing a fresh chain");
+            return Ok((None, false));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let keys: Vec<String> = manifest.packs.iter().map(|p| layout.pack(&p.id)).collect();
+    let mut missing = vec![false; keys.len()];
+    for (chunk_no, chunk) in keys.chunks(256).enumerate() {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        for (i, r) in store.exists_batch(&refs).into_iter().enumerate() {
+            missing[chunk_no * 256 + i] = !r?;
+        }
+    }
+    if !missing.iter().any(|&m| m) {
+        return Ok((Some(manifest), false));
+    }
+    let before = manifest.files.len();
+    manifest
+        .files
+        .retain(|f| f.chunks.iter().all(|c| !missing[c.pack as usize]));
+    prune_packs(&mut manifest);
+    tracing::warn!(
+        generation = %id,
+        packs_missing = missing.iter().filter(|&&m| m).count(),
+        files_dropped = before - manifest.files.len(),
+        "the head generation lost packs (evicted or collected); building on what is left"
+    );
+    Ok((Some(manifest), true))
 }
 
 /// Hashes of the selected files: from the hash cache, from the parent manifest when size and
@@ -442,6 +515,11 @@ fn fill_pack(
 
 /// Puts the manifest and the head at `seq`; if another publisher won `seq`, merges onto its
 /// generation and tries the next seq.
+///
+/// Union (invariant 4) holds because every head we write includes the generations of all heads
+/// between our parent's seq and ours: a seq we lose is merged before we move on, and after we win a
+/// seq the head just below it is checked once more: if it holds a generation we never merged (its
+/// put was still in flight when we read that seq back), we merge it and write the next seq.
 fn commit_head(
     store: &dyn Store,
     layout: &KeyLayout,
@@ -456,6 +534,8 @@ fn commit_head(
         std::process::id(),
         ContentHash::of(&nonce()).to_hex()
     );
+    let base_seq = seq.saturating_sub(1);
+    let mut included: HashSet<GenerationId> = candidate.parent.into_iter().collect();
     for _ in 0..opts.max_head_attempts {
         candidate.normalize();
         let bytes = candidate.encode();
@@ -468,19 +548,87 @@ fn commit_head(
             written_at: now_secs(),
             writer: writer.clone(),
         };
-        let key = layout.head(&candidate.compat_id, seq);
-        store.put(&key, &record.encode())?;
-        let Some(stored) = catalog::read_head(store, layout, &candidate.compat_id, seq)? else {
-            // Written and already gone (evicted): write it again at the next seq.
+        let Some(stored) = put_and_read_back(store, layout, &record)? else {
+            // Nobody's head is readable at this seq even after retries (evicted at once): write
+            // above it; the check below merges it if it shows up after all.
+            tracing::warn!(
+                seq,
+                "head record unreadable right after writing it; trying the next seq"
+            );
             seq += 1;
             continue;
         };
         if stored == record || stored.generation == generation {
+            included.insert(generation);
+            // Won. A head below ours that we never merged (its put was in flight when we read its
+            // seq back) would be superseded without its files: merge it and write the next seq.
+            let below = seq - 1;
+            let missed = if below > base_seq {
+                catalog::read_head(store, layout, &candidate.compat_id, below)?
+                    .filter(|h| !included.contains(&h.generation))
+            } else {
+                None
+            };
+            let Some(missed) = missed else {
+                // And a head above ours written by someone who did not see ours (our put was the
+                // one in flight): merge onto it and write above it.
+                let Some(above) = head_above_without(store, layout, &candidate, seq, generation)?
+                else {
+                    return Ok((generation, seq));
+                };
+                tracing::info!(seq = seq + 1, generation = %above.0, "a head above ours does not include ours; merging onto it");
+                included.insert(above.0);
+                if let Some(other) = above.1 {
+                    let (files, packs, conflicts) = merge_files(
+                        &other.files,
+                        &other.packs,
+                        &candidate.files,
+                        &candidate.packs,
+                    );
+                    report.conflicts.extend(conflicts);
+                    report.merged.push(other.id());
+                    candidate.parent = Some(other.id());
+                    candidate.merged.push(generation);
+                    candidate.files = files;
+                    candidate.packs = packs;
+                    prune_packs(&mut candidate);
+                    if candidate.files == other.files {
+                        return Ok((other.id(), seq + 1));
+                    }
+                }
+                seq += 2;
+                continue;
+            };
+            tracing::info!(seq = below, generation = %missed.generation, "a head below ours was never merged; merging it");
+            included.insert(missed.generation);
+            if let Some(other) = winner_manifest(store, layout, &missed.generation)? {
+                let (files, packs, conflicts) = merge_files(
+                    &candidate.files,
+                    &candidate.packs,
+                    &other.files,
+                    &other.packs,
+                );
+                report.conflicts.extend(conflicts);
+                report.merged.push(other.id());
+                candidate.merged.push(other.id());
+                candidate.parent = Some(generation);
+                candidate.files = files;
+                candidate.packs = packs;
+                prune_packs(&mut candidate);
+                seq += 1;
+                continue;
+            }
             return Ok((generation, seq));
         }
         // Another publisher won this seq: build on its generation (the union of both).
         tracing::info!(seq, winner = %stored.generation, "another publisher won the head; merging");
-        if let Some(winner) = catalog::fetch_manifest(store, layout, &stored.generation)? {
+        included.insert(stored.generation);
+        let winner = winner_manifest(store, layout, &stored.generation)?;
+        if winner.is_none() {
+            // Our candidate is unchanged and is written again (same id) at the next seq.
+            tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
+        }
+        if let Some(winner) = winner {
             let (files, packs, conflicts) = merge_files(
                 &winner.files,
                 &winner.packs,
@@ -503,6 +651,65 @@ fn commit_head(
     Err(PublishError::Contention(opts.max_head_attempts))
 }
 
+/// The head at `seq + 1` if it exists and its generation neither builds on nor merged `ours`
+/// (with its manifest, when readable).
+fn head_above_without(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    candidate: &Manifest,
+    seq: u64,
+    ours: GenerationId,
+) -> Result<Option<(GenerationId, Option<Manifest>)>, PublishError> {
+    let Some(above) = catalog::read_head(store, layout, &candidate.compat_id, seq + 1)? else {
+        return Ok(None);
+    };
+    let manifest = winner_manifest(store, layout, &above.generation)?;
+    let includes_ours = manifest
+        .as_ref()
+        .is_some_and(|m| m.parent == Some(ours) || m.merged.contains(&ours));
+    Ok((!includes_ours).then_some((above.generation, manifest)))
+}
+
+/// Puts `record` and reads its seq back. A miss is retried with backoff, putting ours again each
+/// time: on Mooncake another client's put of the same key can be in flight (our put returns as if
+/// the key existed, a get still misses), and deciding "nobody holds this seq" too early would skip
+/// that publisher's files. `None` only if the seq stays unreadable.
+fn put_and_read_back(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    record: &HeadRecord,
+) -> Result<Option<HeadRecord>, PublishError> {
+    let key = layout.head(&record.compat_id, record.seq);
+    let bytes = record.encode();
+    for attempt in 0..8u32 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(25 << attempt.min(4)));
+        }
+        store.put(&key, &bytes)?;
+        if let Some(stored) = catalog::read_head(store, layout, &record.compat_id, record.seq)? {
+            return Ok(Some(stored));
+        }
+    }
+    Ok(None)
+}
+
+/// A winning (or missed) head's manifest; `None` if it is missing or corrupt (it cannot be merged,
+/// and the next seq supersedes it).
+fn winner_manifest(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<Option<Manifest>, PublishError> {
+    match catalog::fetch_manifest(store, layout, id) {
+        Ok(m) => Ok(m),
+        Err(CatalogError::Manifest { id, source }) => {
+            tracing::warn!(generation = %id, error = %source, "a head's manifest is corrupt; it cannot be merged");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn nonce() -> [u8; 32] {
     let mut buf = [0u8; 32];
     // Without randomness the pid and the clock still make a writer unique on one host.
@@ -523,4 +730,424 @@ pub fn now_secs() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::policy::native::NativeRules;
+    use crate::store::{LocalStore, StoreResult};
+
+    /// Before the first head put goes through, another publisher's head lands at that key.
+    #[derive(Debug)]
+    struct LosesFirstHead {
+        inner: LocalStore,
+        winner: Mutex<Option<GenerationId>>,
+    }
+
+    impl Store for LosesFirstHead {
+        fn describe(&self) -> String {
+            "race".into()
+        }
+        fn max_value_size(&self) -> u64 {
+            self.inner.max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            if key.contains("/head/")
+                && let Some(winner) = self.winner.lock().unwrap().take()
+            {
+                let mut head = HeadRecord::decode(value).unwrap();
+                head.generation = winner;
+                head.writer = "the other publisher".into();
+                self.inner.put(key, &head.encode())?;
+            }
+            self.inner.put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            self.inner.get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            self.inner.exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            self.inner.remove(key)
+        }
+        fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+            self.inner.list(prefix)
+        }
+    }
+
+    /// Another publisher's put of our first head key is "in flight": its value is there (our put
+    /// keeps it) but the first `hidden_reads` gets of that key miss, as on Mooncake.
+    #[derive(Debug)]
+    struct InFlightHead {
+        race: LosesFirstHead,
+        hidden_key: Mutex<Option<String>>,
+        hidden_reads: Mutex<u32>,
+    }
+
+    impl Store for InFlightHead {
+        fn describe(&self) -> String {
+            "in flight".into()
+        }
+        fn max_value_size(&self) -> u64 {
+            self.race.max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            let first = key.contains("/head/") && self.race.winner.lock().unwrap().is_some();
+            if first {
+                *self.hidden_key.lock().unwrap() = Some(key.to_owned());
+            }
+            self.race.put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            if self.hidden_key.lock().unwrap().as_deref() == Some(key) {
+                let mut n = self.hidden_reads.lock().unwrap();
+                if *n > 0 {
+                    *n -= 1;
+                    return Ok(None);
+                }
+            }
+            self.race.get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            self.race.exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            self.race.remove(key)
+        }
+        fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+            self.race.list(prefix)
+        }
+    }
+
+    #[test]
+    fn a_head_put_still_in_flight_is_merged_not_skipped() {
+        // 3 hidden reads: the read-back retries see it. 8: it stays hidden through all 8 read-backs,
+        // the publisher writes above it, and the check below its won seq merges it.
+        for hidden in [3, 8] {
+            let (dir, race, layout) = setup();
+            let winner = other_publisher(&race, &layout, dir.path(), &[("w.bin", b"w")], true);
+            *race.winner.lock().unwrap() = Some(winner);
+            let store = InFlightHead {
+                race,
+                hidden_key: Mutex::new(None),
+                hidden_reads: Mutex::new(hidden),
+            };
+            let root = dir.path().join("ours");
+            tree(&root, &[("o.bin", b"ours")]);
+            let r = run(&store, &layout, &root);
+            let head = catalog::newest_head(&store.race.inner, &layout, &r.compat_id)
+                .unwrap()
+                .unwrap();
+            let m = catalog::fetch_manifest(&store.race.inner, &layout, &head.generation)
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                paths(&m),
+                vec!["o.bin", "w.bin"],
+                "hidden={hidden}: {:?}",
+                r.outcome
+            );
+            assert_eq!(r.merged, vec![winner], "hidden={hidden}");
+        }
+    }
+
+    /// When our head is read back, another publisher's head appears one seq above it, built
+    /// without ours (its writer read our seq while our put was in flight).
+    #[derive(Debug)]
+    struct HeadAppearsAbove {
+        inner: LocalStore,
+        above: Mutex<Option<GenerationId>>,
+    }
+
+    impl Store for HeadAppearsAbove {
+        fn describe(&self) -> String {
+            "above".into()
+        }
+        fn max_value_size(&self) -> u64 {
+            self.inner.max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            self.inner.put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            let value = self.inner.get(key)?;
+            if key.contains("/head/")
+                && let Some(v) = &value
+                && let Some(winner) = self.above.lock().unwrap().take()
+            {
+                let mut head = HeadRecord::decode(v).unwrap();
+                head.seq += 1;
+                head.generation = winner;
+                head.writer = "the other publisher".into();
+                let (prefix, _) = key.rsplit_once('/').unwrap();
+                self.inner
+                    .put(&format!("{prefix}/{}", head.seq), &head.encode())?;
+            }
+            Ok(value)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            self.inner.exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            self.inner.remove(key)
+        }
+        fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+            self.inner.list(prefix)
+        }
+    }
+
+    #[test]
+    fn a_head_written_above_ours_without_it_is_merged() {
+        let (dir, race, layout) = setup();
+        let winner = other_publisher(&race, &layout, dir.path(), &[("w.bin", b"w")], true);
+        let store = HeadAppearsAbove {
+            inner: race.inner,
+            above: Mutex::new(Some(winner)),
+        };
+        let root = dir.path().join("ours");
+        tree(&root, &[("o.bin", b"ours")]);
+        let r = run(&store, &layout, &root);
+        assert!(
+            store.above.lock().unwrap().is_none(),
+            "the other head was written"
+        );
+        assert!(
+            matches!(r.outcome, PublishOutcome::Published { seq: 3, .. }),
+            "{:?}",
+            r.outcome
+        );
+        let head = catalog::newest_head(&store.inner, &layout, &r.compat_id)
+            .unwrap()
+            .unwrap();
+        let m = catalog::fetch_manifest(&store.inner, &layout, &head.generation)
+            .unwrap()
+            .unwrap();
+        assert_eq!(paths(&m), vec!["o.bin", "w.bin"]);
+    }
+
+    fn opts() -> PublishOptions {
+        let mut facts = Facts::new();
+        facts.set("model.id", "m");
+        PublishOptions {
+            pack_size: 4096,
+            producer: Producer {
+                host: "h".into(),
+                pod: None,
+                jitship_version: "t".into(),
+            },
+            facts,
+            max_head_attempts: 4,
+        }
+    }
+
+    fn tree(root: &Path, files: &[(&str, &[u8])]) {
+        for (p, c) in files {
+            let path = root.join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, c).unwrap();
+        }
+    }
+
+    fn run(store: &dyn Store, layout: &KeyLayout, root: &Path) -> PublishReport {
+        publish(
+            store,
+            layout,
+            &NativeRules::new("triton"),
+            root,
+            &opts(),
+            &mut HashCache::default(),
+        )
+        .unwrap()
+    }
+
+    fn paths(m: &Manifest) -> Vec<String> {
+        m.files.iter().map(|f| f.path.to_string()).collect()
+    }
+
+    /// Publishes `files` as another publisher's generation in a scratch namespace and copies its
+    /// packs (and, if `with_manifest`, its manifest) into `layout`, without a head.
+    fn other_publisher(
+        store: &LosesFirstHead,
+        layout: &KeyLayout,
+        dir: &Path,
+        files: &[(&str, &[u8])],
+        with_manifest: bool,
+    ) -> GenerationId {
+        let scratch = KeyLayout::new("scratch").unwrap();
+        let root = dir.join("winner");
+        tree(&root, files);
+        let r = run(&store.inner, &scratch, &root);
+        let PublishOutcome::Published { generation, .. } = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        let m = catalog::fetch_manifest(&store.inner, &scratch, &generation)
+            .unwrap()
+            .unwrap();
+        for p in &m.packs {
+            let bytes = store.inner.get(&scratch.pack(&p.id)).unwrap().unwrap();
+            store.inner.put(&layout.pack(&p.id), &bytes).unwrap();
+        }
+        if with_manifest {
+            store
+                .inner
+                .put(&layout.generation(&generation), &m.encode())
+                .unwrap();
+        }
+        generation
+    }
+
+    fn setup() -> (tempfile::TempDir, LosesFirstHead, KeyLayout) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LosesFirstHead {
+            inner: LocalStore::open(dir.path().join("store")).unwrap(),
+            winner: Mutex::new(None),
+        };
+        (dir, store, KeyLayout::new("ns").unwrap())
+    }
+
+    #[test]
+    fn losing_a_head_race_merges_onto_the_winner_and_reports_the_conflict() {
+        let (dir, store, layout) = setup();
+        let winner = other_publisher(
+            &store,
+            &layout,
+            dir.path(),
+            &[("w.bin", b"winner's"), ("same.bin", b"winner's version")],
+            true,
+        );
+        *store.winner.lock().unwrap() = Some(winner);
+        let root = dir.path().join("ours");
+        tree(&root, &[("o.bin", b"ours"), ("same.bin", b"our version")]);
+        let r = run(&store, &layout, &root);
+        let PublishOutcome::Published { generation, seq } = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        assert_eq!(seq, 2, "wrote above the winner");
+        assert_eq!(r.merged, vec![winner]);
+        assert_eq!(r.conflicts.len(), 1);
+        assert_eq!(r.conflicts[0].path.as_str(), "same.bin");
+        let m = catalog::fetch_manifest(&store, &layout, &generation)
+            .unwrap()
+            .unwrap();
+        assert_eq!(paths(&m), vec!["o.bin", "same.bin", "w.bin"]);
+        let same = m
+            .files
+            .iter()
+            .find(|f| f.path.as_str() == "same.bin")
+            .unwrap();
+        assert_eq!(
+            same.blake3,
+            ContentHash::of(b"winner's version"),
+            "the published version wins"
+        );
+        assert_eq!(m.parent, Some(winner));
+        assert!(catalog::packs_present(&store, &layout, &m).unwrap());
+    }
+
+    #[test]
+    fn a_winner_whose_manifest_is_missing_or_corrupt_is_written_above() {
+        for corrupt in [false, true] {
+            let (dir, store, layout) = setup();
+            let winner = other_publisher(&store, &layout, dir.path(), &[("w.bin", b"w")], false);
+            if corrupt {
+                store
+                    .inner
+                    .put(&layout.generation(&winner), b"{\"not\": \"a manifest\"}")
+                    .unwrap();
+            }
+            *store.winner.lock().unwrap() = Some(winner);
+            let root = dir.path().join("ours");
+            tree(&root, &[("o.bin", b"ours")]);
+            let r = run(&store, &layout, &root);
+            let PublishOutcome::Published { generation, seq } = r.outcome else {
+                panic!("corrupt={corrupt}: {:?}", r.outcome)
+            };
+            assert_eq!(seq, 2, "corrupt={corrupt}");
+            assert!(r.merged.is_empty());
+            let head = catalog::newest_head(&store, &layout, &r.compat_id)
+                .unwrap()
+                .unwrap();
+            assert_eq!(head.generation, generation);
+            // The next publish builds on our generation, not on the broken one.
+            tree(&root, &[("o2.bin", b"more")]);
+            let r = run(&store, &layout, &root);
+            assert!(
+                matches!(r.outcome, PublishOutcome::Published { seq: 3, .. }),
+                "{:?}",
+                r.outcome
+            );
+        }
+    }
+
+    #[test]
+    fn a_corrupt_head_manifest_does_not_block_later_publishes() {
+        let (dir, store, layout) = setup();
+        let root = dir.path().join("r");
+        tree(&root, &[("a.bin", b"a")]);
+        let r = run(&store, &layout, &root);
+        let PublishOutcome::Published { generation, .. } = r.outcome else {
+            panic!()
+        };
+        let key = layout.generation(&generation);
+        store.inner.remove(&key).unwrap();
+        store.inner.put(&key, b"garbage").unwrap();
+        tree(&root, &[("b.bin", b"b")]);
+        let r = run(&store, &layout, &root);
+        let PublishOutcome::Published { generation, seq: 2 } = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        let m = catalog::fetch_manifest(&store, &layout, &generation)
+            .unwrap()
+            .unwrap();
+        assert_eq!(paths(&m), vec!["a.bin", "b.bin"]);
+        assert_eq!(m.parent, None, "a fresh chain");
+    }
+
+    #[test]
+    fn a_parent_with_lost_packs_is_repaired_by_the_next_publish() {
+        let (dir, store, layout) = setup();
+        let root = dir.path().join("r");
+        // Two files of 3 KiB: one pack each at a 4 KiB pack size.
+        tree(&root, &[("a.bin", &[1u8; 3072]), ("b.bin", &[2u8; 3072])]);
+        let r = run(&store, &layout, &root);
+        let PublishOutcome::Published { generation, .. } = r.outcome else {
+            panic!()
+        };
+        let m = catalog::fetch_manifest(&store, &layout, &generation)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.packs.len(), 2);
+        let b = m.files.iter().find(|f| f.path.as_str() == "b.bin").unwrap();
+        let lost = m.packs[b.chunks[0].pack as usize].id;
+        store.inner.remove(&layout.pack(&lost)).unwrap();
+
+        // A publisher without b.bin: the new generation drops it and is complete.
+        let other = dir.path().join("other");
+        tree(&other, &[("a.bin", &[1u8; 3072]), ("c.bin", b"c")]);
+        let r = run(&store, &layout, &other);
+        let PublishOutcome::Published { generation, .. } = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        let m = catalog::fetch_manifest(&store, &layout, &generation)
+            .unwrap()
+            .unwrap();
+        assert_eq!(paths(&m), vec!["a.bin", "c.bin"]);
+        assert!(catalog::packs_present(&store, &layout, &m).unwrap());
+
+        // A publisher with b.bin uploads it again, even with nothing else new.
+        store.inner.remove(&layout.pack(&lost)).unwrap();
+        let r = run(&store, &layout, &root);
+        let PublishOutcome::Published { generation, .. } = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        let m = catalog::fetch_manifest(&store, &layout, &generation)
+            .unwrap()
+            .unwrap();
+        assert_eq!(paths(&m), vec!["a.bin", "b.bin", "c.bin"]);
+        assert!(catalog::packs_present(&store, &layout, &m).unwrap());
+    }
 }

@@ -1,4 +1,8 @@
 //! Shared pieces of the end-to-end tests and benchmarks: fixture trees shaped like real caches,
-//! and a digest of a tree to compare two of them.
+//! a digest of a tree to compare two of them, the Mooncake test cluster's whereabouts, and the
+//! backends a test runs against.
 
+pub mod backends;
 pub mod fixtures;
+pub mod harness;
+pub mod mooncake;

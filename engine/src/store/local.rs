@@ -114,6 +114,16 @@ impl Store for LocalStore {
         }
     }
 
+    fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+        let path = self.path_of(key)?;
+        match fs::metadata(&path) {
+            Ok(m) if m.is_file() => m.modified().map(Some).map_err(|e| io_err(&path, e)),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path, e)),
+        }
+    }
+
     fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
         // Walk only the deepest directory the prefix names completely.
         let start = match prefix.rfind('/') {

@@ -8,23 +8,36 @@
 //! - every `get` may miss (`Ok(None)`): eviction is silent. A miss is not an error.
 //! - `remove` of a missing key is `Ok(false)`.
 //! - batched calls return one result per key, in order; one key failing does not fail the others.
-//! - `list` is optional (Mooncake has no listing): backends without it return `Unsupported`.
+//! - `list` and `modified` are optional (Mooncake has neither): backends without them return
+//!   `Unsupported`.
 //! - values are at most `max_value_size()` bytes (packs are planned below it).
 
 pub mod conformance;
 pub mod keys;
 pub mod local;
+pub mod mooncake;
 
 use std::fmt;
+use std::sync::Arc;
 
 pub use keys::KeyLayout;
 pub use local::LocalStore;
+pub use mooncake::MooncakeStore;
+
+use crate::config::{Backend, StoreConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached or answered with a failure that may pass (master or node down).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Mooncake: the master does not answer (down, restarting, unreachable). Retry later.
+    #[error("store master unavailable: {0}")]
+    MasterDown(String),
+    /// Mooncake: a store node holding the object does not answer (its keys read as missing once
+    /// the master notices). Retry later.
+    #[error("store node unavailable: {0}")]
+    NodeDown(String),
     #[error("store is full: {0}")]
     NoSpace(String),
     #[error("value of {size} bytes is over the store's limit of {limit} bytes")]
@@ -74,6 +87,13 @@ pub trait Store: Send + Sync + fmt::Debug {
         Err(StoreError::Unsupported("listing keys"))
     }
 
+    /// When `key` was written, `None` if it is missing. Optional (gc uses it on listing stores to
+    /// leave alone what a publish in progress just wrote).
+    fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+        let _ = key;
+        Err(StoreError::Unsupported("write times"))
+    }
+
     fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
         items.iter().map(|(k, v)| self.put(k, v)).collect()
     }
@@ -84,6 +104,25 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
         keys.iter().map(|k| self.exists(k)).collect()
+    }
+}
+
+impl StoreError {
+    /// True for failures that may pass by themselves (a node or master down, a timeout).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::MasterDown(_) | Self::NodeDown(_) | Self::Timeout(_)
+        )
+    }
+}
+
+/// Opens the store `config` selects: the local directory, or a connection to a Mooncake cluster
+/// (which fails within `store.mooncake.probe_timeout` when the master is unreachable).
+pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    match config.backend {
+        Backend::Local => Ok(Arc::new(LocalStore::open(&config.local.path)?)),
+        Backend::Mooncake => Ok(Arc::new(MooncakeStore::connect(&config.mooncake)?)),
     }
 }
 
@@ -105,11 +144,111 @@ pub fn check_key(key: &str) -> StoreResult<()> {
     }
 }
 
-/// Opens the store the configuration names.
-pub fn open(config: &crate::config::StoreConfig) -> StoreResult<std::sync::Arc<dyn Store>> {
-    match config.backend {
-        crate::config::Backend::Local => {
-            Ok(std::sync::Arc::new(LocalStore::open(&config.local.path)?))
+/// Store wrappers for tests and drills: the local store made to behave more like Mooncake.
+pub mod testing {
+    use std::time::Duration;
+
+    use super::{Store, StoreError, StoreResult};
+
+    /// Hides `list` and `modified`, so code paths for stores without listing (Mooncake) run on
+    /// the local store.
+    #[derive(Debug)]
+    pub struct WithoutListing<S>(pub S);
+
+    impl<S: Store> Store for WithoutListing<S> {
+        fn describe(&self) -> String {
+            format!("{} (listing hidden)", self.0.describe())
+        }
+        fn max_value_size(&self) -> u64 {
+            self.0.max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            self.0.put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            self.0.get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            self.0.exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            self.0.remove(key)
+        }
+        fn list(&self, _prefix: &str) -> StoreResult<Vec<String>> {
+            Err(StoreError::Unsupported("listing keys"))
+        }
+    }
+
+    /// Delays every `get` of a key containing `/pack/`, to hold an install in progress.
+    #[derive(Debug)]
+    pub struct SlowPackGets<S> {
+        pub inner: S,
+        pub delay: Duration,
+    }
+
+    impl<S: Store> Store for SlowPackGets<S> {
+        fn describe(&self) -> String {
+            format!("{} (slow pack gets)", self.inner.describe())
+        }
+        fn max_value_size(&self) -> u64 {
+            self.inner.max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            self.inner.put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            if key.contains("/pack/") {
+                std::thread::sleep(self.delay);
+            }
+            self.inner.get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            self.inner.exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            self.inner.remove(key)
+        }
+        fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+            self.inner.list(prefix)
+        }
+        fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+            self.inner.modified(key)
+        }
+    }
+
+    impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+        fn describe(&self) -> String {
+            (**self).describe()
+        }
+        fn max_value_size(&self) -> u64 {
+            (**self).max_value_size()
+        }
+        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+            (**self).put(key, value)
+        }
+        fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+            (**self).get(key)
+        }
+        fn exists(&self, key: &str) -> StoreResult<bool> {
+            (**self).exists(key)
+        }
+        fn remove(&self, key: &str) -> StoreResult<bool> {
+            (**self).remove(key)
+        }
+        fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+            (**self).list(prefix)
+        }
+        fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+            (**self).modified(key)
+        }
+        fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
+            (**self).put_batch(items)
+        }
+        fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+            (**self).get_batch(keys)
+        }
+        fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
+            (**self).exists_batch(keys)
         }
     }
 }

@@ -333,6 +333,8 @@ mod tests {
             conflicts: vec![],
             merged: vec![],
             duration_ms: 1,
+            hash_ms: 0,
+            upload_ms: 0,
         }
     }
 

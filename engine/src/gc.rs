@@ -1,0 +1,504 @@
+//! Retention and garbage collection: which generations to drop, and removing them safely from a
+//! store that cannot list keys and may be read by installs at any moment.
+//!
+//! Deciding (per compat id, from the heads and manifests: `inspect::survey`):
+//! - the newest generation (the head installs read) is never dropped;
+//! - a pinned generation (`{ns}/pin/{id}` exists) is never dropped, whatever the policy says;
+//! - the policy's `retain` names the others to drop, given the operator's quotas;
+//! - a generation the policy drops is kept while it was superseded less than `grace` ago: an install
+//!   that read the previous head just before a publish may still be fetching its packs. `grace`
+//!   must exceed the install deadline plus clock skew between hosts (default 1 h);
+//! - a head whose manifest is gone (evicted) is dropped once superseded for `grace`.
+//!
+//! Removing (never in `--dry-run`), in an order a reader can never half-see:
+//! 1. a head floor per compat id whose heads are removed (`catalog::FloorRecord`): heads below it
+//!    may go, so probing for the newest head starts there;
+//! 2. a journal (`catalog::GcJournal`) naming every key and pack this run will remove, so an
+//!    interrupted run is finished by the next one (on Mooncake nothing else leads to them); a
+//!    `gc-done` marker once every removal succeeded;
+//! 3. head records, then manifests, then packs. A key a reader holds a lease on (Mooncake leases
+//!    every key read or probed, for 10 s) is retried after `lease_wait`, so gc never pulls a pack
+//!    from under an install that is reading it there. Before removing packs, the newest heads are read
+//!    again and every pack their generations reference is spared. A pack is removed only if no
+//!    retained generation of any compat id references it (packs are shared by content).
+//!
+//! Besides dropped generations, gc collects manifests that lost a head race and were merged into
+//! a winner (named in `merged` of a generation, never headed), with their unreferenced packs,
+//! and on stores that list keys and give write times (local), orphans: manifests and packs no
+//! retained generation references and that were written more than `grace` ago (crashed publishes).
+//!
+//! Residual race (documented, not closed): a publish that deduplicates against a pack gc is about
+//! to remove (it checked the pack exists before gc's last reading of the heads, and writes its head
+//! after gc removed the pack) produces a generation with a missing pack. Installs treat it like an
+//! evicted pack (they fall back to an older generation; nothing unverified is written), and the
+//! next publish drops the lost files from its base and uploads them again (`publish::usable_parent`).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use crate::catalog::{self, CatalogError};
+use crate::generation::{CompatId, ContentHash, GenerationId};
+use crate::inspect::{self, CompatView, InspectError, ManifestState};
+use crate::policy::{CachePolicy, GenerationSummary, RetentionLimits};
+use crate::store::{KeyLayout, Store, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct GcOptions {
+    /// Seconds since the Unix epoch (a parameter so tests and drills can move time).
+    pub now: u64,
+    pub grace: Duration,
+    pub limits: RetentionLimits,
+    pub dry_run: bool,
+    /// How long to wait before retrying keys the store refuses to remove because a reader holds a
+    /// lease on them (Mooncake leases every key read or probed for `default_kv_lease_ttl`, 10 s by
+    /// default; gc's own reads lease what it is about to remove).
+    pub lease_wait: Duration,
+    /// Waits before gc gives up on a leased key (the journal lets the next run retry it).
+    pub lease_rounds: u32,
+}
+
+impl GcOptions {
+    pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_secs(11);
+    pub const DEFAULT_LEASE_ROUNDS: u32 = 3;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    #[error(transparent)]
+    Inspect(#[from] InspectError),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    Keep,
+    Drop,
+}
+
+/// What gc decided for one generation, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    pub compat_id: CompatId,
+    pub cache_kind: Option<String>,
+    pub generation: GenerationId,
+    pub seqs: Vec<u64>,
+    pub verdict: Verdict,
+    pub reason: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcReport {
+    pub dry_run: bool,
+    pub decisions: Vec<Decision>,
+    /// Policies that failed: their compat ids keep everything this run.
+    pub policy_errors: Vec<String>,
+    /// Head record keys removed (or, in a dry run, that would be).
+    pub heads: Vec<String>,
+    pub manifests: Vec<GenerationId>,
+    pub packs: Vec<ContentHash>,
+    /// Bytes of the packs removed, where known (orphans found by listing: unknown until removed).
+    pub pack_bytes: u64,
+    /// Floors written: (compat id, floor seq).
+    pub floors: Vec<(CompatId, u64)>,
+    /// Seq of the journal of this run, and of an earlier interrupted run it finished.
+    pub journal: Option<u64>,
+    pub resumed_journal: Option<u64>,
+    /// Packs a dropped generation referenced that a retained one still does (kept).
+    pub packs_shared: u64,
+    /// Keys gc failed to remove (it goes on; the next run retries them through the journal).
+    pub errors: Vec<String>,
+}
+
+struct Plan {
+    heads: Vec<(CompatId, u64)>,
+    manifests: BTreeSet<GenerationId>,
+    /// Pack -> size where known.
+    packs: HashMap<ContentHash, u64>,
+    floors: Vec<(CompatId, u64, Vec<u64>)>,
+    retained: HashSet<ContentHash>,
+    known: HashSet<GenerationId>,
+}
+
+/// Decides and (unless `dry_run`) removes. `policy_for(cache_kind)` gives the policy whose
+/// `retain` decides for that kind.
+pub fn collect(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    policy_for: &dyn Fn(&str) -> Box<dyn CachePolicy>,
+    opts: &GcOptions,
+) -> Result<GcReport, GcError> {
+    let mut report = GcReport {
+        dry_run: opts.dry_run,
+        ..GcReport::default()
+    };
+    let survey = inspect::survey(store, layout)?;
+    let mut plan = Plan {
+        heads: vec![],
+        manifests: BTreeSet::new(),
+        packs: HashMap::new(),
+        floors: vec![],
+        retained: HashSet::new(),
+        known: HashSet::new(),
+    };
+    let mut dropped_packs: HashMap<ContentHash, u64> = HashMap::new();
+    for compat in &survey.compats {
+        decide_compat(
+            compat,
+            policy_for,
+            opts,
+            &mut plan,
+            &mut dropped_packs,
+            &mut report,
+        );
+    }
+
+    // Manifests that lost a head race and were merged into a winner: never headed, so garbage.
+    let losers: BTreeSet<GenerationId> = survey
+        .generations()
+        .filter_map(|(_, g)| g.summary())
+        .flat_map(|s| s.merged.iter().copied())
+        .filter(|id| !plan.known.contains(id))
+        .collect();
+    for id in losers {
+        if let Some(m) = fetch_if_decodable(store, layout, &id)? {
+            plan.manifests.insert(id);
+            for p in &m.packs {
+                dropped_packs.insert(p.id, p.size);
+            }
+        }
+    }
+
+    // An interrupted earlier run: finish what it planned.
+    let previous = match catalog::newest_gc_journal(store, layout)? {
+        Some(j) if !catalog::gc_done(store, layout, j.seq)? => Some(j),
+        _ => None,
+    };
+    let mut resume_keys: Vec<String> = Vec::new();
+    if let Some(j) = &previous {
+        // Not probed with `exists` (on Mooncake a probe leases the key and blocks its removal);
+        // removing a key that is already gone is a no-op.
+        resume_keys.extend(j.keys.iter().cloned());
+        for p in &j.packs {
+            dropped_packs.entry(*p).or_insert(0);
+        }
+    }
+
+    // Orphans, where the store can list and date keys.
+    let grace_cutoff = SystemTime::UNIX_EPOCH + Duration::from_secs(opts.now)
+        - opts.grace.min(Duration::from_secs(opts.now));
+    let old_enough = |key: &str| -> Result<bool, StoreError> {
+        match store.modified(key) {
+            Ok(Some(t)) => Ok(t <= grace_cutoff),
+            Ok(None) => Ok(false),
+            Err(StoreError::Unsupported(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    };
+    if let Some(keys) = list_or_none(store, &layout.generations_prefix())? {
+        for key in keys {
+            let Some(id) = key
+                .strip_prefix(&layout.generations_prefix())
+                .and_then(|s| s.parse::<GenerationId>().ok())
+            else {
+                continue;
+            };
+            if plan.known.contains(&id) || plan.manifests.contains(&id) || !old_enough(&key)? {
+                continue;
+            }
+            plan.manifests.insert(id);
+        }
+    }
+    if let Some(keys) = list_or_none(store, &layout.packs_prefix())? {
+        for key in keys {
+            let Some(id) = key
+                .strip_prefix(&layout.packs_prefix())
+                .and_then(|s| s.parse::<ContentHash>().ok())
+            else {
+                continue;
+            };
+            if !plan.retained.contains(&id) && !dropped_packs.contains_key(&id) && old_enough(&key)?
+            {
+                dropped_packs.insert(id, 0);
+            }
+        }
+    }
+
+    for (id, size) in dropped_packs {
+        if plan.retained.contains(&id) {
+            report.packs_shared += 1;
+        } else {
+            plan.packs.insert(id, size);
+        }
+    }
+
+    report.heads = plan
+        .heads
+        .iter()
+        .map(|(c, s)| layout.head(c, *s))
+        .chain(resume_keys.iter().filter(|k| k.contains("/head/")).cloned())
+        .collect();
+    report.manifests = plan.manifests.iter().copied().collect();
+    let resumed_manifests: Vec<String> = resume_keys
+        .iter()
+        .filter(|k| k.contains("/gen/"))
+        .cloned()
+        .collect();
+    let mut packs: Vec<(ContentHash, u64)> = plan.packs.iter().map(|(k, v)| (*k, *v)).collect();
+    packs.sort();
+    report.floors = plan.floors.iter().map(|(c, f, _)| (*c, *f)).collect();
+    if previous.is_some() && !resume_keys.is_empty() {
+        report.resumed_journal = previous.as_ref().map(|j| j.seq);
+    }
+    let nothing = report.heads.is_empty()
+        && report.manifests.is_empty()
+        && resumed_manifests.is_empty()
+        && packs.is_empty();
+    if opts.dry_run || nothing {
+        report.packs = packs.iter().map(|p| p.0).collect();
+        report.pack_bytes = packs.iter().map(|p| p.1).sum();
+        return Ok(report);
+    }
+
+    // 1. floors, 2. journal, 3. heads, manifests, packs.
+    for (compat, floor, keep) in &plan.floors {
+        catalog::write_floor(store, layout, compat, *floor, keep.clone())?;
+    }
+    let mut journal_keys = report.heads.clone();
+    journal_keys.extend(report.manifests.iter().map(|id| layout.generation(id)));
+    journal_keys.extend(resumed_manifests.iter().cloned());
+    let journal = catalog::write_gc_journal(
+        store,
+        layout,
+        journal_keys,
+        packs.iter().map(|p| p.0).collect(),
+    )?;
+    report.journal = Some(journal.seq);
+    let heads = report.heads.clone();
+    remove_all(store, &heads, opts, &mut report.errors);
+    let manifest_keys: Vec<String> = report
+        .manifests
+        .iter()
+        .map(|id| layout.generation(id))
+        .chain(resumed_manifests)
+        .collect();
+    remove_all(store, &manifest_keys, opts, &mut report.errors);
+    // Publishes that committed while gc ran: spare every pack their generations reference.
+    let mut spared = plan.retained.clone();
+    for compat in catalog::compat_ids(store, layout)? {
+        if let Some(head) = catalog::newest_head(store, layout, &compat)?
+            && !plan.known.contains(&head.generation)
+            && let Some(m) = fetch_if_decodable(store, layout, &head.generation)?
+        {
+            spared.extend(m.packs.iter().map(|p| p.id));
+        }
+    }
+    let mut pack_keys = Vec::new();
+    let mut size_of: HashMap<String, (ContentHash, u64)> = HashMap::new();
+    for (id, size) in packs {
+        if spared.contains(&id) {
+            report.packs_shared += 1;
+            continue;
+        }
+        let key = layout.pack(&id);
+        size_of.insert(key.clone(), (id, size));
+        pack_keys.push(key);
+    }
+    for key in remove_all(store, &pack_keys, opts, &mut report.errors) {
+        if let Some(&(id, size)) = size_of.get(&key) {
+            report.packs.push(id);
+            report.pack_bytes += size;
+        }
+    }
+    if report.errors.is_empty() {
+        catalog::mark_gc_done(store, layout, journal.seq)?;
+    }
+    Ok(report)
+}
+
+fn decide_compat(
+    compat: &CompatView,
+    policy_for: &dyn Fn(&str) -> Box<dyn CachePolicy>,
+    opts: &GcOptions,
+    plan: &mut Plan,
+    dropped_packs: &mut HashMap<ContentHash, u64>,
+    report: &mut GcReport,
+) {
+    let grace = opts.grace.as_secs();
+    let summaries: Vec<GenerationSummary> = compat
+        .generations
+        .iter()
+        .filter_map(|g| {
+            let s = g.summary()?;
+            Some(GenerationSummary {
+                id: g.id,
+                compat_key: compat.compat_key.clone().unwrap_or_default(),
+                created_at: s.created_at,
+                size_bytes: s.size_bytes,
+                file_count: s.file_count,
+                pinned: g.pinned,
+            })
+        })
+        .collect();
+    let policy_drops: Option<HashSet<GenerationId>> = match &compat.cache_kind {
+        Some(kind) => {
+            let policy = policy_for(kind);
+            match policy.retain(&summaries, opts.now, &opts.limits) {
+                Ok(ids) => Some(ids.into_iter().collect()),
+                Err(e) => {
+                    report.policy_errors.push(format!(
+                        "{kind} (compat id {}): policy {} failed in retain: {e}; keeping every generation of it",
+                        compat.compat_id,
+                        policy.info().name
+                    ));
+                    None
+                }
+            }
+        }
+        // No readable manifest at all: only dead heads, nothing for a policy to weigh.
+        None => Some(HashSet::new()),
+    };
+    let mut kept_seqs: Vec<u64> = Vec::new();
+    let mut dropped_seqs: Vec<u64> = Vec::new();
+    for g in &compat.generations {
+        plan.known.insert(g.id);
+        let superseded_for = g.superseded_at.map(|s| opts.now.saturating_sub(s));
+        let past_grace = superseded_for.is_some_and(|s| s >= grace);
+        let (verdict, reason) = if g.is_head {
+            (Verdict::Keep, "newest: the head installs read".to_owned())
+        } else if g.pinned {
+            (Verdict::Keep, "pinned".to_owned())
+        } else if !matches!(g.state, ManifestState::Present(_)) {
+            if past_grace {
+                (
+                    Verdict::Drop,
+                    "manifest missing or corrupt (head is dead)".to_owned(),
+                )
+            } else {
+                (
+                    Verdict::Keep,
+                    "manifest missing, but superseded within the grace period".to_owned(),
+                )
+            }
+        } else {
+            match &policy_drops {
+                None => (Verdict::Keep, "policy failed; keeping".to_owned()),
+                Some(drops) if drops.contains(&g.id) => {
+                    if past_grace {
+                        (Verdict::Drop, "dropped by the retention policy".to_owned())
+                    } else {
+                        (
+                            Verdict::Keep,
+                            format!(
+                                "the policy drops it, but it was superseded {}s ago, within the {}s grace period (an install may still read it)",
+                                superseded_for.unwrap_or(0),
+                                grace
+                            ),
+                        )
+                    }
+                }
+                Some(_) => (Verdict::Keep, "retained by the policy".to_owned()),
+            }
+        };
+        match verdict {
+            Verdict::Keep => {
+                kept_seqs.extend(&g.seqs);
+                if let Some(s) = g.summary() {
+                    plan.retained.extend(s.packs.iter().map(|p| p.id));
+                }
+            }
+            Verdict::Drop => {
+                dropped_seqs.extend(&g.seqs);
+                plan.heads
+                    .extend(g.seqs.iter().map(|s| (compat.compat_id, *s)));
+                plan.manifests.insert(g.id);
+                if let Some(s) = g.summary() {
+                    for p in &s.packs {
+                        dropped_packs.insert(p.id, p.size);
+                    }
+                }
+            }
+        }
+        report.decisions.push(Decision {
+            compat_id: compat.compat_id,
+            cache_kind: compat.cache_kind.clone(),
+            generation: g.id,
+            seqs: g.seqs.clone(),
+            verdict,
+            reason,
+            size_bytes: g.summary().map_or(0, |s| s.size_bytes),
+        });
+    }
+    if let Some(&highest_dropped) = dropped_seqs.iter().max() {
+        let floor = highest_dropped + 1;
+        let mut keep: Vec<u64> = kept_seqs.into_iter().filter(|&s| s < floor).collect();
+        keep.sort_unstable_by(|a, b| b.cmp(a));
+        let old_floor = compat.floor.as_ref().map_or(1, |f| f.floor);
+        plan.floors
+            .push((compat.compat_id, floor.max(old_floor), keep));
+    }
+}
+
+fn fetch_if_decodable(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<Option<crate::generation::Manifest>, GcError> {
+    match catalog::fetch_manifest(store, layout, id) {
+        Ok(m) => Ok(m),
+        Err(CatalogError::Manifest { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn list_or_none(store: &dyn Store, prefix: &str) -> Result<Option<Vec<String>>, StoreError> {
+    match store.list(prefix) {
+        Ok(keys) => Ok(Some(keys)),
+        Err(StoreError::Unsupported(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes `keys`, waiting out readers' leases (`opts.lease_wait`, at most `opts.lease_rounds`
+/// times); other failures are recorded and gc goes on. Returns the keys that were there and are
+/// gone. A leased key is one an install (or gc itself) is reading: waiting is what keeps gc from
+/// pulling data from under a reader on Mooncake.
+fn remove_all(
+    store: &dyn Store,
+    keys: &[String],
+    opts: &GcOptions,
+    errors: &mut Vec<String>,
+) -> Vec<String> {
+    let mut removed = Vec::new();
+    let mut pending: Vec<&String> = keys.iter().collect();
+    for round in 0..=opts.lease_rounds {
+        if pending.is_empty() {
+            break;
+        }
+        if round > 0 {
+            tracing::info!(
+                keys = pending.len(),
+                wait = ?opts.lease_wait,
+                "keys are leased by readers; waiting before removing them"
+            );
+            std::thread::sleep(opts.lease_wait);
+        }
+        let mut leased = Vec::new();
+        for key in pending {
+            match store.remove(key) {
+                Ok(true) => removed.push(key.clone()),
+                Ok(false) => {}
+                Err(StoreError::Leased(_)) if round < opts.lease_rounds => leased.push(key),
+                Err(e) => errors.push(format!("{key}: {e}")),
+            }
+        }
+        pending = leased;
+    }
+    removed
+}

@@ -1,0 +1,527 @@
+//! What the store holds, for operators and for gc: every compat id (from the compat index, plus
+//! listing where the store can), its heads and generations with sizes, ages and pins; one
+//! generation in detail with its parent chain; and verification of generations against their
+//! manifests (every pack fetched, every file hash checked). Works on stores without listing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::catalog::{self, CatalogError, FloorRecord};
+use crate::generation::{
+    CompatId, ContentHash, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef, Producer,
+};
+use crate::store::{KeyLayout, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no generation matches {0:?}; run `jitship ls` to see the generations and their ids")]
+    NotFound(String),
+    #[error("{0:?} matches several generations ({1}); give more digits")]
+    Ambiguous(String, String),
+    #[error(
+        "{0:?} is not a generation id: give the 64-digit id or a prefix of at least 8 hex digits"
+    )]
+    BadId(String),
+}
+
+/// A generation as seen through its head records.
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationView {
+    pub id: GenerationId,
+    /// Head seqs pointing at it, newest first.
+    pub seqs: Vec<u64>,
+    /// When its newest head was written.
+    pub head_written_at: u64,
+    /// When a newer head of the same compat id was first written (None for the newest).
+    pub superseded_at: Option<u64>,
+    pub is_head: bool,
+    pub pinned: bool,
+    pub state: ManifestState,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum ManifestState {
+    Present(Box<ManifestSummary>),
+    /// The head points at a manifest the store no longer has (evicted or removed).
+    Missing,
+    Corrupt {
+        error: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ManifestSummary {
+    pub created_at: u64,
+    pub file_count: u64,
+    pub size_bytes: u64,
+    pub packed_bytes: u64,
+    pub producer: Producer,
+    pub policy: PolicyRef,
+    pub parent: Option<GenerationId>,
+    pub merged: Vec<GenerationId>,
+    pub packs: Vec<PackRef>,
+}
+
+impl ManifestSummary {
+    fn of(m: &Manifest) -> Self {
+        Self {
+            created_at: m.created_at,
+            file_count: m.files.len() as u64,
+            size_bytes: m.total_bytes(),
+            packed_bytes: m.packed_bytes(),
+            producer: m.producer.clone(),
+            policy: m.policy.clone(),
+            parent: m.parent,
+            merged: m.merged.clone(),
+            packs: m.packs.clone(),
+        }
+    }
+}
+
+impl GenerationView {
+    pub fn summary(&self) -> Option<&ManifestSummary> {
+        match &self.state {
+            ManifestState::Present(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompatView {
+    pub compat_id: CompatId,
+    /// From the newest readable manifest (None if none is readable).
+    pub cache_kind: Option<String>,
+    pub compat_key: Option<String>,
+    pub floor: Option<FloorRecord>,
+    /// Newest first (by newest head seq).
+    pub generations: Vec<GenerationView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Survey {
+    pub namespace: String,
+    pub compats: Vec<CompatView>,
+}
+
+impl Survey {
+    pub fn generations(&self) -> impl Iterator<Item = (&CompatView, &GenerationView)> {
+        self.compats
+            .iter()
+            .flat_map(|c| c.generations.iter().map(move |g| (c, g)))
+    }
+}
+
+/// Walks every compat id, its heads and their manifests. Reads heads and manifests only (no packs).
+pub fn survey(store: &dyn Store, layout: &KeyLayout) -> Result<Survey, InspectError> {
+    let mut compats = Vec::new();
+    for compat in catalog::compat_ids(store, layout)? {
+        compats.push(survey_compat(store, layout, &compat)?);
+    }
+    Ok(Survey {
+        namespace: layout.namespace().to_owned(),
+        compats,
+    })
+}
+
+pub fn survey_compat(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    compat: &CompatId,
+) -> Result<CompatView, InspectError> {
+    let (floor, heads) = catalog::all_heads(store, layout, compat)?;
+    let mut view = CompatView {
+        compat_id: *compat,
+        cache_kind: None,
+        compat_key: None,
+        floor,
+        generations: vec![],
+    };
+    // heads are newest first; a head's generation is superseded when the next newer head was written.
+    let mut by_id: HashMap<GenerationId, usize> = HashMap::new();
+    let mut newer: Option<&HeadRecord> = None;
+    for (i, h) in heads.iter().enumerate() {
+        let superseded_at = newer.map(|n| n.written_at);
+        match by_id.get(&h.generation) {
+            Some(&idx) => {
+                let g = &mut view.generations[idx];
+                g.seqs.push(h.seq);
+                // The oldest supersession counts: an install may have read it from then on.
+                if let Some(s) = superseded_at {
+                    g.superseded_at = Some(g.superseded_at.map_or(s, |x| x.min(s)));
+                }
+            }
+            None => {
+                let state = match catalog::fetch_manifest(store, layout, &h.generation) {
+                    Ok(Some(m)) => {
+                        if view.cache_kind.is_none() {
+                            view.cache_kind = Some(m.cache_kind.clone());
+                            view.compat_key = Some(m.compat_key.clone());
+                        }
+                        ManifestState::Present(Box::new(ManifestSummary::of(&m)))
+                    }
+                    Ok(None) => ManifestState::Missing,
+                    Err(CatalogError::Manifest { source, .. }) => ManifestState::Corrupt {
+                        error: source.to_string(),
+                    },
+                    Err(e) => return Err(e.into()),
+                };
+                by_id.insert(h.generation, view.generations.len());
+                view.generations.push(GenerationView {
+                    id: h.generation,
+                    seqs: vec![h.seq],
+                    head_written_at: h.written_at,
+                    superseded_at,
+                    is_head: i == 0,
+                    pinned: catalog::is_pinned(store, layout, &h.generation)?,
+                    state,
+                });
+            }
+        }
+        newer = Some(h);
+    }
+    Ok(view)
+}
+
+/// A generation id from a full id or a unique prefix (at least 8 hex digits) of a generation a
+/// head points at.
+pub fn resolve(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    text: &str,
+) -> Result<GenerationId, InspectError> {
+    if let Ok(id) = text.parse::<GenerationId>() {
+        return Ok(id);
+    }
+    if text.len() < 8 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(InspectError::BadId(text.to_owned()));
+    }
+    let prefix = text.to_ascii_lowercase();
+    let survey = survey(store, layout)?;
+    let mut found: Vec<GenerationId> = survey
+        .generations()
+        .map(|(_, g)| g.id)
+        .filter(|id| id.to_string().starts_with(&prefix))
+        .collect();
+    found.sort();
+    found.dedup();
+    match found.len() {
+        0 => Err(InspectError::NotFound(text.to_owned())),
+        1 => Ok(found[0]),
+        _ => Err(InspectError::Ambiguous(
+            text.to_owned(),
+            found
+                .iter()
+                .map(|g| g.to_string()[..12].to_owned())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )),
+    }
+}
+
+/// One generation in detail.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub id: GenerationId,
+    pub cache_kind: String,
+    pub compat_key: String,
+    pub compat_id: CompatId,
+    pub facts: BTreeMap<String, String>,
+    pub policy: PolicyRef,
+    pub producer: Producer,
+    pub created_at: u64,
+    pub file_count: u64,
+    pub size_bytes: u64,
+    pub packed_bytes: u64,
+    pub pack_count: u64,
+    pub pinned: Option<catalog::PinRecord>,
+    /// Head seqs pointing at this generation.
+    pub heads: Vec<u64>,
+    pub is_head: bool,
+    pub merged: Vec<GenerationId>,
+    /// Parent, grandparent, ... as far as manifests remain (at most `MAX_CHAIN`).
+    pub parent_chain: Vec<ChainLink>,
+    pub files: Vec<FileLine>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainLink {
+    pub id: GenerationId,
+    /// None when the manifest is gone (collected or evicted): the chain ends there.
+    pub created_at: Option<u64>,
+    pub file_count: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FileLine {
+    pub path: String,
+    pub size: u64,
+    pub blake3: ContentHash,
+}
+
+pub const MAX_CHAIN: usize = 32;
+
+pub fn inspect(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<Inspection, InspectError> {
+    let manifest = catalog::fetch_manifest(store, layout, id)?
+        .ok_or_else(|| InspectError::NotFound(id.to_string()))?;
+    let view = survey_compat(store, layout, &manifest.compat_id)?;
+    let mine = view.generations.iter().find(|g| g.id == *id);
+    let mut parent_chain = Vec::new();
+    let mut next = manifest.parent;
+    let mut seen = HashSet::new();
+    while let Some(p) = next {
+        if parent_chain.len() >= MAX_CHAIN || !seen.insert(p) {
+            break;
+        }
+        match catalog::fetch_manifest(store, layout, &p) {
+            Ok(Some(m)) => {
+                parent_chain.push(ChainLink {
+                    id: p,
+                    created_at: Some(m.created_at),
+                    file_count: Some(m.files.len() as u64),
+                });
+                next = m.parent;
+            }
+            Ok(None) | Err(CatalogError::Manifest { .. }) => {
+                parent_chain.push(ChainLink {
+                    id: p,
+                    created_at: None,
+                    file_count: None,
+                });
+                next = None;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Inspection {
+        id: *id,
+        cache_kind: manifest.cache_kind.clone(),
+        compat_key: manifest.compat_key.clone(),
+        compat_id: manifest.compat_id,
+        facts: manifest.facts.clone(),
+        policy: manifest.policy.clone(),
+        producer: manifest.producer.clone(),
+        created_at: manifest.created_at,
+        file_count: manifest.files.len() as u64,
+        size_bytes: manifest.total_bytes(),
+        packed_bytes: manifest.packed_bytes(),
+        pack_count: manifest.packs.len() as u64,
+        pinned: catalog::pin_record(store, layout, id)?,
+        heads: mine.map(|g| g.seqs.clone()).unwrap_or_default(),
+        is_head: mine.is_some_and(|g| g.is_head),
+        merged: manifest.merged.clone(),
+        parent_chain,
+        files: manifest
+            .files
+            .iter()
+            .map(|f| FileLine {
+                path: f.path.to_string(),
+                size: f.size,
+                blake3: f.blake3,
+            })
+            .collect(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// verify
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "problem", rename_all = "kebab-case")]
+pub enum Problem {
+    ManifestMissing,
+    ManifestCorrupt {
+        error: String,
+    },
+    PackMissing {
+        pack: ContentHash,
+    },
+    PackSize {
+        pack: ContentHash,
+        expected: u64,
+        actual: u64,
+    },
+    FileCorrupt {
+        path: String,
+        expected: ContentHash,
+        actual: ContentHash,
+    },
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ManifestMissing => write!(f, "manifest missing (evicted or removed)"),
+            Self::ManifestCorrupt { error } => write!(f, "manifest corrupt: {error}"),
+            Self::PackMissing { pack } => write!(f, "pack {pack} missing (evicted or removed)"),
+            Self::PackSize {
+                pack,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "pack {pack} is {actual} bytes, the manifest says {expected}"
+            ),
+            Self::FileCorrupt {
+                path,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "file {path}: content hashes to {actual}, the manifest says {expected}"
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verification {
+    pub generation: GenerationId,
+    pub ok: bool,
+    pub files_checked: u64,
+    pub packs_fetched: u64,
+    pub bytes_fetched: u64,
+    pub problems: Vec<Problem>,
+}
+
+/// Fetches every pack of `id` (one at a time: memory stays at one pack plus the hashers) and
+/// checks every pack size and every file's blake3. Problems are reported, not returned as errors;
+/// errors are for a store that cannot be asked.
+pub fn verify(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<Verification, InspectError> {
+    let mut v = Verification {
+        generation: *id,
+        ok: false,
+        files_checked: 0,
+        packs_fetched: 0,
+        bytes_fetched: 0,
+        problems: vec![],
+    };
+    let manifest = match catalog::fetch_manifest(store, layout, id) {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            v.problems.push(Problem::ManifestMissing);
+            return Ok(v);
+        }
+        Err(CatalogError::Manifest { source, .. }) => {
+            v.problems.push(Problem::ManifestCorrupt {
+                error: source.to_string(),
+            });
+            return Ok(v);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Per file: a hasher fed in chunk order. Chunks are visited pack by pack, so a file whose
+    // chunks go back to an earlier pack is re-checked on its own afterwards.
+    let mut by_pack: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
+    for (fi, f) in manifest.files.iter().enumerate() {
+        for (ci, c) in f.chunks.iter().enumerate() {
+            by_pack.entry(c.pack).or_default().push((fi, ci));
+        }
+    }
+    let mut hashers: Vec<(blake3::Hasher, usize)> = manifest
+        .files
+        .iter()
+        .map(|_| (blake3::Hasher::new(), 0))
+        .collect();
+    let mut broken = vec![false; manifest.files.len()];
+    let mut out_of_order: Vec<usize> = Vec::new();
+    for (pi, pack) in manifest.packs.iter().enumerate() {
+        let Some(bytes) = fetch_pack(store, layout, pack, &mut v)? else {
+            for &(fi, _) in by_pack.get(&(pi as u32)).into_iter().flatten() {
+                broken[fi] = true;
+            }
+            continue;
+        };
+        for &(fi, ci) in by_pack.get(&(pi as u32)).into_iter().flatten() {
+            let c = manifest.files[fi].chunks[ci];
+            let (hasher, next) = &mut hashers[fi];
+            if *next != ci {
+                if !out_of_order.contains(&fi) {
+                    out_of_order.push(fi);
+                }
+                continue;
+            }
+            hasher.update(&bytes[c.offset as usize..(c.offset + c.len) as usize]);
+            *next += 1;
+        }
+    }
+    for fi in out_of_order {
+        if broken[fi] {
+            continue;
+        }
+        let mut hasher = blake3::Hasher::new();
+        for c in &manifest.files[fi].chunks {
+            let pack = &manifest.packs[c.pack as usize];
+            match fetch_pack(store, layout, pack, &mut v)? {
+                Some(bytes) => {
+                    hasher.update(&bytes[c.offset as usize..(c.offset + c.len) as usize]);
+                }
+                None => {
+                    broken[fi] = true;
+                    break;
+                }
+            }
+        }
+        hashers[fi] = (hasher, manifest.files[fi].chunks.len());
+    }
+    for (fi, f) in manifest.files.iter().enumerate() {
+        if broken[fi] {
+            continue;
+        }
+        v.files_checked += 1;
+        let actual: ContentHash = hashers[fi].0.finalize().into();
+        if actual != f.blake3 {
+            v.problems.push(Problem::FileCorrupt {
+                path: f.path.to_string(),
+                expected: f.blake3,
+                actual,
+            });
+        }
+    }
+    v.ok = v.problems.is_empty();
+    Ok(v)
+}
+
+/// A pack's bytes if present and of the manifest's size; otherwise records the problem.
+fn fetch_pack(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    pack: &PackRef,
+    v: &mut Verification,
+) -> Result<Option<Vec<u8>>, InspectError> {
+    let Some(bytes) = store.get(&layout.pack(&pack.id))? else {
+        let p = Problem::PackMissing { pack: pack.id };
+        if !v.problems.contains(&p) {
+            v.problems.push(p);
+        }
+        return Ok(None);
+    };
+    v.packs_fetched += 1;
+    v.bytes_fetched += bytes.len() as u64;
+    if bytes.len() as u64 != pack.size {
+        let p = Problem::PackSize {
+            pack: pack.id,
+            expected: pack.size,
+            actual: bytes.len() as u64,
+        };
+        if !v.problems.contains(&p) {
+            v.problems.push(p);
+        }
+        return Ok(None);
+    }
+    Ok(Some(bytes))
+}

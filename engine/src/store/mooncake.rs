@@ -1,0 +1,908 @@
+//! The Mooncake Store backend, over Mooncake's C ABI (`mooncake-sys`, loaded at run time).
+//!
+//! - Configuration is explicit: every setting goes to `mooncake_store_setup` as an argument;
+//!   nothing is written to the process environment.
+//! - Before setup the master's TCP port (and an HTTP metadata server's) is probed, so a dead master
+//!   fails in seconds with a message saying what to check, instead of setup's ~90 s hang.
+//! - jitship is a pure client (`global_segment_size = 0`): objects it writes live on store nodes
+//!   and survive its exit.
+//! - A fixed pool of staging buffers is allocated and registered once; values are copied into one
+//!   and moved with `put_from` / `batch_put_from` / `get_into` / `batch_get_into`. A value larger
+//!   than a staging buffer is refused (`TooLarge`); `max_value_size()` is the buffer size.
+//! - Every call runs on its own thread and the caller waits at most `call_timeout`; a call the
+//!   library never returns from is reported as `StoreError::Timeout`, and its thread keeps the
+//!   handle (and its buffer) alive until the library lets go, so nothing is freed under it.
+//! - Return codes become typed errors: RPC_FAIL (-900) `MasterDown`, TRANSFER_FAIL (-800)
+//!   `NodeDown`, NO_AVAILABLE_HANDLE (-200) `NoSpace`, OBJECT_HAS_LEASE (-706) `Leased`,
+//!   OBJECT_NOT_FOUND (-704) a miss.
+//! - Immutable put: Mooncake keeps the old value of an existing key and reports success (or
+//!   OBJECT_ALREADY_EXISTS, taken as success), which is the store contract. No listing.
+
+use std::alloc::Layout;
+use std::ffi::{CString, c_int, c_void};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use mooncake_sys as sys;
+
+use super::{Store, StoreError, StoreResult, check_key};
+use crate::config::{MooncakeConfig, parse_host_port};
+
+/// Staging buffers are page aligned (RDMA registration works on pages).
+const BUFFER_ALIGN: usize = 4096;
+/// Most keys one `batch_get_into` asks for (each gets an equal slot of one staging buffer).
+const GET_BATCH: usize = 64;
+/// Calls stuck in the library beyond this many make new calls fail at once instead of piling up
+/// threads.
+const MAX_STUCK_CALLS: usize = 64;
+
+pub struct MooncakeStore {
+    inner: Arc<Inner>,
+    master: String,
+    call_timeout: Duration,
+    limit: u64,
+}
+
+impl std::fmt::Debug for MooncakeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MooncakeStore")
+            .field("master", &self.master)
+            .field("library", &self.inner.lib.path)
+            .field("staging_buffer_size", &self.limit)
+            .finish()
+    }
+}
+
+/// The client handle. Mooncake's client object is thread safe (one handle is shared by all threads
+/// of a process in Mooncake's own bindings), so sharing the pointer is sound.
+struct Handle(sys::mooncake_store_t);
+// SAFETY: see above; the pointer is only passed to the library, which synchronizes internally.
+unsafe impl Send for Handle {}
+// SAFETY: as for Send.
+unsafe impl Sync for Handle {}
+
+/// One page-aligned staging buffer, registered with the client once.
+struct Staging {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+// SAFETY: the buffer is plain memory owned by exactly one holder at a time (the pool or a lease).
+unsafe impl Send for Staging {}
+
+impl Staging {
+    fn alloc(len: usize) -> StoreResult<Self> {
+        let layout = Layout::from_size_align(len, BUFFER_ALIGN)
+            .map_err(|e| StoreError::Other(format!("staging buffer of {len} bytes: {e}")))?;
+        // SAFETY: the layout has a non-zero size (validated: at least 1 MiB).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            StoreError::Other(format!("cannot allocate a staging buffer of {len} bytes"))
+        })?;
+        Ok(Self { ptr, len })
+    }
+
+    fn as_mut_ptr(&self) -> *mut c_void {
+        self.ptr.as_ptr().cast()
+    }
+
+    /// The first `n` bytes, `n <= len`.
+    fn bytes(&self, n: usize) -> &[u8] {
+        // SAFETY: the allocation is `len` bytes, initialized (zeroed at allocation, then written
+        // by us or the library), and owned by the holder of `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), n.min(self.len)) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `alloc` with this very layout (which was valid then).
+        unsafe {
+            std::alloc::dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len, BUFFER_ALIGN),
+            )
+        }
+    }
+}
+
+struct Pool {
+    free: Mutex<Vec<Staging>>,
+    returned: Condvar,
+    /// Addresses of every buffer, for unregistering at the end.
+    all: Vec<usize>,
+}
+
+struct Inner {
+    lib: Arc<sys::MooncakeLib>,
+    handle: Handle,
+    pool: Pool,
+    replica_num: usize,
+    soft_pin: bool,
+    hard_pin: bool,
+    master: String,
+    /// Calls whose thread is still inside the library.
+    in_flight: AtomicUsize,
+}
+
+impl Inner {
+    fn replicate_config(&self) -> sys::mooncake_replicate_config {
+        sys::mooncake_replicate_config {
+            replica_num: self.replica_num,
+            with_soft_pin: c_int::from(self.soft_pin),
+            with_hard_pin: c_int::from(self.hard_pin),
+            preferred_segments: std::ptr::null(),
+            preferred_segments_count: 0,
+        }
+    }
+
+    /// What a negative code means, for an operation on `key`.
+    fn error(&self, code: i64, op: &str, key: &str) -> StoreError {
+        let name = sys::code_name(code);
+        match code {
+            sys::RPC_FAIL => StoreError::MasterDown(format!(
+                "{op} {key}: the master {} did not answer ({name} {code}); is mooncake_master running and reachable?",
+                self.master
+            )),
+            sys::TRANSFER_FAIL => StoreError::NodeDown(format!(
+                "{op} {key}: the store node holding the object did not answer ({name} {code}); are the mooncake_client store nodes up?"
+            )),
+            sys::NO_AVAILABLE_HANDLE => StoreError::NoSpace(format!(
+                "{op} {key}: no store node has room ({name} {code}); add store nodes or segment space, or unpin objects"
+            )),
+            sys::OBJECT_HAS_LEASE => StoreError::Leased(key.to_owned()),
+            sys::INVALID_KEY => StoreError::InvalidKey(key.to_owned()),
+            _ => StoreError::Other(format!("{op} {key}: Mooncake returned {code} ({name})")),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Every lease holds an Arc<Inner>, so all buffers are back in the pool by now.
+        for &addr in &self.pool.all {
+            // SAFETY: the handle is live and `addr` was registered with it; no call uses it now.
+            unsafe { (self.lib.unregister_buffer)(self.handle.0, addr as *mut c_void) };
+        }
+        // SAFETY: the handle came from `create`, and nothing else refers to it any more.
+        unsafe { (self.lib.destroy)(self.handle.0) };
+        // The buffers themselves are freed when `pool.free` drops, after this.
+    }
+}
+
+/// A staging buffer taken from the pool; goes back when dropped (on whichever thread).
+struct Lease {
+    inner: Arc<Inner>,
+    buf: Option<Staging>,
+}
+
+impl Lease {
+    fn buf(&self) -> &Staging {
+        self.buf
+            .as_ref()
+            .expect("a lease holds its buffer until dropped")
+    }
+
+    fn buf_mut(&mut self) -> &mut Staging {
+        self.buf
+            .as_mut()
+            .expect("a lease holds its buffer until dropped")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.inner
+                .pool
+                .free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(buf);
+            self.inner.pool.returned.notify_one();
+        }
+    }
+}
+
+/// Counts a call as in flight for as long as it lives.
+struct InFlight(Arc<Inner>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn c_key(key: &str) -> StoreResult<CString> {
+    check_key(key)?;
+    CString::new(key).map_err(|_| StoreError::InvalidKey(key.to_owned()))
+}
+
+fn c_arg(what: &str, value: &str) -> StoreResult<CString> {
+    CString::new(value)
+        .map_err(|_| StoreError::Other(format!("{what} {value:?} contains a NUL byte")))
+}
+
+/// Connects to `addr` within `timeout`, trying each address it resolves to.
+fn probe(addr: &str, timeout: Duration) -> Result<(), String> {
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .collect();
+    let mut last = format!("{addr} resolves to no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = format!("{a}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+impl MooncakeStore {
+    /// Loads the library, probes the master, sets up a pure client and registers the staging
+    /// buffers. Fails within about `probe_timeout` when the master is unreachable.
+    pub fn connect(config: &MooncakeConfig) -> StoreResult<Self> {
+        config
+            .validate()
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        let path = config
+            .library_path()
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        // SAFETY: the operator configured this path as libmooncake_store.so (store_c.h); loading
+        // it runs its initializers, which is what the library expects.
+        let lib = unsafe { sys::MooncakeLib::load(&path) }
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+
+        let secs = config.probe_timeout.as_secs_f64();
+        probe(&config.master, config.probe_timeout).map_err(|e| {
+            StoreError::MasterDown(format!(
+                "master {} unreachable after {secs:.1} s ({e}); is mooncake_master running? check store.mooncake.master",
+                config.master
+            ))
+        })?;
+        if let Some(rest) = config.metadata_server.strip_prefix("http://") {
+            let host_port = rest.split('/').next().unwrap_or(rest);
+            if parse_host_port(host_port).is_some() {
+                probe(host_port, config.probe_timeout).map_err(|e| {
+                    StoreError::Unavailable(format!(
+                        "metadata server {} unreachable after {secs:.1} s ({e}); is the master's HTTP metadata server enabled \
+                         (--enable_http_metadata_server)? check store.mooncake.metadata_server",
+                        config.metadata_server
+                    ))
+                })?;
+            }
+        }
+
+        let hostname = match &config.local_hostname {
+            Some(h) => h.clone(),
+            None => gethostname::gethostname().to_string_lossy().into_owned(),
+        };
+        let devices = config.rdma_devices.join(",");
+        let args = [
+            c_arg("local hostname", &hostname)?,
+            c_arg("metadata server", &config.metadata_server)?,
+            c_arg("protocol", config.protocol.as_str())?,
+            c_arg("rdma devices", &devices)?,
+            c_arg("master", &config.master)?,
+        ];
+        // SAFETY: create takes no arguments and returns a new handle or NULL.
+        let raw = unsafe { (lib.create)() };
+        if raw.is_null() {
+            return Err(StoreError::Other(format!(
+                "mooncake_store_create in {} returned NULL",
+                path.display()
+            )));
+        }
+        let handle = Handle(raw);
+        let local_buffer = config.local_buffer_size.as_u64();
+
+        // Setup can block for a long time (the master answers the probe but not RPCs); it runs on
+        // its own thread, and if we stop waiting, that thread destroys the handle when done.
+        let (tx, rx) = mpsc::sync_channel::<(i32, Handle)>(1);
+        let setup_lib = lib.clone();
+        std::thread::Builder::new()
+            .name("mooncake-setup".into())
+            .spawn(move || {
+                let [host, meta, proto, dev, master] = &args;
+                // SAFETY: the handle is fresh from create; every string is NUL-terminated and
+                // outlives the call (the library copies what it keeps).
+                let rc = unsafe {
+                    (setup_lib.setup)(
+                        handle.0,
+                        host.as_ptr(),
+                        meta.as_ptr(),
+                        0,
+                        local_buffer,
+                        proto.as_ptr(),
+                        dev.as_ptr(),
+                        master.as_ptr(),
+                    )
+                };
+                if let Err(mpsc::SendError((_, handle))) = tx.send((rc, handle)) {
+                    // SAFETY: nobody else has the handle: the caller gave up on it.
+                    unsafe { (setup_lib.destroy)(handle.0) };
+                }
+            })
+            .map_err(|e| StoreError::Other(format!("cannot start the setup thread: {e}")))?;
+        let (rc, handle) = match rx.recv_timeout(config.setup_timeout) {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(StoreError::MasterDown(format!(
+                    "Mooncake setup with master {} did not finish within {:?}; check that the master answers and that the \
+                     metadata server {} is reachable",
+                    config.master, config.setup_timeout, config.metadata_server
+                )));
+            }
+        };
+        if rc != 0 {
+            // SAFETY: setup failed; the handle is ours alone.
+            unsafe { (lib.destroy)(handle.0) };
+            return Err(StoreError::Unavailable(format!(
+                "Mooncake setup failed ({rc}) with master {}, metadata server {}, protocol {}, local hostname {hostname}: check \
+                 that they are reachable from this host; on a network without a routable address Mooncake needs \
+                 MC_TCP_BIND_ADDRESS=127.0.0.1 in its environment; its log on stderr says more",
+                config.master,
+                config.metadata_server,
+                config.protocol.as_str()
+            )));
+        }
+
+        let size = config.staging_buffer_size.as_u64() as usize;
+        let mut buffers = Vec::with_capacity(config.staging_buffers);
+        let mut registered = Vec::new();
+        let mut failure = None;
+        for _ in 0..config.staging_buffers {
+            let buf = match Staging::alloc(size) {
+                Ok(b) => b,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            // SAFETY: the buffer is `size` bytes, live until unregistered (in Inner::drop or below).
+            let rc = unsafe { (lib.register_buffer)(handle.0, buf.as_mut_ptr(), size) };
+            if rc != 0 {
+                failure = Some(StoreError::Other(format!(
+                    "registering a staging buffer of {size} bytes failed ({rc})"
+                )));
+                break;
+            }
+            registered.push(buf.as_mut_ptr() as usize);
+            buffers.push(buf);
+        }
+        let inner = Inner {
+            lib,
+            handle,
+            pool: Pool {
+                free: Mutex::new(buffers),
+                returned: Condvar::new(),
+                all: registered,
+            },
+            replica_num: config.replicas as usize,
+            soft_pin: config.soft_pin,
+            hard_pin: config.hard_pin,
+            master: config.master.clone(),
+            in_flight: AtomicUsize::new(0),
+        };
+        if let Some(e) = failure {
+            drop(inner); // unregisters what was registered and destroys the handle
+            return Err(e);
+        }
+        Ok(Self {
+            inner: Arc::new(inner),
+            master: config.master.clone(),
+            call_timeout: config.call_timeout,
+            limit: size as u64,
+        })
+    }
+
+    /// Takes a staging buffer, waiting at most `call_timeout` for one.
+    fn lease(&self) -> StoreResult<Lease> {
+        let deadline = Instant::now() + self.call_timeout;
+        let mut free = self
+            .inner
+            .pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(buf) = free.pop() {
+                return Ok(Lease {
+                    inner: self.inner.clone(),
+                    buf: Some(buf),
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StoreError::Timeout(self.call_timeout));
+            }
+            free = self
+                .inner
+                .pool
+                .returned
+                .wait_timeout(free, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Runs `f` on its own thread and waits at most `call_timeout` for it.
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> T + Send + 'static,
+    ) -> StoreResult<T> {
+        if self.inner.in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_STUCK_CALLS {
+            self.inner.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(StoreError::Unavailable(format!(
+                "{MAX_STUCK_CALLS} calls to the Mooncake library are still stuck; is master {} answering?",
+                self.master
+            )));
+        }
+        let guard = InFlight(self.inner.clone());
+        let (tx, rx) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("mooncake-call".into())
+            .spawn(move || {
+                let r = f(&guard.0);
+                // Let go of the handle before answering: otherwise the caller can drop the store
+                // and exit while this thread holds the last reference, so `destroy` runs here
+                // concurrently with the process's exit handlers (seen as "double free or
+                // corruption" aborts of CLI processes after their work was done).
+                drop(guard);
+                let _ = tx.send(r);
+            })
+            .map_err(|e| StoreError::Other(format!("cannot start a store call thread: {e}")))?;
+        match rx.recv_timeout(self.call_timeout) {
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Timeout) => Err(StoreError::Timeout(self.call_timeout)),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(StoreError::Other("a store call thread panicked".into()))
+            }
+        }
+    }
+
+    fn check_size(&self, len: usize) -> StoreResult<()> {
+        if len as u64 > self.limit {
+            return Err(StoreError::TooLarge {
+                size: len as u64,
+                limit: self.limit,
+            });
+        }
+        if len == 0 {
+            return Err(StoreError::Other(
+                "Mooncake cannot store an empty value".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts `items` (all valid and fitting one buffer each), packing as many as fit into one
+    /// staging buffer per `batch_put_from`.
+    fn put_group(&self, items: &[(usize, CString, &[u8])], results: &mut [StoreResult<()>]) {
+        let mut start = 0;
+        while start < items.len() {
+            let mut lease = match self.lease() {
+                Ok(l) => l,
+                Err(e) => {
+                    for (i, _, _) in &items[start..] {
+                        results[*i] = Err(clone_err(&e));
+                    }
+                    return;
+                }
+            };
+            // Fill the buffer with consecutive items.
+            let mut offsets = Vec::new();
+            let mut used = 0usize;
+            let mut end = start;
+            {
+                let buf = lease.buf_mut().bytes_mut();
+                while end < items.len() {
+                    let v = items[end].2;
+                    let at = used.next_multiple_of(64);
+                    if at + v.len() > buf.len() {
+                        break;
+                    }
+                    buf[at..at + v.len()].copy_from_slice(v);
+                    offsets.push((at, v.len()));
+                    used = at + v.len();
+                    end += 1;
+                }
+            }
+            let keys: Vec<CString> = items[start..end]
+                .iter()
+                .map(|(_, k, _)| k.clone())
+                .collect();
+            let r = self.call(move |inner| {
+                let base = lease.buf().as_mut_ptr().cast::<u8>();
+                let key_ptrs: Vec<*const std::ffi::c_char> =
+                    keys.iter().map(|k| k.as_ptr()).collect();
+                // SAFETY: each (offset, len) lies inside the leased buffer (checked when filling).
+                let mut bufs: Vec<*mut c_void> = offsets
+                    .iter()
+                    .map(|(at, _)| unsafe { base.add(*at) }.cast())
+                    .collect();
+                let sizes: Vec<usize> = offsets.iter().map(|(_, len)| *len).collect();
+                let mut out: Vec<c_int> = vec![0; keys.len()];
+                let cfg = inner.replicate_config();
+                // SAFETY: all arrays have `keys.len()` entries; the buffers are registered and held
+                // by this thread's lease until the call returns; keys are NUL-terminated.
+                let rc = unsafe {
+                    (inner.lib.batch_put_from)(
+                        inner.handle.0,
+                        key_ptrs.as_ptr(),
+                        bufs.as_mut_ptr(),
+                        sizes.as_ptr(),
+                        keys.len(),
+                        &cfg,
+                        out.as_mut_ptr(),
+                    )
+                };
+                let results: Vec<StoreResult<()>> = keys
+                    .iter()
+                    .zip(&out)
+                    .map(|(k, &code)| {
+                        let code = if rc < 0 {
+                            i64::from(rc)
+                        } else {
+                            i64::from(code)
+                        };
+                        put_result(inner, code, &k.to_string_lossy())
+                    })
+                    .collect();
+                drop(lease);
+                results
+            });
+            match r {
+                Ok(rs) => {
+                    for ((i, _, _), r) in items[start..end].iter().zip(rs) {
+                        results[*i] = r;
+                    }
+                }
+                Err(e) => {
+                    for (i, _, _) in &items[start..end] {
+                        results[*i] = Err(clone_err(&e));
+                    }
+                }
+            }
+            start = end;
+        }
+    }
+}
+
+fn put_result(inner: &Inner, code: i64, key: &str) -> StoreResult<()> {
+    match code {
+        // An existing key keeps its old value: that is the immutable put of the contract.
+        c if c >= 0 || c == sys::OBJECT_ALREADY_EXISTS => Ok(()),
+        c => Err(inner.error(c, "put", key)),
+    }
+}
+
+/// StoreError holds an io::Error in one variant, so it is not Clone; batch failures are copied
+/// into each key's result by message.
+fn clone_err(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::MasterDown(m) => StoreError::MasterDown(m.clone()),
+        StoreError::NodeDown(m) => StoreError::NodeDown(m.clone()),
+        StoreError::NoSpace(m) => StoreError::NoSpace(m.clone()),
+        StoreError::TooLarge { size, limit } => StoreError::TooLarge {
+            size: *size,
+            limit: *limit,
+        },
+        StoreError::InvalidKey(k) => StoreError::InvalidKey(k.clone()),
+        StoreError::Leased(k) => StoreError::Leased(k.clone()),
+        StoreError::Unsupported(w) => StoreError::Unsupported(w),
+        StoreError::Timeout(d) => StoreError::Timeout(*d),
+        StoreError::Io { path, source } => StoreError::Io {
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        StoreError::Other(m) => StoreError::Other(m.clone()),
+    }
+}
+
+/// One `get_into` with the whole buffer; the value copied out, or a miss.
+fn get_one(
+    inner: &Inner,
+    lease: &Lease,
+    key: &CString,
+    limit: u64,
+) -> StoreResult<Option<Vec<u8>>> {
+    let buf = lease.buf();
+    // SAFETY: the buffer is registered, `buf.len` bytes, and held by this lease for the call.
+    let n =
+        unsafe { (inner.lib.get_into)(inner.handle.0, key.as_ptr(), buf.as_mut_ptr(), buf.len) };
+    get_result(inner, n, key, buf, limit)
+}
+
+fn get_result(
+    inner: &Inner,
+    n: i64,
+    key: &CString,
+    buf: &Staging,
+    limit: u64,
+) -> StoreResult<Option<Vec<u8>>> {
+    let k = key.to_string_lossy();
+    match n {
+        n if n >= 0 => Ok(Some(buf.bytes(n as usize).to_vec())),
+        // Not stored, evicted, removed, or still being written by someone: a miss.
+        sys::OBJECT_NOT_FOUND | sys::REPLICA_IS_NOT_READY => Ok(None),
+        sys::INVALID_PARAMS | sys::BUFFER_OVERFLOW => {
+            // SAFETY: key is NUL-terminated; get_size only reads metadata.
+            let size = unsafe { (inner.lib.get_size)(inner.handle.0, key.as_ptr()) };
+            if size > 0 && size as u64 > limit {
+                Err(StoreError::TooLarge {
+                    size: size as u64,
+                    limit,
+                })
+            } else {
+                Err(inner.error(n, "get", &k))
+            }
+        }
+        n => Err(inner.error(n, "get", &k)),
+    }
+}
+
+impl Store for MooncakeStore {
+    fn describe(&self) -> String {
+        format!("mooncake:{}", self.master)
+    }
+
+    fn max_value_size(&self) -> u64 {
+        self.limit
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        let k = c_key(key)?;
+        self.check_size(value.len())?;
+        let mut lease = self.lease()?;
+        lease.buf_mut().bytes_mut()[..value.len()].copy_from_slice(value);
+        let len = value.len();
+        self.call(move |inner| {
+            let cfg = inner.replicate_config();
+            // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
+            // thread's lease until the call returns; the key is NUL-terminated.
+            let rc = unsafe {
+                (inner.lib.put_from)(
+                    inner.handle.0,
+                    k.as_ptr(),
+                    lease.buf().as_mut_ptr(),
+                    len,
+                    &cfg,
+                )
+            };
+            put_result(inner, i64::from(rc), &k.to_string_lossy())
+        })?
+    }
+
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        let k = c_key(key)?;
+        let lease = self.lease()?;
+        let limit = self.limit;
+        self.call(move |inner| get_one(inner, &lease, &k, limit))?
+    }
+
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        let k = c_key(key)?;
+        self.call(move |inner| {
+            // SAFETY: the key is NUL-terminated.
+            let rc = unsafe { (inner.lib.is_exist)(inner.handle.0, k.as_ptr()) };
+            match i64::from(rc) {
+                1 => Ok(true),
+                0 | sys::OBJECT_NOT_FOUND => Ok(false),
+                c => Err(inner.error(c, "exists", &k.to_string_lossy())),
+            }
+        })?
+    }
+
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        let k = c_key(key)?;
+        self.call(move |inner| {
+            // SAFETY: the key is NUL-terminated; force=0 respects readers' leases.
+            let rc = unsafe { (inner.lib.remove)(inner.handle.0, k.as_ptr(), 0) };
+            match i64::from(rc) {
+                c if c >= 0 => Ok(true),
+                sys::OBJECT_NOT_FOUND => Ok(false),
+                c => Err(inner.error(c, "remove", &k.to_string_lossy())),
+            }
+        })?
+    }
+
+    fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
+        let mut results: Vec<StoreResult<()>> = items.iter().map(|_| Ok(())).collect();
+        let mut valid = Vec::with_capacity(items.len());
+        for (i, (key, value)) in items.iter().enumerate() {
+            match c_key(key).and_then(|k| self.check_size(value.len()).map(|()| k)) {
+                Ok(k) => valid.push((i, k, *value)),
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        self.put_group(&valid, &mut results);
+        results
+    }
+
+    fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+        let mut results: Vec<StoreResult<Option<Vec<u8>>>> =
+            keys.iter().map(|_| Ok(None)).collect();
+        let mut valid = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match c_key(key) {
+                Ok(k) => valid.push((i, k)),
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        for group in valid.chunks(GET_BATCH) {
+            let lease = match self.lease() {
+                Ok(l) => l,
+                Err(e) => {
+                    for (i, _) in group {
+                        results[*i] = Err(clone_err(&e));
+                    }
+                    continue;
+                }
+            };
+            let limit = self.limit;
+            let keys: Vec<CString> = group.iter().map(|(_, k)| k.clone()).collect();
+            // Each key gets an equal, page-aligned slot; values too big for their slot are read
+            // again alone with the whole buffer.
+            let r = self.call(move |inner| {
+                let buf = lease.buf();
+                let slot = (buf.len / keys.len()) / BUFFER_ALIGN * BUFFER_ALIGN;
+                let slot = slot.max(BUFFER_ALIGN.min(buf.len));
+                let n = keys.len().min(buf.len / slot);
+                let base = buf.as_mut_ptr().cast::<u8>();
+                let key_ptrs: Vec<*const std::ffi::c_char> =
+                    keys[..n].iter().map(|k| k.as_ptr()).collect();
+                // SAFETY: n * slot <= buf.len, so every slot lies inside the leased buffer.
+                let mut bufs: Vec<*mut c_void> = (0..n)
+                    .map(|i| unsafe { base.add(i * slot) }.cast())
+                    .collect();
+                let sizes = vec![slot; n];
+                let mut out = vec![0i64; n];
+                // SAFETY: arrays of n entries; registered buffer held by the lease; keys NUL-terminated.
+                let rc = unsafe {
+                    (inner.lib.batch_get_into)(
+                        inner.handle.0,
+                        key_ptrs.as_ptr(),
+                        bufs.as_mut_ptr(),
+                        sizes.as_ptr(),
+                        n,
+                        out.as_mut_ptr(),
+                    )
+                };
+                let mut results = Vec::with_capacity(keys.len());
+                let mut again = Vec::new();
+                for (i, k) in keys.iter().enumerate() {
+                    let code = if i >= n {
+                        sys::INVALID_PARAMS
+                    } else if rc < 0 {
+                        i64::from(rc)
+                    } else {
+                        out[i]
+                    };
+                    if code >= 0 {
+                        let v = buf.bytes(i * slot + code as usize)[i * slot..].to_vec();
+                        results.push(Ok(Some(v)));
+                    } else if code == sys::INVALID_PARAMS
+                        || code == sys::BUFFER_OVERFLOW
+                        || (rc < 0 && code != sys::RPC_FAIL)
+                    {
+                        results.push(Ok(None));
+                        again.push(i);
+                    } else {
+                        results.push(get_result(inner, code, k, buf, limit));
+                    }
+                }
+                for i in again {
+                    results[i] = get_one(inner, &lease, &keys[i], limit);
+                }
+                drop(lease);
+                results
+            });
+            match r {
+                Ok(rs) => {
+                    for ((i, _), r) in group.iter().zip(rs) {
+                        results[*i] = r;
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in group {
+                        results[*i] = Err(clone_err(&e));
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
+        let mut results: Vec<StoreResult<bool>> = keys.iter().map(|_| Ok(false)).collect();
+        let mut valid = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match c_key(key) {
+                Ok(k) => valid.push((i, k)),
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        for group in valid.chunks(1024) {
+            let keys: Vec<CString> = group.iter().map(|(_, k)| k.clone()).collect();
+            let r = self.call(move |inner| {
+                let ptrs: Vec<*const std::ffi::c_char> = keys.iter().map(|k| k.as_ptr()).collect();
+                let mut out: Vec<c_int> = vec![0; keys.len()];
+                // SAFETY: arrays of keys.len() entries; keys NUL-terminated.
+                let rc = unsafe {
+                    (inner.lib.batch_is_exist)(
+                        inner.handle.0,
+                        ptrs.as_ptr(),
+                        keys.len(),
+                        out.as_mut_ptr(),
+                    )
+                };
+                keys.iter()
+                    .zip(&out)
+                    .map(
+                        |(k, &c)| match if rc < 0 { i64::from(rc) } else { i64::from(c) } {
+                            1 => Ok(true),
+                            0 | sys::OBJECT_NOT_FOUND => Ok(false),
+                            c => Err(inner.error(c, "exists", &k.to_string_lossy())),
+                        },
+                    )
+                    .collect::<Vec<_>>()
+            });
+            match r {
+                Ok(rs) => {
+                    for ((i, _), r) in group.iter().zip(rs) {
+                        results[*i] = r;
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in group {
+                        results[*i] = Err(clone_err(&e));
+                    }
+                }
+            }
+        }
+        results
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn missing_library_is_a_clear_error() {
+        let config = MooncakeConfig {
+            library: Some(PathBuf::from("/nowhere/libmooncake_store.so")),
+            ..Default::default()
+        };
+        let err = MooncakeStore::connect(&config).unwrap_err().to_string();
+        assert!(
+            err.contains("/nowhere/libmooncake_store.so") && err.contains("store.mooncake.library"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unreachable_port_fails_the_probe_fast() {
+        // A port nobody listens on: bind one, note it, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let started = Instant::now();
+        let err = probe(&format!("127.0.0.1:{port}"), Duration::from_secs(2)).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(3), "{err}");
+    }
+}

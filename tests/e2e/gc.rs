@@ -1,0 +1,569 @@
+//! Garbage collection on every backend (local, local with listing hidden = Mooncake's code path,
+//! and the real Mooncake cluster when present): packs a retained generation references survive and
+//! the others go; an install running while gc removes generations completes and verifies; pins,
+//! head floors (newest-head discovery without listing after heads were removed), dry runs, and a
+//! gc interrupted halfway that the next run finishes.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jitship::catalog;
+use jitship::gc::{self, GcOptions, GcReport, Verdict};
+use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
+use jitship::install::InstallOutcome;
+use jitship::policy::RetentionLimits;
+use jitship::policy::native::NativeRules;
+use jitship::publish::{PublishOutcome, now_secs};
+use jitship::store::testing::SlowPackGets;
+use jitship::store::{KeyLayout, Store, StoreError, StoreResult};
+use jitship_tests::backends::{Backend, backends};
+use jitship_tests::fixtures::{bytes, digest, triton_tree};
+use jitship_tests::mooncake::flow;
+
+const PACK: u64 = 16 * 1024;
+
+fn publish(b: &Backend, root: &Path, tag: &str) -> (GenerationId, u64, CompatId) {
+    let r = flow::publish(b.store.as_ref(), &b.layout, root, &flow::facts(tag), PACK)
+        .unwrap_or_else(|e| panic!("[{}] publish: {e}", b.name));
+    match r.outcome {
+        PublishOutcome::Published { generation, seq } => (generation, seq, r.compat_id),
+        other => panic!("[{}] publish: {other:?}", b.name),
+    }
+}
+
+/// A generation that does not build on the head (what a publisher writes when the head's manifest
+/// is unreadable): published in a scratch namespace, copied over, and made head `seq`.
+fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
+    let scratch = KeyLayout::new(&format!("{}-scratch-{seq}", b.layout.namespace())).unwrap();
+    let r = flow::publish(b.store.as_ref(), &scratch, root, &flow::facts(tag), PACK).unwrap();
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!("graft publish: {:?}", r.outcome)
+    };
+    let s = b.store.as_ref();
+    let m = catalog::fetch_manifest(s, &scratch, &generation)
+        .unwrap()
+        .unwrap();
+    for p in &m.packs {
+        let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
+        s.put(&b.layout.pack(&p.id), &bytes).unwrap();
+    }
+    s.put(&b.layout.generation(&generation), &m.encode())
+        .unwrap();
+    let head = HeadRecord {
+        compat_id: m.compat_id,
+        seq,
+        generation,
+        written_at: now_secs(),
+        writer: "graft".into(),
+    };
+    assert!(
+        !s.exists(&b.layout.head(&m.compat_id, seq)).unwrap(),
+        "graft: head {seq} taken"
+    );
+    s.put(&b.layout.head(&m.compat_id, seq), &head.encode())
+        .unwrap();
+    generation
+}
+
+fn run_gc(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, dry_run: bool) -> GcReport {
+    let policy =
+        |kind: &str| -> Box<dyn jitship::policy::CachePolicy> { Box::new(NativeRules::new(kind)) };
+    gc::collect(
+        store,
+        layout,
+        &policy,
+        &GcOptions {
+            now: now_secs(),
+            grace: Duration::from_secs(grace),
+            limits: RetentionLimits {
+                max_generations: Some(keep),
+                ..RetentionLimits::default()
+            },
+            dry_run,
+            lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
+            lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
+        },
+    )
+    .unwrap_or_else(|e| panic!("gc: {e}"))
+}
+
+fn packs_of(b: &Backend, id: &GenerationId) -> Vec<ContentHash> {
+    catalog::fetch_manifest(b.store.as_ref(), &b.layout, id)
+        .unwrap()
+        .unwrap()
+        .packs
+        .iter()
+        .map(|p| p.id)
+        .collect()
+}
+
+/// Path -> (content hash, mode): what an install must reproduce (a republished file keeps the
+/// mtime it was first published with).
+fn content(root: &Path) -> Vec<(String, String, u32)> {
+    digest(root)
+        .into_iter()
+        .map(|(p, (h, mode, _, _))| (p, h, mode))
+        .collect()
+}
+
+fn has(b: &Backend, key: &str) -> bool {
+    b.store.exists(key).unwrap()
+}
+
+fn verdict(r: &GcReport, id: &GenerationId) -> (Verdict, String) {
+    let d = r
+        .decisions
+        .iter()
+        .find(|d| d.generation == *id)
+        .unwrap_or_else(|| panic!("no decision for {id}: {r:#?}"));
+    (d.verdict, d.reason.clone())
+}
+
+#[test]
+fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
+    for b in backends("gc_removes_unreferenced_packs_and_keeps_referenced_ones") {
+        let tmp = tempfile::tempdir().unwrap();
+        let tag = "gc-packs";
+        // gen1: one large file over 2.5 packs; gen2 adds a small file (a pack only gen1 and gen2
+        // reference); gen3 (a fresh chain) has the same large file (so it shares at least its two
+        // full packs with gen1) and another small file.
+        let r1 = tmp.path().join("r1");
+        let big = bytes(42, (PACK * 5 / 2) as usize);
+        std::fs::create_dir_all(r1.join("big")).unwrap();
+        std::fs::write(r1.join("big/model"), &big).unwrap();
+        let (g1, _, compat) = publish(&b, &r1, tag);
+        std::fs::create_dir_all(r1.join("zz")).unwrap();
+        std::fs::write(r1.join("zz/a.bin"), bytes(43, 1000)).unwrap();
+        let (g2, s2, _) = publish(&b, &r1, tag);
+        let r3 = tmp.path().join("r3");
+        std::fs::create_dir_all(r3.join("big")).unwrap();
+        std::fs::create_dir_all(r3.join("c")).unwrap();
+        std::fs::write(r3.join("big/model"), &big).unwrap();
+        std::fs::write(r3.join("c/x.bin"), bytes(44, 500)).unwrap();
+        let g3 = graft(&b, &r3, tag, s2 + 1);
+
+        let p1 = packs_of(&b, &g1);
+        let p2 = packs_of(&b, &g2);
+        let p3 = packs_of(&b, &g3);
+        let shared: Vec<_> = p1.iter().filter(|p| p3.contains(p)).copied().collect();
+        let doomed: Vec<_> = p1
+            .iter()
+            .chain(&p2)
+            .filter(|p| !p3.contains(p))
+            .copied()
+            .collect();
+        assert!(
+            shared.len() >= 2,
+            "[{}] gen3 shares the full packs of the large file with gen1",
+            b.name
+        );
+        assert!(!doomed.is_empty());
+        // An orphan, as a crashed publish leaves it.
+        let orphan = ContentHash::of(b"orphan pack");
+        b.store
+            .put(&b.layout.pack(&orphan), b"orphan bytes")
+            .unwrap();
+        // gc dates keys in whole seconds: let the orphan be at least one second old.
+        std::thread::sleep(Duration::from_millis(1100));
+
+        // Dry run: says what goes, removes nothing.
+        let dry = run_gc(b.store.as_ref(), &b.layout, 1, 0, true);
+        assert_eq!(verdict(&dry, &g1).0, Verdict::Drop, "[{}]", b.name);
+        assert_eq!(verdict(&dry, &g2).0, Verdict::Drop);
+        assert_eq!(verdict(&dry, &g3).0, Verdict::Keep);
+        for p in &doomed {
+            assert!(dry.packs.contains(p), "[{}] dry run lists {p}", b.name);
+        }
+        for p in p1.iter().chain(&p2).chain(&p3) {
+            assert!(
+                has(&b, &b.layout.pack(p)),
+                "[{}] dry run removed {p}",
+                b.name
+            );
+        }
+        assert!(has(&b, &b.layout.generation(&g1)) && has(&b, &b.layout.head(&compat, 1)));
+
+        let report = run_gc(b.store.as_ref(), &b.layout, 1, 0, false);
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        for p in &doomed {
+            assert!(
+                !has(&b, &b.layout.pack(p)),
+                "[{}] unreferenced pack {p} survived",
+                b.name
+            );
+        }
+        for p in &p3 {
+            assert!(
+                has(&b, &b.layout.pack(p)),
+                "[{}] referenced pack {p} removed",
+                b.name
+            );
+        }
+        assert!(report.packs_shared >= 2, "[{}] {report:#?}", b.name);
+        for g in [&g1, &g2] {
+            assert!(
+                !has(&b, &b.layout.generation(g)),
+                "[{}] manifest {g} survived",
+                b.name
+            );
+        }
+        for seq in 1..=s2 {
+            assert!(
+                !has(&b, &b.layout.head(&compat, seq)),
+                "[{}] head {seq} survived",
+                b.name
+            );
+        }
+        // Orphans are found where the store lists keys; without listing they are out of reach.
+        assert_eq!(
+            has(&b, &b.layout.pack(&orphan)),
+            !b.lists,
+            "[{}] orphan pack handling",
+            b.name
+        );
+
+        // The newest head is still found (from the floor when the store cannot list), installs,
+        // verifies, and the next publish lands on the next seq.
+        let head = catalog::newest_head(b.store.as_ref(), &b.layout, &compat)
+            .unwrap()
+            .unwrap();
+        assert_eq!((head.generation, head.seq), (g3, s2 + 1), "[{}]", b.name);
+        let v = jitship::inspect::verify(b.store.as_ref(), &b.layout, &g3).unwrap();
+        assert!(v.ok, "[{}] {v:?}", b.name);
+        let dst = tmp.path().join("dst");
+        let inst = flow::install(
+            b.store.clone(),
+            &b.layout,
+            &dst,
+            &flow::facts(tag),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            inst.outcome,
+            InstallOutcome::Installed,
+            "[{}] {}",
+            b.name,
+            inst.detail
+        );
+        assert!(
+            content(&dst) == content(&r3),
+            "[{}] installed tree differs",
+            b.name
+        );
+        std::fs::write(r3.join("c/y.bin"), bytes(45, 700)).unwrap();
+        let (_, s4, _) = publish(&b, &r3, tag);
+        assert_eq!(
+            s4,
+            s2 + 2,
+            "[{}] publish after gc continues the seqs",
+            b.name
+        );
+    }
+}
+
+#[test]
+fn an_install_running_during_gc_completes() {
+    for b in backends("an_install_running_during_gc_completes") {
+        let tmp = tempfile::tempdir().unwrap();
+        let tag = "gc-install";
+        let root = tmp.path().join("root");
+        triton_tree(&root, 6, 1);
+        let (g1, _, _) = publish(&b, &root, tag);
+        triton_tree(&root, 14, 1);
+        let (g2, s2, _) = publish(&b, &root, tag);
+        let expected = content(&root);
+        let g2_packs = packs_of(&b, &g2);
+        assert!(g2_packs.len() >= 10, "enough packs to hold the install");
+        std::thread::sleep(Duration::from_secs(3));
+
+        // Install gen2 through a store that delays every pack get, so the install outlasts gc
+        // (on Mooncake gc waits out the 10 s read leases its own survey took: give it 45 s).
+        let install_time = if b.name == "mooncake" { 45_000 } else { 5_000 };
+        let slow: Arc<dyn Store> = Arc::new(SlowPackGets {
+            inner: b.store.clone(),
+            delay: Duration::from_millis(install_time / g2_packs.len() as u64),
+        });
+        let layout = b.layout.clone();
+        let dst = tmp.path().join("dst");
+        let dst2 = dst.clone();
+        let installer = std::thread::spawn(move || {
+            flow::install(
+                slow,
+                &layout,
+                &dst2,
+                &flow::facts(tag),
+                Duration::from_secs(120),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(400));
+
+        // Meanwhile a publisher makes a fresh chain the head (nothing of gen2 in it) and gc runs
+        // with a 2 s grace: gen1 (superseded >= 3 s ago) goes, gen2 (superseded just now) stays.
+        let other = tmp.path().join("other");
+        triton_tree(&other, 2, 99);
+        let g3 = graft(&b, &other, tag, s2 + 1);
+        let report = run_gc(b.store.as_ref(), &b.layout, 1, 2, false);
+        assert!(
+            !installer.is_finished(),
+            "[{}] the install finished before gc ran; slow it more",
+            b.name
+        );
+        assert_eq!(
+            verdict(&report, &g1).0,
+            Verdict::Drop,
+            "[{}] {report:#?}",
+            b.name
+        );
+        let (v2, why) = verdict(&report, &g2);
+        assert_eq!(v2, Verdict::Keep, "[{}] {why}", b.name);
+        assert!(why.contains("grace"), "{why}");
+        assert_eq!(verdict(&report, &g3).0, Verdict::Keep);
+        assert!(
+            !has(&b, &b.layout.generation(&g1)),
+            "[{}] gen1 removed",
+            b.name
+        );
+
+        let inst = installer.join().unwrap();
+        assert_eq!(
+            inst.outcome,
+            InstallOutcome::Installed,
+            "[{}] {}",
+            b.name,
+            inst.detail
+        );
+        assert_eq!(inst.generation, Some(g2));
+        assert!(
+            content(&dst) == expected,
+            "[{}] installed tree differs",
+            b.name
+        );
+
+        // Once the grace has passed, gen2 goes too, with the packs gen3 does not share.
+        let report = run_gc(b.store.as_ref(), &b.layout, 1, 0, false);
+        assert_eq!(verdict(&report, &g2).0, Verdict::Drop);
+        let g3_packs = packs_of(&b, &g3);
+        for p in &g2_packs {
+            assert_eq!(
+                has(&b, &b.layout.pack(p)),
+                g3_packs.contains(p),
+                "[{}] pack {p}",
+                b.name
+            );
+        }
+    }
+}
+
+/// Fails every remove of a manifest: a gc that stops halfway.
+#[derive(Debug)]
+struct ManifestRemovesFail(Arc<dyn Store>);
+
+impl Store for ManifestRemovesFail {
+    fn describe(&self) -> String {
+        "failing".into()
+    }
+    fn max_value_size(&self) -> u64 {
+        self.0.max_value_size()
+    }
+    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        self.0.put(key, value)
+    }
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.0.get(key)
+    }
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        self.0.exists(key)
+    }
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        if key.contains("/gen/") {
+            return Err(StoreError::Unavailable("injected".into()));
+        }
+        self.0.remove(key)
+    }
+    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.0.list(prefix)
+    }
+    fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+        self.0.modified(key)
+    }
+}
+
+#[test]
+fn pins_floors_and_an_interrupted_gc() {
+    for b in backends("pins_floors_and_an_interrupted_gc") {
+        let tmp = tempfile::tempdir().unwrap();
+        let tag = "gc-pins";
+        let root = tmp.path().join("root");
+        let mut gens = Vec::new();
+        for k in 1..=4 {
+            triton_tree(&root, k, 5);
+            gens.push(publish(&b, &root, tag));
+        }
+        let compat = gens[0].2;
+        let s = b.store.as_ref();
+        catalog::pin(s, &b.layout, &gens[1].0, Some("test".into())).unwrap();
+
+        let r = run_gc(s, &b.layout, 1, 0, false);
+        assert_eq!(
+            verdict(&r, &gens[1].0),
+            (Verdict::Keep, "pinned".into()),
+            "[{}]",
+            b.name
+        );
+        assert_eq!(verdict(&r, &gens[0].0).0, Verdict::Drop);
+        assert_eq!(verdict(&r, &gens[2].0).0, Verdict::Drop);
+        assert_eq!(
+            r.floors,
+            vec![(compat, 4)],
+            "[{}] floor above the dropped heads",
+            b.name
+        );
+        assert!(!has(&b, &b.layout.head(&compat, 1)) && !has(&b, &b.layout.head(&compat, 3)));
+        assert!(
+            has(&b, &b.layout.head(&compat, 2)),
+            "[{}] pinned head kept",
+            b.name
+        );
+        let head = catalog::newest_head(s, &b.layout, &compat)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.seq, 4, "[{}]", b.name);
+        let older = catalog::older_heads(s, &b.layout, &head, 5).unwrap();
+        assert_eq!(
+            older.iter().map(|h| h.seq).collect::<Vec<_>>(),
+            vec![2],
+            "[{}]",
+            b.name
+        );
+        let survey = jitship::inspect::survey_compat(s, &b.layout, &compat).unwrap();
+        let ids: Vec<_> = survey.generations.iter().map(|g| g.id).collect();
+        assert_eq!(ids, vec![gens[3].0, gens[1].0], "[{}] ls after gc", b.name);
+
+        // Unpinned, it goes; the gc removing it is interrupted after the heads.
+        triton_tree(&root, 5, 5);
+        let (g5, s5, _) = publish(&b, &root, tag);
+        assert_eq!(s5, 5);
+        assert!(catalog::unpin(s, &b.layout, &gens[1].0).unwrap());
+        let failing = ManifestRemovesFail(b.store.clone());
+        let r = run_gc(&failing, &b.layout, 1, 0, false);
+        assert!(
+            !r.errors.is_empty(),
+            "[{}] injected failures reported",
+            b.name
+        );
+        assert!(
+            has(&b, &b.layout.generation(&gens[1].0)),
+            "manifest left by the interruption"
+        );
+        assert!(
+            !has(&b, &b.layout.head(&compat, 2)),
+            "head removed before the manifest"
+        );
+        // Readers see a consistent store meanwhile: the newest head and its generation.
+        let head = catalog::newest_head(s, &b.layout, &compat)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.generation, g5);
+
+        let r = run_gc(s, &b.layout, 1, 0, false);
+        assert!(r.errors.is_empty());
+        assert!(r.resumed_journal.is_some(), "[{}] {r:#?}", b.name);
+        for (g, _, _) in &gens {
+            assert!(
+                !has(&b, &b.layout.generation(g)),
+                "[{}] {g} left behind",
+                b.name
+            );
+        }
+        let v = jitship::inspect::verify(s, &b.layout, &g5).unwrap();
+        assert!(v.ok, "[{}] {v:?}", b.name);
+    }
+}
+
+/// A retention policy that drops everything it is shown, or fails.
+struct Greedy {
+    inner: NativeRules,
+    fail: bool,
+}
+
+impl jitship::policy::CachePolicy for Greedy {
+    fn info(&self) -> &jitship::policy::PolicyInfo {
+        self.inner.info()
+    }
+    fn policy_ref(&self) -> jitship::generation::PolicyRef {
+        self.inner.policy_ref()
+    }
+    fn compat_key(
+        &self,
+        facts: &jitship::facts::Facts,
+    ) -> Result<String, jitship::policy::PolicyError> {
+        self.inner.compat_key(facts)
+    }
+    fn select(
+        &self,
+        root: &Path,
+        entries: &[jitship::policy::FileEntry],
+    ) -> Result<Vec<jitship::policy::Decision>, jitship::policy::PolicyError> {
+        self.inner.select(root, entries)
+    }
+    fn retain(
+        &self,
+        generations: &[jitship::policy::GenerationSummary],
+        _now: u64,
+        _limits: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, jitship::policy::PolicyError> {
+        if self.fail {
+            return Err(jitship::policy::PolicyError::Internal("boom".into()));
+        }
+        Ok(generations.iter().map(|g| g.id).collect())
+    }
+}
+
+#[test]
+fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
+    let b = jitship_tests::backends::local("policy", true);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let mut gens = Vec::new();
+    for k in 1..=3 {
+        triton_tree(&root, k, 8);
+        gens.push(publish(&b, &root, "greedy").0);
+    }
+    catalog::pin(b.store.as_ref(), &b.layout, &gens[0], None).unwrap();
+    let opts = GcOptions {
+        now: now_secs(),
+        grace: Duration::ZERO,
+        limits: RetentionLimits::default(),
+        dry_run: false,
+        lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
+        lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
+    };
+
+    // A failing policy disables retention for its kind: everything stays, the error is reported.
+    let failing = |kind: &str| -> Box<dyn jitship::policy::CachePolicy> {
+        Box::new(Greedy {
+            inner: NativeRules::new(kind),
+            fail: true,
+        })
+    };
+    let r = gc::collect(b.store.as_ref(), &b.layout, &failing, &opts).unwrap();
+    assert_eq!(r.policy_errors.len(), 1, "{r:#?}");
+    assert!(r.policy_errors[0].contains("boom"));
+    assert!(r.decisions.iter().all(|d| d.verdict == Verdict::Keep));
+    assert!(r.heads.is_empty() && r.manifests.is_empty());
+
+    // A policy that drops everything: the newest and the pinned one stay.
+    let greedy = |kind: &str| -> Box<dyn jitship::policy::CachePolicy> {
+        Box::new(Greedy {
+            inner: NativeRules::new(kind),
+            fail: false,
+        })
+    };
+    let r = gc::collect(b.store.as_ref(), &b.layout, &greedy, &opts).unwrap();
+    assert_eq!(verdict(&r, &gens[2]).0, Verdict::Keep);
+    assert_eq!(verdict(&r, &gens[0]), (Verdict::Keep, "pinned".into()));
+    assert_eq!(verdict(&r, &gens[1]).0, Verdict::Drop);
+    assert!(has(&b, &b.layout.generation(&gens[0])) && has(&b, &b.layout.generation(&gens[2])));
+    assert!(!has(&b, &b.layout.generation(&gens[1])));
+}

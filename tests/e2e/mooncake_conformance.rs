@@ -1,0 +1,88 @@
+//! The store contract (`jitship::store::conformance`) against a real Mooncake cluster: the same
+//! checks the local store passes in its unit tests.
+
+use jitship::store::{MooncakeStore, Store, StoreError, conformance};
+use jitship_tests::mooncake::{cluster, unique_prefix};
+
+#[test]
+fn mooncake_passes_the_store_conformance_suite() {
+    let Some(c) = cluster("mooncake_passes_the_store_conformance_suite") else {
+        return;
+    };
+    let store = MooncakeStore::connect(&c.config())
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", c.master));
+    conformance::run_all(&store, &unique_prefix("conformance"))
+        .unwrap_or_else(|f| panic!("conformance failures:\n{f}"));
+}
+
+#[test]
+fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
+    let Some(c) = cluster("mooncake_refuses_values_over_the_staging_buffer") else {
+        return;
+    };
+    let mut config = c.config();
+    config.staging_buffer_size = bytesize::ByteSize::mib(1);
+    config.staging_buffers = 2;
+    let store = MooncakeStore::connect(&config).unwrap_or_else(|e| panic!("connect: {e}"));
+    assert_eq!(store.max_value_size(), 1024 * 1024);
+    let p = unique_prefix("too-large");
+    let big = vec![7u8; 1024 * 1024 + 1];
+    assert!(matches!(
+        store.put(&format!("{p}/big"), &big),
+        Err(StoreError::TooLarge { .. })
+    ));
+    // Exactly the limit fits, and a batch mixing sizes answers per key.
+    let fits = vec![9u8; 1024 * 1024];
+    let (k1, k2, k3) = (
+        format!("{p}/fits"),
+        format!("{p}/big2"),
+        format!("{p}/small"),
+    );
+    let r = store.put_batch(&[(&k1, &fits), (&k2, &big), (&k3, b"small")]);
+    assert!(
+        r[0].is_ok() && matches!(r[1], Err(StoreError::TooLarge { .. })) && r[2].is_ok(),
+        "{r:?}"
+    );
+    let got = store.get_batch(&[&k1, &k2, &k3]);
+    assert_eq!(got[0].as_ref().unwrap().as_deref(), Some(&fits[..]));
+    assert!(matches!(got[1], Ok(None)));
+    assert_eq!(got[2].as_ref().unwrap().as_deref(), Some(&b"small"[..]));
+    // A value written by a client with bigger buffers is TooLarge for this one, not a miss.
+    let mut wide = c.config();
+    wide.staging_buffers = 1;
+    let writer = MooncakeStore::connect(&wide).unwrap_or_else(|e| panic!("connect: {e}"));
+    let k4 = format!("{p}/written-wide");
+    writer.put(&k4, &vec![1u8; 3 * 1024 * 1024]).unwrap();
+    assert!(
+        matches!(store.get(&k4), Err(StoreError::TooLarge { .. })),
+        "{:?}",
+        store.get(&k4).map(|v| v.map(|v| v.len()))
+    );
+}
+
+#[test]
+fn mooncake_connect_to_a_dead_master_fails_in_seconds_with_a_hint() {
+    let Some(c) = cluster("mooncake_connect_to_a_dead_master_fails_in_seconds") else {
+        return;
+    };
+    let mut config = c.config();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    config.master = format!("127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let err = MooncakeStore::connect(&config).unwrap_err();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, StoreError::MasterDown(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&config.master) && msg.contains("store.mooncake.master"),
+        "{msg}"
+    );
+}

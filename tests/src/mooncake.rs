@@ -1,0 +1,167 @@
+//! Where the test cluster is (`tests/cluster/cluster.sh run -- ...` sets the variables) and how
+//! tests drive it. Without the variables a test is skipped with a message, unless
+//! `JITSHIP_REQUIRE_MOONCAKE=1`, when it fails: a run that promised a cluster must not pass
+//! without one.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use jitship::config::MooncakeConfig;
+
+/// The test cluster, as `cluster.sh run` describes it in the environment.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// `JITSHIP_TEST_MOONCAKE_MASTER`: HOST:PORT of mooncake_master.
+    pub master: String,
+    /// `JITSHIP_TEST_MOONCAKE_METADATA`: the HTTP metadata server URL.
+    pub metadata: String,
+    /// `JITSHIP_TEST_MOONCAKE_LIBRARY`: libmooncake_store.so.
+    pub library: PathBuf,
+    /// `JITSHIP_TEST_MOONCAKE_CTL`: cluster.sh, for kill/restart drills.
+    pub ctl: PathBuf,
+    /// `JITSHIP_TEST_MOONCAKE_PYTHONPATH`: the unpacked official wheel (the `mooncake` package).
+    pub pythonpath: Option<PathBuf>,
+}
+
+const VARS: [&str; 4] = [
+    "JITSHIP_TEST_MOONCAKE_MASTER",
+    "JITSHIP_TEST_MOONCAKE_METADATA",
+    "JITSHIP_TEST_MOONCAKE_LIBRARY",
+    "JITSHIP_TEST_MOONCAKE_CTL",
+];
+
+/// The cluster, or `None` (after printing why) when the test should be skipped.
+///
+/// Panics when `JITSHIP_REQUIRE_MOONCAKE=1` and the cluster is not described.
+pub fn cluster(test: &str) -> Option<Cluster> {
+    let get = |v: &str| std::env::var(v).ok().filter(|s| !s.is_empty());
+    let missing: Vec<&str> = VARS.iter().copied().filter(|v| get(v).is_none()).collect();
+    if !missing.is_empty() {
+        let msg = format!(
+            "{test}: no Mooncake test cluster ({} unset); run it inside `tests/cluster/cluster.sh run -- cargo test ...`",
+            missing.join(", ")
+        );
+        if get("JITSHIP_REQUIRE_MOONCAKE").as_deref() == Some("1") {
+            panic!("{msg} (JITSHIP_REQUIRE_MOONCAKE=1: failing instead of skipping)");
+        }
+        eprintln!("SKIPPED {msg}");
+        return None;
+    }
+    let v = |name: &str| get(name).unwrap_or_default();
+    Some(Cluster {
+        master: v(VARS[0]),
+        metadata: v(VARS[1]),
+        library: PathBuf::from(v(VARS[2])),
+        ctl: PathBuf::from(v(VARS[3])),
+        pythonpath: get("JITSHIP_TEST_MOONCAKE_PYTHONPATH").map(PathBuf::from),
+    })
+}
+
+impl Cluster {
+    /// A client configuration for this cluster.
+    pub fn config(&self) -> MooncakeConfig {
+        MooncakeConfig {
+            library: Some(self.library.clone()),
+            master: self.master.clone(),
+            metadata_server: self.metadata.clone(),
+            local_hostname: Some("127.0.0.1".into()),
+            call_timeout: Duration::from_secs(15),
+            ..MooncakeConfig::default()
+        }
+    }
+
+    /// Runs `cluster.sh ARGS` (kill-master, start-master, kill-node, start-node SIZE, wait-node...).
+    pub fn ctl(&self, args: &[&str]) {
+        let status = Command::new("bash").arg(&self.ctl).args(args).status();
+        match status {
+            Ok(s) if s.success() => {}
+            other => panic!("cluster.sh {} failed: {other:?}", args.join(" ")),
+        }
+    }
+}
+
+/// A key prefix no other run uses (keys outlive a test in a shared cluster).
+pub fn unique_prefix(test: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "jitship-test/{test}/{}-{}",
+        std::process::id(),
+        t.as_nanos()
+    )
+}
+
+/// Publishing and installing one cache root the way the CLI will, with the native policy.
+pub mod flow {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use jitship::facts::Facts;
+    use jitship::generation::Producer;
+    use jitship::install::{self, InstallOptions, InstallReport};
+    use jitship::policy::native::NativeRules;
+    use jitship::publish::{self, HashCache, PublishError, PublishOptions, PublishReport};
+    use jitship::store::{KeyLayout, Store};
+
+    /// Facts that make a compat id of their own (tests in one namespace do not meet).
+    pub fn facts(tag: &str) -> Facts {
+        let mut f = Facts::new();
+        f.set("model.id", "test/model");
+        f.set("test.tag", tag);
+        f
+    }
+
+    pub fn options(facts: &Facts, pack_size: u64) -> PublishOptions {
+        PublishOptions {
+            pack_size,
+            producer: Producer {
+                host: "test-host".into(),
+                pod: Some("test-pod".into()),
+                jitship_version: "test".into(),
+            },
+            facts: facts.clone(),
+            max_head_attempts: 8,
+        }
+    }
+
+    pub fn publish(
+        store: &dyn Store,
+        layout: &KeyLayout,
+        root: &Path,
+        facts: &Facts,
+        pack_size: u64,
+    ) -> Result<PublishReport, PublishError> {
+        publish::publish(
+            store,
+            layout,
+            &NativeRules::new("triton"),
+            root,
+            &options(facts, pack_size),
+            &mut HashCache::default(),
+        )
+    }
+
+    pub fn install(
+        store: Arc<dyn Store>,
+        layout: &KeyLayout,
+        root: &Path,
+        facts: &Facts,
+        deadline: Duration,
+    ) -> InstallReport {
+        let opts = InstallOptions {
+            deadline,
+            ..InstallOptions::default()
+        };
+        install::install(
+            store,
+            layout,
+            &NativeRules::new("triton"),
+            root,
+            facts,
+            &opts,
+        )
+    }
+}
