@@ -647,6 +647,20 @@ mod tests {
         assert!(!config.caches.is_empty());
     }
 
+    /// The tests crate writes configs with `toml::to_string`; [watch] must survive the round trip.
+    #[test]
+    fn default_config_round_trips_through_toml() {
+        let mut config = Config::default();
+        config.watch.metrics_addr = Some("127.0.0.1:9464".parse().unwrap());
+        let text = toml::to_string(&config).unwrap();
+        assert_eq!(Config::parse(&text, Path::new("x.toml")).unwrap(), config);
+        let text = toml::to_string(&Config::default()).unwrap();
+        assert_eq!(
+            Config::parse(&text, Path::new("x.toml")).unwrap(),
+            Config::default()
+        );
+    }
+
     /// The Kubernetes example embeds a jitship.toml in a ConfigMap; it must stay a valid config.
     #[test]
     fn kubernetes_example_config_parses() {
