@@ -831,6 +831,8 @@ fn a_restarted_watcher_publishes_what_was_written_while_it_was_down() {
     wait_for(&store, "triton", &w, "the first kernel", |m| {
         paths(m) == all
     });
+    // Usually 1; 2 if a loaded machine stalled the writer past the settle window mid-kernel.
+    let before = generations(&store, "triton").len();
     w.signal(libc::SIGKILL);
     drop(w);
     // Written while no watcher runs.
@@ -846,9 +848,9 @@ fn a_restarted_watcher_publishes_what_was_written_while_it_was_down() {
         m.parent.is_some(),
         "the new generation builds on the old head"
     );
-    assert_eq!(generations(&store, "triton").len(), 2);
+    assert_eq!(generations(&store, "triton").len(), before + 1);
     let (status, log) = w.terminate();
     assert!(status.success(), "exit {status}; log:\n{log}");
     // Nothing new: the final publish found the head current and made no generation.
-    assert_eq!(generations(&store, "triton").len(), 2, "{log}");
+    assert_eq!(generations(&store, "triton").len(), before + 1, "{log}");
 }
