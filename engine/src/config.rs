@@ -390,6 +390,30 @@ mod tests {
     }
 
     #[test]
+    fn example_mooncake_section_parses_when_uncommented() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/jitship.toml"));
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut inside = false;
+        let mut out = String::new();
+        for line in text.lines() {
+            if line == "# [store.mooncake]" {
+                inside = true;
+            } else if line.trim().is_empty() {
+                inside = false;
+            }
+            let body = line.strip_prefix("# ").unwrap_or(line);
+            let setting = body.starts_with('[') || body.split_once(" = ").is_some_and(|(k, _)| !k.contains(' '));
+            out.push_str(if inside && setting { body } else { line });
+            out.push('\n');
+        }
+        let out = out.replace("backend = \"local\"", "backend = \"mooncake\"");
+        assert!(out.contains("\n[store.mooncake]\n") && out.contains("\nrdma_devices = "), "the example has no mooncake section");
+        let config = Config::parse(&out, path).unwrap();
+        assert_eq!(config.store.backend, Backend::Mooncake);
+        assert_eq!(config.store.mooncake.library_path().unwrap(), PathBuf::from("/opt/mooncake/lib/libmooncake_store.so"));
+    }
+
+    #[test]
     fn mooncake_section_parses_validates_and_store_arg_selects_it() {
         let text = "[store]\nbackend = 'mooncake'\n[store.mooncake]\nmaster = '10.0.0.5:50051'\nprotocol = 'rdma'\n\
                     rdma_devices = ['mlx5_0', 'mlx5_1']\nreplicas = 2\nsoft_pin = true\nstaging_buffer_size = '128 MiB'\n\

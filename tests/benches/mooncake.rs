@@ -33,7 +33,10 @@ use mooncake_sys as sys;
 const PACK: u64 = 64 * 1024 * 1024;
 
 fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -47,7 +50,10 @@ fn large_tree(root: &Path, files: usize, size: usize) {
         let dir = root.join(format!("rank_{i}_0"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut buf = vec![0u8; size];
-        blake3::Hasher::new().update(&i.to_le_bytes()).finalize_xof().fill(&mut buf);
+        blake3::Hasher::new()
+            .update(&i.to_le_bytes())
+            .finalize_xof()
+            .fill(&mut buf);
         std::fs::write(dir.join("model"), buf).unwrap();
     }
 }
@@ -63,12 +69,27 @@ impl Raw {
         // SAFETY: the cluster script names the Mooncake Store library.
         let lib = unsafe { sys::MooncakeLib::load(&c.library) }.unwrap_or_else(|e| panic!("{e}"));
         let cs = |s: &str| CString::new(s).unwrap();
-        let (host, meta, proto, dev, master) = (cs("127.0.0.1"), cs(&c.metadata), cs("tcp"), cs(""), cs(&c.master));
+        let (host, meta, proto, dev, master) = (
+            cs("127.0.0.1"),
+            cs(&c.metadata),
+            cs("tcp"),
+            cs(""),
+            cs(&c.master),
+        );
         // SAFETY: fresh handle, NUL-terminated arguments alive for the call.
         let handle = unsafe { (lib.create)() };
         assert!(!handle.is_null());
         let rc = unsafe {
-            (lib.setup)(handle, host.as_ptr(), meta.as_ptr(), 0, 16 << 20, proto.as_ptr(), dev.as_ptr(), master.as_ptr())
+            (lib.setup)(
+                handle,
+                host.as_ptr(),
+                meta.as_ptr(),
+                0,
+                16 << 20,
+                proto.as_ptr(),
+                dev.as_ptr(),
+                master.as_ptr(),
+            )
         };
         assert_eq!(rc, 0, "raw setup");
         Raw { lib, handle }
@@ -90,11 +111,19 @@ impl Raw {
             at += o.len().next_multiple_of(4096);
         }
         // SAFETY: base is a live allocation of `total` bytes, unregistered before it is freed.
-        assert_eq!(unsafe { (self.lib.register_buffer)(self.handle, base.cast(), total) }, 0);
-        let keys: Vec<CString> = (0..objects.len()).map(|i| CString::new(format!("{prefix}/raw/{i}")).unwrap()).collect();
+        assert_eq!(
+            unsafe { (self.lib.register_buffer)(self.handle, base.cast(), total) },
+            0
+        );
+        let keys: Vec<CString> = (0..objects.len())
+            .map(|i| CString::new(format!("{prefix}/raw/{i}")).unwrap())
+            .collect();
         let key_ptrs: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr()).collect();
         // SAFETY: offsets lie inside the buffer.
-        let mut bufs: Vec<*mut c_void> = offsets.iter().map(|&o| unsafe { base.add(o) }.cast()).collect();
+        let mut bufs: Vec<*mut c_void> = offsets
+            .iter()
+            .map(|&o| unsafe { base.add(o) }.cast())
+            .collect();
         let sizes: Vec<usize> = objects.iter().map(Vec::len).collect();
         let n = objects.len();
 
@@ -102,10 +131,21 @@ impl Raw {
         let t = Instant::now();
         // SAFETY: arrays of n entries; registered buffer; NUL-terminated keys.
         let rc = unsafe {
-            (self.lib.batch_put_from)(self.handle, key_ptrs.as_ptr(), bufs.as_mut_ptr(), sizes.as_ptr(), n, std::ptr::null(), put_out.as_mut_ptr())
+            (self.lib.batch_put_from)(
+                self.handle,
+                key_ptrs.as_ptr(),
+                bufs.as_mut_ptr(),
+                sizes.as_ptr(),
+                n,
+                std::ptr::null(),
+                put_out.as_mut_ptr(),
+            )
         };
         let put = t.elapsed();
-        assert!(rc == 0 && put_out.iter().all(|&r| r == 0), "raw put: {rc} {put_out:?}");
+        assert!(
+            rc == 0 && put_out.iter().all(|&r| r == 0),
+            "raw put: {rc} {put_out:?}"
+        );
         // Zero the buffer so the get really fills it.
         // SAFETY: within the allocation.
         unsafe { std::ptr::write_bytes(base, 0, total) };
@@ -113,10 +153,20 @@ impl Raw {
         let t = Instant::now();
         // SAFETY: as for the put.
         let rc = unsafe {
-            (self.lib.batch_get_into)(self.handle, key_ptrs.as_ptr(), bufs.as_mut_ptr(), sizes.as_ptr(), n, get_out.as_mut_ptr())
+            (self.lib.batch_get_into)(
+                self.handle,
+                key_ptrs.as_ptr(),
+                bufs.as_mut_ptr(),
+                sizes.as_ptr(),
+                n,
+                get_out.as_mut_ptr(),
+            )
         };
         let get = t.elapsed();
-        assert!(rc == 0 && get_out.iter().zip(&sizes).all(|(&r, &s)| r == s as i64), "raw get: {rc} {get_out:?}");
+        assert!(
+            rc == 0 && get_out.iter().zip(&sizes).all(|(&r, &s)| r == s as i64),
+            "raw get: {rc} {get_out:?}"
+        );
         for (o, &off) in objects.iter().zip(&offsets) {
             // SAFETY: within the allocation.
             let got = unsafe { std::slice::from_raw_parts(base.add(off), o.len()) };
@@ -150,38 +200,95 @@ struct Figures {
     install: Duration,
     raw_put: Duration,
     raw_get: Duration,
+    store_put: Duration,
+    store_get: Duration,
 }
 
-fn bench_tree(c: &Cluster, raw: &Raw, store: &Arc<dyn Store>, name: &str, src: &Path, reps: usize) -> Figures {
+fn bench_tree(
+    c: &Cluster,
+    raw: &Raw,
+    store: &Arc<dyn Store>,
+    name: &str,
+    src: &Path,
+    reps: usize,
+) -> Figures {
     let files = digest(src).len();
     let facts = flow::facts(name);
     let (mut publish, mut install, mut raw_put, mut raw_get) = (vec![], vec![], vec![], vec![]);
+    let (mut store_put, mut store_get) = (vec![], vec![]);
     let mut bytes = 0;
     for rep in 0..reps {
         let layout = KeyLayout::new(&unique_prefix(&format!("bench-{name}-{rep}"))).unwrap();
         let t = Instant::now();
-        let report = flow::publish(store.as_ref(), &layout, src, &facts, PACK).unwrap_or_else(|e| panic!("publish: {e}"));
+        let report = flow::publish(store.as_ref(), &layout, src, &facts, PACK)
+            .unwrap_or_else(|e| panic!("publish: {e}"));
         publish.push(t.elapsed());
-        assert!(matches!(report.outcome, PublishOutcome::Published { .. }), "{:?}", report.outcome);
+        assert!(
+            matches!(report.outcome, PublishOutcome::Published { .. }),
+            "{:?}",
+            report.outcome
+        );
         bytes = report.bytes_uploaded;
 
         let dst = tempfile::tempdir().unwrap();
         let root = dst.path().join("root");
         let t = Instant::now();
-        let r = flow::install(store.clone(), &layout, &root, &facts, Duration::from_secs(600));
+        let r = flow::install(
+            store.clone(),
+            &layout,
+            &root,
+            &facts,
+            Duration::from_secs(600),
+        );
         install.push(t.elapsed());
         assert_eq!(r.outcome, InstallOutcome::Installed, "{}", r.detail);
         assert_eq!(r.files_installed as usize, files);
 
         // The very pack bytes publish uploaded (fetched untimed), through the raw library.
         let compat = CompatId::new("triton", &report.compat_key);
-        let head = catalog::newest_head(store.as_ref(), &layout, &compat).unwrap().expect("head");
-        let manifest = catalog::fetch_manifest(store.as_ref(), &layout, &head.generation).unwrap().expect("manifest");
-        let packs: Vec<Vec<u8>> = manifest.packs.iter().map(|p| store.get(&layout.pack(&p.id)).unwrap().expect("pack")).collect();
+        let head = catalog::newest_head(store.as_ref(), &layout, &compat)
+            .unwrap()
+            .expect("head");
+        let manifest = catalog::fetch_manifest(store.as_ref(), &layout, &head.generation)
+            .unwrap()
+            .expect("manifest");
+        let packs: Vec<Vec<u8>> = manifest
+            .packs
+            .iter()
+            .map(|p| store.get(&layout.pack(&p.id)).unwrap().expect("pack"))
+            .collect();
         assert_eq!(packs.iter().map(|p| p.len() as u64).sum::<u64>(), bytes);
         let (p, g) = raw.round(&layout.namespace().to_string(), &packs);
         raw_put.push(p);
         raw_get.push(g);
+
+        // The same bytes through jitship's Store trait alone (staging copy, worker thread, typed
+        // results), to tell the backend's cost from publish's and install's file work.
+        let keys: Vec<String> = (0..packs.len())
+            .map(|i| format!("{}/store/{i}", layout.namespace()))
+            .collect();
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .zip(&packs)
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        let t = Instant::now();
+        for r in store.put_batch(&items) {
+            r.unwrap_or_else(|e| panic!("store put: {e}"));
+        }
+        store_put.push(t.elapsed());
+        let t = Instant::now();
+        for (k, v) in keys.iter().zip(&packs) {
+            let got = store
+                .get(k)
+                .unwrap_or_else(|e| panic!("store get: {e}"))
+                .expect("stored");
+            assert!(got.len() == v.len());
+        }
+        store_get.push(t.elapsed());
+        for k in &keys {
+            let _ = store.remove(k);
+        }
         let _ = c;
     }
     Figures {
@@ -192,12 +299,16 @@ fn bench_tree(c: &Cluster, raw: &Raw, store: &Arc<dyn Store>, name: &str, src: &
         install: median(install),
         raw_put: median(raw_put),
         raw_get: median(raw_get),
+        store_put: median(store_put),
+        store_get: median(store_get),
     }
 }
 
 fn main() {
     // `cargo test --benches` passes harness flags; this bench takes none.
-    let Some(c) = cluster("bench mooncake") else { return };
+    let Some(c) = cluster("bench mooncake") else {
+        return;
+    };
     let reps = env_num("JITSHIP_BENCH_REPS", 3).max(1);
     let kernels = env_num("JITSHIP_BENCH_KERNELS", 2500);
     let large_mib = env_num("JITSHIP_BENCH_LARGE_MIB", 64);
@@ -208,7 +319,8 @@ fn main() {
     triton_tree(&triton, kernels, 7);
     large_tree(&large, 4, large_mib * 1024 * 1024);
 
-    let store: Arc<dyn Store> = Arc::new(MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}")));
+    let store: Arc<dyn Store> =
+        Arc::new(MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}")));
     let raw = Raw::connect(&c);
     let figures = [
         bench_tree(&c, &raw, &store, "triton", &triton, reps),
@@ -232,6 +344,23 @@ fn main() {
             mbs(f.bytes, f.install),
             mbs(f.bytes, f.raw_get),
             f.raw_get.as_secs_f64() / f.install.as_secs_f64(),
+        );
+    }
+    println!("\nthe Mooncake backend alone (Store::put_batch / Store::get of the same packs)");
+    println!(
+        "{:<8} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9}",
+        "tree", "store put", "raw put", "ratio", "store get", "raw get", "ratio"
+    );
+    for f in &figures {
+        println!(
+            "{:<8} | {:>6.0}MB/s {:>6.0}MB/s {:>9.2} | {:>6.0}MB/s {:>6.0}MB/s {:>9.2}",
+            f.name,
+            mbs(f.bytes, f.store_put),
+            mbs(f.bytes, f.raw_put),
+            f.raw_put.as_secs_f64() / f.store_put.as_secs_f64(),
+            mbs(f.bytes, f.store_get),
+            mbs(f.bytes, f.raw_get),
+            f.raw_get.as_secs_f64() / f.store_get.as_secs_f64(),
         );
     }
     println!("ratio = raw time / jitship time (goal >= 0.8)");

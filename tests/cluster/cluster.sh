@@ -131,7 +131,7 @@ in_ns() { ip netns exec "$NS" "$@"; }
 metrics() { in_ns curl -sf --max-time 2 "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null; }
 
 metric() { # NAME -> value (integer) or empty
-    metrics | awk -v n="$1" '$1 == n { printf "%d\n", $2 }'
+    metrics | awk -v n="$1" '$1 == n { printf "%.0f\n", $2 }'
 }
 
 # Kills the process in PIDFILE (TERM, then KILL) and waits until it is gone.
