@@ -95,8 +95,9 @@ impl Raw {
         Raw { lib, handle }
     }
 
-    /// One batch_put_from and one batch_get_into of `objects`; returns (put time, get time).
-    fn round(&self, prefix: &str, objects: &[Vec<u8>]) -> (Duration, Duration) {
+    /// One batch_put_from and one batch_get_into of `objects`, then one get_into per object;
+    /// returns (put time, batched get time, one-by-one get time).
+    fn round(&self, prefix: &str, objects: &[Vec<u8>]) -> (Duration, Duration, Duration) {
         let total: usize = objects.iter().map(|o| o.len().next_multiple_of(4096)).sum();
         let layout = std::alloc::Layout::from_size_align(total, 4096).unwrap();
         // SAFETY: non-zero size; freed below with the same layout.
@@ -172,6 +173,14 @@ impl Raw {
             let got = unsafe { std::slice::from_raw_parts(base.add(off), o.len()) };
             assert!(got == &o[..], "raw get returned other bytes");
         }
+        // One object per call, as install fetches packs (one in flight, bounded memory).
+        let t = Instant::now();
+        for i in 0..n {
+            // SAFETY: as for the batch.
+            let r = unsafe { (self.lib.get_into)(self.handle, key_ptrs[i], bufs[i], sizes[i]) };
+            assert_eq!(r, sizes[i] as i64, "raw get_into");
+        }
+        let get_one_by_one = t.elapsed();
         for k in &keys {
             // SAFETY: NUL-terminated key; force removal frees the space for the next round.
             unsafe { (self.lib.remove)(self.handle, k.as_ptr(), 1) };
@@ -181,7 +190,7 @@ impl Raw {
             (self.lib.unregister_buffer)(self.handle, base.cast());
             std::alloc::dealloc(base, layout);
         }
-        (put, get)
+        (put, get, get_one_by_one)
     }
 }
 
@@ -200,6 +209,7 @@ struct Figures {
     install: Duration,
     raw_put: Duration,
     raw_get: Duration,
+    raw_get_one: Duration,
     store_put: Duration,
     store_get: Duration,
 }
@@ -215,7 +225,7 @@ fn bench_tree(
     let files = digest(src).len();
     let facts = flow::facts(name);
     let (mut publish, mut install, mut raw_put, mut raw_get) = (vec![], vec![], vec![], vec![]);
-    let (mut store_put, mut store_get) = (vec![], vec![]);
+    let (mut store_put, mut store_get, mut raw_get_one) = (vec![], vec![], vec![]);
     let mut bytes = 0;
     for rep in 0..reps {
         let layout = KeyLayout::new(&unique_prefix(&format!("bench-{name}-{rep}"))).unwrap();
@@ -258,9 +268,10 @@ fn bench_tree(
             .map(|p| store.get(&layout.pack(&p.id)).unwrap().expect("pack"))
             .collect();
         assert_eq!(packs.iter().map(|p| p.len() as u64).sum::<u64>(), bytes);
-        let (p, g) = raw.round(&layout.namespace().to_string(), &packs);
+        let (p, g, g1) = raw.round(&layout.namespace().to_string(), &packs);
         raw_put.push(p);
         raw_get.push(g);
+        raw_get_one.push(g1);
 
         // The same bytes through jitship's Store trait alone (staging copy, worker thread, typed
         // results), to tell the backend's cost from publish's and install's file work.
@@ -299,6 +310,7 @@ fn bench_tree(
         install: median(install),
         raw_put: median(raw_put),
         raw_get: median(raw_get),
+        raw_get_one: median(raw_get_one),
         store_put: median(store_put),
         store_get: median(store_get),
     }
@@ -361,6 +373,16 @@ fn main() {
             mbs(f.bytes, f.store_get),
             mbs(f.bytes, f.raw_get),
             f.raw_get.as_secs_f64() / f.store_get.as_secs_f64(),
+        );
+    }
+    println!("\nraw get_into one object per call (how install fetches: one pack in flight)");
+    for f in &figures {
+        println!(
+            "{:<8} | raw get one by one {:>6.0}MB/s; store get / that: {:.2}; install / that: {:.2}",
+            f.name,
+            mbs(f.bytes, f.raw_get_one),
+            f.raw_get_one.as_secs_f64() / f.store_get.as_secs_f64(),
+            f.raw_get_one.as_secs_f64() / f.install.as_secs_f64(),
         );
     }
     println!("ratio = raw time / jitship time (goal >= 0.8)");
