@@ -101,6 +101,10 @@ pub struct MooncakeConfig {
     pub replicas: u32,
     /// Soft-pinned objects survive ordinary eviction (until their pin TTL lapses).
     pub soft_pin: bool,
+    /// Soft-pin the small catalog objects (head records and manifests: keys with a `head` or
+    /// `gen` segment) even when `soft_pin` is off, so eviction takes packs first and the head
+    /// chain keeps no holes while the packs it points to live.
+    pub soft_pin_catalog: bool,
     /// Hard-pinned objects are never evicted; puts then fail with "store is full".
     pub hard_pin: bool,
     /// Size of each registered staging buffer; also the largest value jitship can put or get, so
@@ -132,6 +136,7 @@ impl Default for MooncakeConfig {
             local_hostname: None,
             replicas: 1,
             soft_pin: false,
+            soft_pin_catalog: true,
             hard_pin: false,
             staging_buffer_size: ByteSize::mib(64),
             staging_buffers: 4,

@@ -241,7 +241,9 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
     {
         let text = String::from_utf8_lossy(&m.stdout);
         for line in text.lines().filter(|l| {
-            l.starts_with("master_key_count") || l.starts_with("master_allocated_bytes")
+            l.starts_with("master_key_count")
+                || l.starts_with("master_allocated_bytes")
+                || l.starts_with("master_soft_pin_key_count")
         }) {
             eprintln!("DRILL eviction: {line}");
         }
@@ -272,6 +274,13 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
                     report.outcome, report.detail
                 );
                 assert!(!root.exists(), "cache {i}: a miss must not create the root");
+                // Head records and manifests are soft-pinned (soft_pin_catalog): eviction takes
+                // packs, so the head is still found and the generation is known to be incomplete.
+                assert!(
+                    report.detail.contains("incomplete"),
+                    "cache {i}: the head itself was evicted: {}",
+                    report.detail
+                );
                 misses += 1;
             }
             InstallOutcome::AlreadyCurrent => panic!("cache {i}: already current in a fresh root"),
