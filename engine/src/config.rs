@@ -12,11 +12,18 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path} is not valid: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid {what} {value:?}: {hint}")]
-    Invalid { what: &'static str, value: String, hint: String },
+    Invalid {
+        what: &'static str,
+        value: String,
+        hint: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -28,6 +35,8 @@ pub struct Config {
     pub caches: Vec<CacheConfig>,
     /// Facts that override (or add to) what jitship gathers.
     pub facts: BTreeMap<String, String>,
+    /// Where and how jitship gathers facts (the `[facts]` table stays a plain overrides map).
+    pub gather: GatherConfig,
     pub publish: PublishConfig,
     pub install: InstallConfig,
 }
@@ -227,7 +236,9 @@ pub struct LocalStoreConfig {
 
 impl Default for LocalStoreConfig {
     fn default() -> Self {
-        Self { path: PathBuf::from("/var/lib/jitship/store") }
+        Self {
+            path: PathBuf::from("/var/lib/jitship/store"),
+        }
     }
 }
 
@@ -237,6 +248,41 @@ pub struct CacheConfig {
     /// Cache kind ("triton", "inductor", ...): selects the built-in policy of that name.
     pub kind: String,
     pub root: PathBuf,
+}
+
+/// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatherConfig {
+    /// The inference engine's interpreter (e.g. a venv's `bin/python3`); default `python3` on PATH.
+    pub python: Option<PathBuf>,
+    /// Site-packages directories to read package versions from, instead of asking the interpreter.
+    pub site_packages: Vec<PathBuf>,
+    /// Distributions whose versions become `pkg.*` facts, beyond the built-in list.
+    pub packages: Vec<String>,
+    /// The engine's configuration file; its blake3 becomes `engine.config_digest`.
+    pub engine_config: Option<PathBuf>,
+    /// NVML, loaded at run time.
+    pub nvml_library: PathBuf,
+    /// The NVIDIA kernel module's version file (driver version when NVML and nvidia-smi fail).
+    pub driver_version_file: PathBuf,
+    /// Bound on each external program (nvidia-smi, nvcc, python) and on NVML.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for GatherConfig {
+    fn default() -> Self {
+        Self {
+            python: None,
+            site_packages: Vec::new(),
+            packages: Vec::new(),
+            engine_config: None,
+            nvml_library: PathBuf::from("libnvidia-ml.so.1"),
+            driver_version_file: PathBuf::from("/proc/driver/nvidia/version"),
+            timeout: Duration::from_secs(5),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -250,7 +296,10 @@ pub struct PublishConfig {
 
 impl Default for PublishConfig {
     fn default() -> Self {
-        Self { pack_size: ByteSize::mib(64), pod: None }
+        Self {
+            pack_size: ByteSize::mib(64),
+            pod: None,
+        }
     }
 }
 
@@ -264,18 +313,26 @@ pub struct InstallConfig {
 
 impl Default for InstallConfig {
     fn default() -> Self {
-        Self { deadline: Duration::from_secs(60) }
+        Self {
+            deadline: Duration::from_secs(60),
+        }
     }
 }
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
         Self::parse(&text, path)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -307,11 +364,35 @@ impl Config {
                 });
             }
         }
+        if self.gather.timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                what: "gather.timeout",
+                value: "0s".into(),
+                hint: "must be above zero, e.g. \"5s\"".into(),
+            });
+        }
+        for name in &self.gather.packages {
+            if name.trim().is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(ConfigError::Invalid {
+                    what: "gather.packages entry",
+                    value: name.clone(),
+                    hint: "use a distribution name as pip spells it, e.g. flashinfer-python".into(),
+                });
+            }
+        }
         let mut kinds = std::collections::HashSet::new();
         for c in &self.caches {
             parse_kind(&c.kind)?;
             if !kinds.insert(&c.kind) {
-                return Err(ConfigError::Invalid { what: "cache kind", value: c.kind.clone(), hint: "each kind may appear once".into() });
+                return Err(ConfigError::Invalid {
+                    what: "cache kind",
+                    value: c.kind.clone(),
+                    hint: "each kind may appear once".into(),
+                });
             }
         }
         Ok(())
@@ -319,8 +400,16 @@ impl Config {
 }
 
 fn parse_kind(kind: &str) -> Result<(), ConfigError> {
-    if kind.is_empty() || !kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
-        return Err(ConfigError::Invalid { what: "cache kind", value: kind.into(), hint: "use lowercase letters, digits, - and _".into() });
+    if kind.is_empty()
+        || !kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(ConfigError::Invalid {
+            what: "cache kind",
+            value: kind.into(),
+            hint: "use lowercase letters, digits, - and _".into(),
+        });
     }
     Ok(())
 }
@@ -334,16 +423,27 @@ pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
     })?;
     parse_kind(kind)?;
     if root.is_empty() {
-        return Err(ConfigError::Invalid { what: "--cache", value: s.into(), hint: "the root is empty".into() });
+        return Err(ConfigError::Invalid {
+            what: "--cache",
+            value: s.into(),
+            hint: "the root is empty".into(),
+        });
     }
-    Ok(CacheConfig { kind: kind.into(), root: PathBuf::from(root) })
+    Ok(CacheConfig {
+        kind: kind.into(),
+        root: PathBuf::from(root),
+    })
 }
 
 /// `K=V`, as given to `--fact`.
 pub fn parse_fact_arg(s: &str) -> Result<(String, String), ConfigError> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.into(), v.into())),
-        _ => Err(ConfigError::Invalid { what: "--fact", value: s.into(), hint: "expected NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B".into() }),
+        _ => Err(ConfigError::Invalid {
+            what: "--fact",
+            value: s.into(),
+            hint: "expected NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B".into(),
+        }),
     }
 }
 
@@ -376,22 +476,56 @@ mod tests {
 
     #[test]
     fn example_config_parses() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/jitship.toml"));
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/jitship.toml"
+        ));
         let config = Config::load(path).unwrap();
         assert!(!config.caches.is_empty());
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_clear_errors() {
-        let err = Config::parse("[store]\nbakend = 'local'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[store]\nbakend = 'local'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bakend") && err.contains("x.toml"), "{err}");
-        let err = Config::parse("[install]\ndeadline = 'soon'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[install]\ndeadline = 'soon'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("deadline"), "{err}");
-        let err = Config::parse("[publish]\npack_size = '1KiB'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[publish]\npack_size = '1KiB'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("at least"), "{err}");
         assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
         assert!(parse_fact_arg("=x").is_err());
+        let err = Config::parse("[gather]\ntimeout = '0s'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gather.timeout"), "{err}");
+        let err = Config::parse("[gather]\npackages = ['torch>=2']\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("torch>=2"), "{err}");
+    }
+
+    #[test]
+    fn gather_settings_parse_beside_the_facts_overrides() {
+        let text = "[facts]\n\"model.id\" = \"m\"\n[gather]\npython = \"/venv/bin/python3\"\npackages = [\"xformers\"]\ntimeout = \"2s\"\n";
+        let config = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(config.facts.get("model.id").map(String::as_str), Some("m"));
+        assert_eq!(
+            config.gather.python.as_deref(),
+            Some(Path::new("/venv/bin/python3"))
+        );
+        assert_eq!(config.gather.packages, vec!["xformers".to_string()]);
+        assert_eq!(config.gather.timeout, Duration::from_secs(2));
+        assert_eq!(
+            config.gather.nvml_library,
+            PathBuf::from("libnvidia-ml.so.1")
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod facts;
 pub mod generation;

@@ -2,4 +2,5 @@
 //! a digest of a tree to compare two of them, and the Mooncake test cluster's whereabouts.
 
 pub mod fixtures;
+pub mod harness;
 pub mod mooncake;

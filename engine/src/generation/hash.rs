@@ -42,10 +42,16 @@ impl fmt::Debug for ContentHash {
 impl FromStr for ContentHash {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() != 64
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(format!("not a 64-digit lowercase hex blake3 hash: {s:?}"));
         }
-        blake3::Hash::from_hex(s).map(Into::into).map_err(|e| e.to_string())
+        blake3::Hash::from_hex(s)
+            .map(Into::into)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -100,6 +106,9 @@ mod tests {
         let p = dir.path().join("f");
         let data = vec![7u8; 1_000_003];
         std::fs::write(&p, &data).unwrap();
-        assert_eq!(hash_file(&p).unwrap(), (ContentHash::of(&data), data.len() as u64));
+        assert_eq!(
+            hash_file(&p).unwrap(),
+            (ContentHash::of(&data), data.len() as u64)
+        );
     }
 }

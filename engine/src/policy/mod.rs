@@ -45,10 +45,16 @@ pub struct Decision {
 
 impl Decision {
     pub fn publish(reason: impl Into<String>) -> Self {
-        Self { verdict: Verdict::Publish, reason: reason.into() }
+        Self {
+            verdict: Verdict::Publish,
+            reason: reason.into(),
+        }
     }
     pub fn skip(reason: impl Into<String>) -> Self {
-        Self { verdict: Verdict::Skip, reason: reason.into() }
+        Self {
+            verdict: Verdict::Skip,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -74,7 +80,9 @@ pub struct RetentionLimits {
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error("fact {0:?} is missing; set it with --fact {0}=VALUE (refusing to publish under a weak key)")]
+    #[error(
+        "fact {0:?} is missing; set it with --fact {0}=VALUE (refusing to publish under a weak key)"
+    )]
     MissingFact(String),
     #[error("policy rejected its input: {0}")]
     InvalidInput(String),
