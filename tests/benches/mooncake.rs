@@ -13,8 +13,11 @@
 //! of `JITSHIP_BENCH_REPS` (default 3) runs. Run inside the test cluster, e.g.
 //!   JITSHIP_CLUSTER_SEGMENT_MB=4096 tests/cluster/cluster.sh run -- \
 //!     cargo test -p jitship-tests --bench mooncake
-//! Sizes: `JITSHIP_BENCH_KERNELS` (default 2500 kernels = 20000 files), `JITSHIP_BENCH_LARGE_MIB`
-//! (default 4 files of 64 MiB).
+//! Trees: those of the foundation bench (`benches/throughput.rs`): `fixtures::triton_tree` and
+//! `fixtures::large_files_tree` (4 files of 128 MiB), except that the Triton-like tree has 2000
+//! kernels (16,000 files) instead of 3000: install holds every staged file of a generation open at
+//! once, and 24,000 files exceed the 20,000 open files allowed here. `JITSHIP_BENCH_KERNELS` and
+//! `JITSHIP_BENCH_LARGE_MIB` change the sizes.
 
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::path::Path;
@@ -26,7 +29,7 @@ use jitship::generation::CompatId;
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
 use jitship::store::{KeyLayout, MooncakeStore, Store};
-use jitship_tests::fixtures::{digest, triton_tree};
+use jitship_tests::fixtures::{digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{Cluster, cluster, flow, unique_prefix};
 use mooncake_sys as sys;
 
@@ -42,20 +45,6 @@ fn env_num(name: &str, default: usize) -> usize {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
-}
-
-/// Large files of pseudo-random bytes (blake3's XOF: fast even in a debug build).
-fn large_tree(root: &Path, files: usize, size: usize) {
-    for i in 0..files {
-        let dir = root.join(format!("rank_{i}_0"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut buf = vec![0u8; size];
-        blake3::Hasher::new()
-            .update(&i.to_le_bytes())
-            .finalize_xof()
-            .fill(&mut buf);
-        std::fs::write(dir.join("model"), buf).unwrap();
-    }
 }
 
 /// A second, raw client: the C ABI with one registered buffer, nothing of jitship in the way.
@@ -322,14 +311,14 @@ fn main() {
         return;
     };
     let reps = env_num("JITSHIP_BENCH_REPS", 3).max(1);
-    let kernels = env_num("JITSHIP_BENCH_KERNELS", 2500);
-    let large_mib = env_num("JITSHIP_BENCH_LARGE_MIB", 64);
+    let kernels = env_num("JITSHIP_BENCH_KERNELS", 2000);
+    let large_mib = env_num("JITSHIP_BENCH_LARGE_MIB", 128);
     let tmp = tempfile::tempdir().unwrap();
     let triton = tmp.path().join("triton");
     let large = tmp.path().join("large");
     eprintln!("generating trees...");
-    triton_tree(&triton, kernels, 7);
-    large_tree(&large, 4, large_mib * 1024 * 1024);
+    triton_tree(&triton, kernels, 1);
+    large_files_tree(&large, 4, large_mib * 1024 * 1024, 2);
 
     let store: Arc<dyn Store> =
         Arc::new(MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}")));
