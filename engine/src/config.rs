@@ -176,12 +176,25 @@ impl MooncakeConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |what, value: String, hint: &str| Err(ConfigError::Invalid { what, value, hint: hint.into() });
+        let invalid = |what, value: String, hint: &str| {
+            Err(ConfigError::Invalid {
+                what,
+                value,
+                hint: hint.into(),
+            })
+        };
         if parse_host_port(&self.master).is_none() {
-            return invalid("store.mooncake.master", self.master.clone(), "expected HOST:PORT, e.g. 127.0.0.1:50051");
+            return invalid(
+                "store.mooncake.master",
+                self.master.clone(),
+                "expected HOST:PORT, e.g. 127.0.0.1:50051",
+            );
         }
         let m = &self.metadata_server;
-        let known = m == "P2PHANDSHAKE" || m.starts_with("http://") || m.starts_with("etcd://") || m.starts_with("redis://");
+        let known = m == "P2PHANDSHAKE"
+            || m.starts_with("http://")
+            || m.starts_with("etcd://")
+            || m.starts_with("redis://");
         if !known {
             return invalid(
                 "store.mooncake.metadata_server",
@@ -189,23 +202,47 @@ impl MooncakeConfig {
                 "expected http://HOST:PORT/metadata, etcd://HOST:PORT, redis://HOST:PORT or P2PHANDSHAKE",
             );
         }
-        if self.rdma_devices.iter().any(|d| d.is_empty() || d.contains(',') || d.contains(char::is_whitespace)) {
-            return invalid("store.mooncake.rdma_devices", format!("{:?}", self.rdma_devices), "device names like \"mlx5_0\", without commas or spaces");
+        if self
+            .rdma_devices
+            .iter()
+            .any(|d| d.is_empty() || d.contains(',') || d.contains(char::is_whitespace))
+        {
+            return invalid(
+                "store.mooncake.rdma_devices",
+                format!("{:?}", self.rdma_devices),
+                "device names like \"mlx5_0\", without commas or spaces",
+            );
         }
         if let Some(h) = &self.local_hostname
             && (h.is_empty() || h.contains(char::is_whitespace))
         {
-            return invalid("store.mooncake.local_hostname", h.clone(), "a hostname or IP address");
+            return invalid(
+                "store.mooncake.local_hostname",
+                h.clone(),
+                "a hostname or IP address",
+            );
         }
         if self.replicas == 0 || self.replicas > 16 {
-            return invalid("store.mooncake.replicas", self.replicas.to_string(), "between 1 and 16");
+            return invalid(
+                "store.mooncake.replicas",
+                self.replicas.to_string(),
+                "between 1 and 16",
+            );
         }
         let size = self.staging_buffer_size.as_u64();
         if !(ByteSize::mib(1).as_u64()..=ByteSize::gib(16).as_u64()).contains(&size) {
-            return invalid("store.mooncake.staging_buffer_size", self.staging_buffer_size.to_string(), "between 1 MiB and 16 GiB");
+            return invalid(
+                "store.mooncake.staging_buffer_size",
+                self.staging_buffer_size.to_string(),
+                "between 1 MiB and 16 GiB",
+            );
         }
         if self.staging_buffers == 0 || self.staging_buffers > 64 {
-            return invalid("store.mooncake.staging_buffers", self.staging_buffers.to_string(), "between 1 and 64");
+            return invalid(
+                "store.mooncake.staging_buffers",
+                self.staging_buffers.to_string(),
+                "between 1 and 64",
+            );
         }
         for (what, d) in [
             ("store.mooncake.call_timeout", self.call_timeout),
@@ -466,7 +503,11 @@ pub fn apply_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigErr
             store.mooncake.master = master.into();
             Ok(())
         }
-        _ => Err(ConfigError::Invalid { what: "--store", value: s.into(), hint: hint.into() }),
+        _ => Err(ConfigError::Invalid {
+            what: "--store",
+            value: s.into(),
+            hint: hint.into(),
+        }),
     }
 }
 
@@ -530,7 +571,10 @@ mod tests {
 
     #[test]
     fn example_mooncake_section_parses_when_uncommented() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/jitship.toml"));
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/jitship.toml"
+        ));
         let text = std::fs::read_to_string(path).unwrap();
         let mut inside = false;
         let mut out = String::new();
@@ -541,15 +585,24 @@ mod tests {
                 inside = false;
             }
             let body = line.strip_prefix("# ").unwrap_or(line);
-            let setting = body.starts_with('[') || body.split_once(" = ").is_some_and(|(k, _)| !k.contains(' '));
+            let setting = body.starts_with('[')
+                || body
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| !k.contains(' '));
             out.push_str(if inside && setting { body } else { line });
             out.push('\n');
         }
         let out = out.replace("backend = \"local\"", "backend = \"mooncake\"");
-        assert!(out.contains("\n[store.mooncake]\n") && out.contains("\nrdma_devices = "), "the example has no mooncake section");
+        assert!(
+            out.contains("\n[store.mooncake]\n") && out.contains("\nrdma_devices = "),
+            "the example has no mooncake section"
+        );
         let config = Config::parse(&out, path).unwrap();
         assert_eq!(config.store.backend, Backend::Mooncake);
-        assert_eq!(config.store.mooncake.library_path().unwrap(), PathBuf::from("/opt/mooncake/lib/libmooncake_store.so"));
+        assert_eq!(
+            config.store.mooncake.library_path().unwrap(),
+            PathBuf::from("/opt/mooncake/lib/libmooncake_store.so")
+        );
     }
 
     #[test]
@@ -563,9 +616,19 @@ mod tests {
         assert_eq!(c.store.mooncake.protocol, MooncakeProtocol::Rdma);
         assert_eq!(c.store.mooncake.replicas, 2);
         assert_eq!(c.store.mooncake.call_timeout, Duration::from_secs(5));
-        assert_eq!(c.store.mooncake.staging_buffers, 4, "unset fields take their defaults");
+        assert_eq!(
+            c.store.mooncake.staging_buffers, 4,
+            "unset fields take their defaults"
+        );
 
-        let bad = |t: &str| Config::parse(&format!("[store]\nbackend = 'mooncake'\n[store.mooncake]\n{t}\n"), Path::new("x.toml")).unwrap_err().to_string();
+        let bad = |t: &str| {
+            Config::parse(
+                &format!("[store]\nbackend = 'mooncake'\n[store.mooncake]\n{t}\n"),
+                Path::new("x.toml"),
+            )
+            .unwrap_err()
+            .to_string()
+        };
         assert!(bad("mastr = 'x:1'").contains("mastr"));
         assert!(bad("master = 'nohost'").contains("HOST:PORT"));
         assert!(bad("master = 'h:0'").contains("HOST:PORT"));
@@ -580,7 +643,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("pack_size") && err.contains("staging_buffer_size"), "{err}");
+        assert!(
+            err.contains("pack_size") && err.contains("staging_buffer_size"),
+            "{err}"
+        );
 
         let mut store = StoreConfig::default();
         apply_store_arg(&mut store, "mooncake").unwrap();

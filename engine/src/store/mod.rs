@@ -102,7 +102,10 @@ pub trait Store: Send + Sync + fmt::Debug {
 impl StoreError {
     /// True for failures that may pass by themselves (a node or master down, a timeout).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::MasterDown(_) | Self::NodeDown(_) | Self::Timeout(_))
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::MasterDown(_) | Self::NodeDown(_) | Self::Timeout(_)
+        )
     }
 }
 
@@ -132,4 +135,3 @@ pub fn check_key(key: &str) -> StoreResult<()> {
         Err(StoreError::InvalidKey(key.to_owned()))
     }
 }
-

@@ -273,7 +273,7 @@ impl MooncakeStore {
         let secs = config.probe_timeout.as_secs_f64();
         probe(&config.master, config.probe_timeout).map_err(|e| {
             StoreError::MasterDown(format!(
-                "master {} unreachable after {secs:.1} s ({e}); is mooncake_master running? check store.mooncake.master",
+                "master {} unreachable (probe of {secs:.1} s: {e}); is mooncake_master running? check store.mooncake.master",
                 config.master
             ))
         })?;
@@ -282,7 +282,7 @@ impl MooncakeStore {
             if parse_host_port(host_port).is_some() {
                 probe(host_port, config.probe_timeout).map_err(|e| {
                     StoreError::Unavailable(format!(
-                        "metadata server {} unreachable after {secs:.1} s ({e}); is the master's HTTP metadata server enabled \
+                        "metadata server {} unreachable (probe of {secs:.1} s: {e}); is the master's HTTP metadata server enabled \
                          (--enable_http_metadata_server)? check store.mooncake.metadata_server",
                         config.metadata_server
                     ))
