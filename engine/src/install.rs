@@ -10,7 +10,7 @@
 //! A file lock beside the root serializes installers on one pod (invariant 5); the second one waits,
 //! then finds the files present and reports already-current.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
@@ -462,23 +462,28 @@ impl Job {
         if !self.gate.enter_commit() {
             return Err(InstallError::Cancelled);
         }
-        commit(&self.root, &tree, &pending, &mut self.report)?;
-        sync_filesystem(&self.root);
-        Ok(())
+        // The bytes are durable before any name appears in the root; losing the renames to a
+        // crash only loses the install (staging is cleaned by the next one).
+        commit(&self.root, &tree, &pending, &mut self.report)
     }
 
     /// Streams the needed packs (one in flight while the previous one is written) and writes
-    /// every file into staging, hashing as it goes; then checks every hash.
+    /// every file into staging, verifying its blake3 before it counts as written. A file is open
+    /// only while a piece of it is written, so the number of descriptors stays constant whatever
+    /// the number of files.
     fn write_staging(
         &mut self,
         manifest: &Manifest,
         pending: &[Pending],
         tree: &Path,
     ) -> Result<(), InstallError> {
-        fs::create_dir_all(tree).map_err(io("create", tree))?;
+        let mut writer = StagingWriter::new(tree)?;
         // Which pending files need which pack, in pack order.
         let mut by_pack: BTreeMap<u32, Vec<(usize, u64, u64, u64)>> = BTreeMap::new();
         for (i, p) in pending.iter().enumerate() {
+            if p.record.chunks.is_empty() {
+                writer.write_whole(p, &[])?;
+            }
             let mut file_offset = 0;
             for c in &p.record.chunks {
                 by_pack
@@ -487,17 +492,6 @@ impl Job {
                     .push((i, file_offset, c.offset, c.len));
                 file_offset += c.len;
             }
-        }
-        let mut files: Vec<Option<File>> = Vec::with_capacity(pending.len());
-        let mut hashers: Vec<(blake3::Hasher, u64)> = Vec::with_capacity(pending.len());
-        for p in pending {
-            if let Some(dir) = p.staged.parent() {
-                fs::create_dir_all(dir).map_err(io("create", dir))?;
-            }
-            files.push(Some(
-                File::create(&p.staged).map_err(io("create", &p.staged))?,
-            ));
-            hashers.push((blake3::Hasher::new(), 0));
         }
 
         let packs: Vec<u32> = by_pack.keys().copied().collect();
@@ -520,7 +514,6 @@ impl Job {
                 }
             }
         });
-        let mut out_of_order = vec![false; pending.len()];
         for received in rx {
             self.check_time()?;
             let (i, bytes) = received?;
@@ -537,47 +530,134 @@ impl Job {
             self.report.bytes_fetched += bytes.len() as u64;
             for &(fi, file_offset, pack_offset, len) in &by_pack[&packs[i]] {
                 let slice = &bytes[pack_offset as usize..(pack_offset + len) as usize];
-                let staged = &pending[fi].staged;
-                let file = files[fi].as_ref().expect("open until verified");
-                file.write_all_at(slice, file_offset)
-                    .map_err(io("write", staged))?;
-                let (hasher, hashed) = &mut hashers[fi];
-                if *hashed == file_offset && !out_of_order[fi] {
-                    hasher.update(slice);
-                    *hashed += len;
+                if pending[fi].record.chunks.len() == 1 {
+                    writer.write_whole(&pending[fi], slice)?;
                 } else {
-                    out_of_order[fi] = true;
+                    writer.write_piece(fi, &pending[fi], file_offset, slice)?;
                 }
             }
         }
-        // Every pack arrived (a missing one would have failed above); check every file.
-        for (fi, p) in pending.iter().enumerate() {
-            let mut file = files[fi].take().expect("open until verified");
-            let actual = if out_of_order[fi] {
-                hash_file(&p.staged).map_err(io("read", &p.staged))?.0
-            } else {
-                hashers[fi].0.finalize().into()
-            };
-            if actual != p.record.blake3 {
-                return Err(InstallError::Corrupt {
-                    path: p.record.path.to_string(),
-                    expected: p.record.blake3,
-                    actual,
-                });
-            }
-            file.flush().map_err(io("write", &p.staged))?;
-            let mtime = UNIX_EPOCH
-                + Duration::new(
-                    p.record.mtime_s.max(0) as u64,
-                    p.record.mtime_ns.min(999_999_999),
-                );
-            file.set_times(FileTimes::new().set_modified(mtime).set_accessed(mtime))
-                .map_err(io("set times on", &p.staged))?;
-            file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777))
-                .map_err(io("chmod", &p.staged))?;
+        if let Some(fi) = writer.unfinished.keys().next() {
+            // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
+            return Err(InstallError::Corrupt {
+                path: pending[*fi].record.path.to_string(),
+                expected: pending[*fi].record.blake3,
+                actual: ContentHash::of(b""),
+            });
         }
         Ok(())
     }
+}
+
+/// Writes staged files: a single-piece file (nearly all of them) is checked in memory and written
+/// in one go; a file spread over several packs is written piece by piece and checked once the
+/// last piece is in.
+struct StagingWriter {
+    created_dirs: HashSet<PathBuf>,
+    unfinished: HashMap<usize, Unfinished>,
+}
+
+struct Unfinished {
+    hasher: blake3::Hasher,
+    hashed: u64,
+    written: u64,
+    in_order: bool,
+}
+
+impl StagingWriter {
+    fn new(tree: &Path) -> Result<Self, InstallError> {
+        fs::create_dir_all(tree).map_err(io("create", tree))?;
+        Ok(Self {
+            created_dirs: HashSet::from([tree.to_owned()]),
+            unfinished: HashMap::new(),
+        })
+    }
+
+    fn ensure_parent(&mut self, path: &Path) -> Result<(), InstallError> {
+        if let Some(dir) = path.parent()
+            && !self.created_dirs.contains(dir)
+        {
+            fs::create_dir_all(dir).map_err(io("create", dir))?;
+            self.created_dirs.insert(dir.to_owned());
+        }
+        Ok(())
+    }
+
+    fn write_whole(&mut self, p: &Pending, bytes: &[u8]) -> Result<(), InstallError> {
+        let actual: ContentHash = blake3::hash(bytes).into();
+        if actual != p.record.blake3 {
+            return Err(InstallError::Corrupt {
+                path: p.record.path.to_string(),
+                expected: p.record.blake3,
+                actual,
+            });
+        }
+        self.ensure_parent(&p.staged)?;
+        let mut file = File::create_new(&p.staged).map_err(io("create", &p.staged))?;
+        file.write_all(bytes).map_err(io("write", &p.staged))?;
+        finish_file(&file, p)
+    }
+
+    fn write_piece(
+        &mut self,
+        fi: usize,
+        p: &Pending,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), InstallError> {
+        self.ensure_parent(&p.staged)?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p.staged)
+            .map_err(io("create", &p.staged))?;
+        file.write_all_at(bytes, offset)
+            .map_err(io("write", &p.staged))?;
+        let state = self.unfinished.entry(fi).or_insert_with(|| Unfinished {
+            hasher: blake3::Hasher::new(),
+            hashed: 0,
+            written: 0,
+            in_order: true,
+        });
+        if state.in_order && state.hashed == offset {
+            state.hasher.update(bytes);
+            state.hashed += bytes.len() as u64;
+        } else {
+            state.in_order = false;
+        }
+        state.written += bytes.len() as u64;
+        if state.written < p.record.size {
+            return Ok(());
+        }
+        let state = self.unfinished.remove(&fi).expect("present");
+        let actual = if state.in_order {
+            state.hasher.finalize().into()
+        } else {
+            hash_file(&p.staged).map_err(io("read", &p.staged))?.0
+        };
+        if actual != p.record.blake3 {
+            return Err(InstallError::Corrupt {
+                path: p.record.path.to_string(),
+                expected: p.record.blake3,
+                actual,
+            });
+        }
+        finish_file(&file, p)
+    }
+}
+
+/// Gives a verified staged file the manifest's mode and times.
+fn finish_file(file: &File, p: &Pending) -> Result<(), InstallError> {
+    let mtime = UNIX_EPOCH
+        + Duration::new(
+            p.record.mtime_s.max(0) as u64,
+            p.record.mtime_ns.min(999_999_999),
+        );
+    file.set_times(FileTimes::new().set_modified(mtime).set_accessed(mtime))
+        .map_err(io("set times on", &p.staged))?;
+    file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777))
+        .map_err(io("chmod", &p.staged))
 }
 
 /// Files of the manifest missing on disk; paths present with other content (left alone); and how

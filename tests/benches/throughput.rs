@@ -2,7 +2,8 @@
 //! as a ratio against a baseline measured in the same run on the same tree:
 //! - publish vs `tar -c` of the tree, install vs `tar -x` of that archive;
 //! - publish's hashing phase vs raw single-threaded blake3 over the same bytes held in memory;
-//! - peak memory (max RSS of the jitship process) for a tree and a tree twice its size.
+//! - peak memory (max RSS of the jitship process) for a tree and a tree twice its size, with
+//!   16 MiB packs so both trees span many packs (memory is bounded by a few pack buffers).
 //!
 //! Run: `cargo build --release -p jitship && cargo bench -p jitship-tests --bench throughput`
 //! (set JITSHIP_BENCH_SCALE=0.2 for a quick run). Warm page cache; one run per figure, best of 3.
@@ -118,7 +119,15 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
         let store = t.path().join("store");
         let _ = std::fs::remove_dir_all(&store);
         let r = run(Command::new(bin)
-            .args(["publish", "--json", "--fact", "gpu.name=bench", "--cache"])
+            .args([
+                "publish",
+                "--json",
+                "--pack-size",
+                "16MiB",
+                "--fact",
+                "gpu.name=bench",
+                "--cache",
+            ])
             .arg(format!("bench={}", src.display()))
             .arg("--store")
             .arg(format!("local:{}", store.display())));

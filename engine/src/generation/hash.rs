@@ -68,23 +68,29 @@ impl<'de> Deserialize<'de> for ContentHash {
     }
 }
 
-/// Streams a file through blake3 with a fixed buffer (memory stays bounded whatever the size).
+/// Streams a file through blake3 with a fixed, per-thread buffer (memory stays bounded whatever
+/// the size, and hashing many small files does not pay for a fresh buffer each time).
 /// Returns the hash and the number of bytes read.
 pub fn hash_file(path: &Path) -> std::io::Result<(ContentHash, u64)> {
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 256 * 1024]);
+    }
     let mut file = std::fs::File::open(path)?;
     let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0u64;
-    loop {
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        total += n as u64;
-    }
+    BUFFER.with_borrow_mut(|buf| {
+        loop {
+            let n = match file.read(buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            hasher.update(&buf[..n]);
+            total += n as u64;
+        }
+        Ok(())
+    })?;
     Ok((hasher.finalize().into(), total))
 }
 
