@@ -13,11 +13,9 @@
 //! of `JITSHIP_BENCH_REPS` (default 3) runs. Run inside the test cluster, e.g.
 //!   JITSHIP_CLUSTER_SEGMENT_MB=4096 tests/cluster/cluster.sh run -- \
 //!     cargo test -p jitship-tests --bench mooncake
-//! Trees: those of the foundation bench (`benches/throughput.rs`): `fixtures::triton_tree` and
-//! `fixtures::large_files_tree` (4 files of 128 MiB), except that the Triton-like tree has 2000
-//! kernels (16,000 files) instead of 3000: install holds every staged file of a generation open at
-//! once, and 24,000 files exceed the 20,000 open files allowed here. `JITSHIP_BENCH_KERNELS` and
-//! `JITSHIP_BENCH_LARGE_MIB` change the sizes.
+//! Trees: those of the foundation bench (`benches/throughput.rs`): `fixtures::triton_tree` with
+//! 3000 kernels (24,000 files) and `fixtures::large_files_tree` (4 files of 128 MiB).
+//! `JITSHIP_BENCH_KERNELS` and `JITSHIP_BENCH_LARGE_MIB` change the sizes.
 
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::path::Path;
@@ -183,6 +181,17 @@ impl Raw {
     }
 }
 
+impl Raw {
+    /// Force-removes every key under `namespace` (readers' leases would block a plain remove),
+    /// so each run starts with the same free space.
+    fn clear(&self, namespace: &str) {
+        let pattern = CString::new(format!("^{namespace}/")).unwrap();
+        // SAFETY: NUL-terminated pattern; force=1 overrides leases.
+        let removed = unsafe { (self.lib.remove_by_regex)(self.handle, pattern.as_ptr(), 1) };
+        assert!(removed >= 0, "remove_by_regex: {removed}");
+    }
+}
+
 impl Drop for Raw {
     fn drop(&mut self) {
         // SAFETY: the handle came from create; nothing uses it any more.
@@ -286,9 +295,7 @@ fn bench_tree(
             assert!(got.len() == v.len());
         }
         store_get.push(t.elapsed());
-        for k in &keys {
-            let _ = store.remove(k);
-        }
+        raw.clear(layout.namespace());
         let _ = c;
     }
     Figures {
@@ -311,7 +318,7 @@ fn main() {
         return;
     };
     let reps = env_num("JITSHIP_BENCH_REPS", 3).max(1);
-    let kernels = env_num("JITSHIP_BENCH_KERNELS", 2000);
+    let kernels = env_num("JITSHIP_BENCH_KERNELS", 3000);
     let large_mib = env_num("JITSHIP_BENCH_LARGE_MIB", 128);
     let tmp = tempfile::tempdir().unwrap();
     let triton = tmp.path().join("triton");
