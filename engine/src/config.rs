@@ -156,6 +156,10 @@ pub struct MooncakeConfig {
     pub replicas: u32,
     /// Soft-pinned objects survive ordinary eviction (until their pin TTL lapses).
     pub soft_pin: bool,
+    /// Soft-pin the small catalog objects (head records and manifests: keys with a `head` or
+    /// `gen` segment) even when `soft_pin` is off, so eviction takes packs first and the head
+    /// chain keeps no holes while the packs it points to live.
+    pub soft_pin_catalog: bool,
     /// Hard-pinned objects are never evicted; puts then fail with "store is full".
     pub hard_pin: bool,
     /// Size of each registered staging buffer; also the largest value jitship can put or get, so
@@ -187,6 +191,7 @@ impl Default for MooncakeConfig {
             local_hostname: None,
             replicas: 1,
             soft_pin: false,
+            soft_pin_catalog: true,
             hard_pin: false,
             staging_buffer_size: ByteSize::mib(64),
             staging_buffers: 4,
@@ -733,6 +738,42 @@ mod tests {
         assert_eq!(
             config.gather.nvml_library,
             PathBuf::from("libnvidia-ml.so.1")
+        );
+    }
+
+    #[test]
+    fn example_mooncake_section_parses_when_uncommented() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/jitship.toml"
+        ));
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut inside = false;
+        let mut out = String::new();
+        for line in text.lines() {
+            if line == "# [store.mooncake]" {
+                inside = true;
+            } else if line.trim().is_empty() {
+                inside = false;
+            }
+            let body = line.strip_prefix("# ").unwrap_or(line);
+            let setting = body.starts_with('[')
+                || body
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| !k.contains(' '));
+            out.push_str(if inside && setting { body } else { line });
+            out.push('\n');
+        }
+        let out = out.replace("backend = \"local\"", "backend = \"mooncake\"");
+        assert!(
+            out.contains("\n[store.mooncake]\n") && out.contains("\nrdma_devices = "),
+            "the example has no mooncake section"
+        );
+        let config = Config::parse(&out, path).unwrap();
+        assert_eq!(config.store.backend, Backend::Mooncake);
+        assert_eq!(
+            config.store.mooncake.library_path().unwrap(),
+            PathBuf::from("/opt/mooncake/lib/libmooncake_store.so")
         );
     }
 

@@ -7,7 +7,7 @@
 #
 # Control commands, for fault drills run by CMD (they find the cluster through
 # $JITSHIP_TEST_MOONCAKE_STATE, which `run` sets):
-#   cluster.sh kill-master | start-master | kill-node | start-node [SEGMENT_MB] | wait-node | metrics
+#   cluster.sh kill-master | start-master | kill-node | start-node [SEGMENT_MB] | wait-node | restore | metrics
 #
 # CMD sees, besides MC_TCP_BIND_ADDRESS=127.0.0.1 (Mooncake needs it in a namespace with no
 # routable address) and LD_LIBRARY_PATH with the CUDA driver stub where no driver exists:
@@ -131,7 +131,7 @@ in_ns() { ip netns exec "$NS" "$@"; }
 metrics() { in_ns curl -sf --max-time 2 "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null; }
 
 metric() { # NAME -> value (integer) or empty
-    metrics | awk -v n="$1" '$1 == n { printf "%d\n", $2 }'
+    metrics | awk -v n="$1" '$1 == n { printf "%.0f\n", $2 }'
 }
 
 # Kills the process in PIDFILE (TERM, then KILL) and waits until it is gone.
@@ -227,6 +227,24 @@ cmd_wait_node() {
     die "the master did not report the store node within 60 s (capacity ${cap:-none}, want $want); see $STATE/node.log"
 }
 
+# Brings the cluster back to how `run` started it: master up, the store node up with the default
+# segment, reported by the master. Drills call it when they end, also when they fail.
+cmd_restore() {
+    state
+    if ! { [ -f "$STATE/master.pid" ] && kill -0 "$(cat "$STATE/master.pid")" 2>/dev/null; }; then
+        cmd_start_master
+    fi
+    local want=$((DEFAULT_SEGMENT_MB * 1024 * 1024))
+    if [ -f "$STATE/node.pid" ] && kill -0 "$(cat "$STATE/node.pid")" 2>/dev/null &&
+        [ "$(cat "$STATE/node.bytes" 2>/dev/null)" != "$want" ]; then
+        cmd_kill_node
+    fi
+    if ! { [ -f "$STATE/node.pid" ] && kill -0 "$(cat "$STATE/node.pid")" 2>/dev/null; }; then
+        cmd_start_node "$DEFAULT_SEGMENT_MB"
+    fi
+    cmd_wait_node
+}
+
 cmd_metrics() {
     state
     metrics
@@ -316,6 +334,7 @@ kill-master) cmd_kill_master ;;
 start-node) cmd_start_node "${2:-}" ;;
 kill-node) cmd_kill_node ;;
 wait-node) cmd_wait_node ;;
+restore) cmd_restore ;;
 metrics) cmd_metrics ;;
 *)
     sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'

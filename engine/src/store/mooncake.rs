@@ -127,6 +127,7 @@ struct Inner {
     pool: Pool,
     replica_num: usize,
     soft_pin: bool,
+    soft_pin_catalog: bool,
     hard_pin: bool,
     master: String,
     /// Calls whose thread is still inside the library.
@@ -134,10 +135,17 @@ struct Inner {
 }
 
 impl Inner {
-    fn replicate_config(&self) -> sys::mooncake_replicate_config {
+    /// Whether `key` is soft-pinned: everything with `soft_pin`, catalog keys (a `head` or `gen`
+    /// segment, see `store::keys`) with `soft_pin_catalog`.
+    fn soft_pinned(&self, key: &str) -> bool {
+        self.soft_pin
+            || (self.soft_pin_catalog && key.split('/').any(|s| s == "head" || s == "gen"))
+    }
+
+    fn replicate_config(&self, soft_pin: bool) -> sys::mooncake_replicate_config {
         sys::mooncake_replicate_config {
             replica_num: self.replica_num,
-            with_soft_pin: c_int::from(self.soft_pin),
+            with_soft_pin: c_int::from(soft_pin),
             with_hard_pin: c_int::from(self.hard_pin),
             preferred_segments: std::ptr::null(),
             preferred_segments_count: 0,
@@ -265,7 +273,7 @@ impl MooncakeStore {
         let secs = config.probe_timeout.as_secs_f64();
         probe(&config.master, config.probe_timeout).map_err(|e| {
             StoreError::MasterDown(format!(
-                "master {} unreachable after {secs:.1} s ({e}); is mooncake_master running? check store.mooncake.master",
+                "master {} unreachable (probe of {secs:.1} s: {e}); is mooncake_master running? check store.mooncake.master",
                 config.master
             ))
         })?;
@@ -274,7 +282,7 @@ impl MooncakeStore {
             if parse_host_port(host_port).is_some() {
                 probe(host_port, config.probe_timeout).map_err(|e| {
                     StoreError::Unavailable(format!(
-                        "metadata server {} unreachable after {secs:.1} s ({e}); is the master's HTTP metadata server enabled \
+                        "metadata server {} unreachable (probe of {secs:.1} s: {e}); is the master's HTTP metadata server enabled \
                          (--enable_http_metadata_server)? check store.mooncake.metadata_server",
                         config.metadata_server
                     ))
@@ -389,6 +397,7 @@ impl MooncakeStore {
             },
             replica_num: config.replicas as usize,
             soft_pin: config.soft_pin,
+            soft_pin_catalog: config.soft_pin_catalog,
             hard_pin: config.hard_pin,
             master: config.master.clone(),
             in_flight: AtomicUsize::new(0),
@@ -487,7 +496,12 @@ impl MooncakeStore {
 
     /// Puts `items` (all valid and fitting one buffer each), packing as many as fit into one
     /// staging buffer per `batch_put_from`.
-    fn put_group(&self, items: &[(usize, CString, &[u8])], results: &mut [StoreResult<()>]) {
+    fn put_group(
+        &self,
+        items: &[(usize, CString, &[u8])],
+        soft_pin: bool,
+        results: &mut [StoreResult<()>],
+    ) {
         let mut start = 0;
         while start < items.len() {
             let mut lease = match self.lease() {
@@ -532,7 +546,7 @@ impl MooncakeStore {
                     .collect();
                 let sizes: Vec<usize> = offsets.iter().map(|(_, len)| *len).collect();
                 let mut out: Vec<c_int> = vec![0; keys.len()];
-                let cfg = inner.replicate_config();
+                let cfg = inner.replicate_config(soft_pin);
                 // SAFETY: all arrays have `keys.len()` entries; the buffers are registered and held
                 // by this thread's lease until the call returns; keys are NUL-terminated.
                 let rc = unsafe {
@@ -668,7 +682,7 @@ impl Store for MooncakeStore {
         lease.buf_mut().bytes_mut()[..value.len()].copy_from_slice(value);
         let len = value.len();
         self.call(move |inner| {
-            let cfg = inner.replicate_config();
+            let cfg = inner.replicate_config(inner.soft_pinned(&k.to_string_lossy()));
             // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
             // thread's lease until the call returns; the key is NUL-terminated.
             let rc = unsafe {
@@ -726,7 +740,12 @@ impl Store for MooncakeStore {
                 Err(e) => results[i] = Err(e),
             }
         }
-        self.put_group(&valid, &mut results);
+        // One replicate config per batch call: pinned and unpinned keys go in separate batches.
+        let (pinned, plain): (Vec<_>, Vec<_>) = valid
+            .into_iter()
+            .partition(|(_, k, _)| self.inner.soft_pinned(&k.to_string_lossy()));
+        self.put_group(&pinned, true, &mut results);
+        self.put_group(&plain, false, &mut results);
         results
     }
 

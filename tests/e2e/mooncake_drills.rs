@@ -1,0 +1,295 @@
+//! Fault drills against a real Mooncake cluster: the master killed, the store node killed, the
+//! master restarted (every key lost), and the store filled past its watermark so older objects are
+//! evicted. They break the cluster on purpose, so they run one after the other in one test, and
+//! a guard restores the cluster (`cluster.sh restore`) when they end, also when one fails.
+//!
+//! What each drill shows is printed (`DRILL ...` lines) as well as asserted.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jitship::catalog::CatalogError;
+use jitship::install::InstallOutcome;
+use jitship::publish::{PublishError, PublishOutcome};
+use jitship::store::{KeyLayout, MooncakeStore, Store, StoreError};
+use jitship_tests::fixtures::{TreeDigest, digest, large_files_tree, triton_tree};
+use jitship_tests::mooncake::{Cluster, cluster, flow, unique_prefix};
+
+/// How long a failing publish or install may take with the master or node gone. Mooncake blocks
+/// each call about 4 s on a dead master before answering RPC_FAIL; call_timeout bounds the rest.
+const FAIL_FAST: Duration = Duration::from_secs(25);
+const PACK: u64 = 4 * 1024 * 1024;
+const INSTALL_DEADLINE: Duration = Duration::from_secs(60);
+
+struct Restore<'a>(&'a Cluster);
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        // Put the cluster back for the tests that follow, whatever happened.
+        let _ = std::process::Command::new("bash")
+            .arg(&self.0.ctl)
+            .arg("restore")
+            .status();
+    }
+}
+
+fn connect(c: &Cluster) -> Arc<dyn Store> {
+    let mut config = c.config();
+    config.call_timeout = Duration::from_secs(10);
+    config.staging_buffer_size = bytesize::ByteSize::mib(8);
+    Arc::new(MooncakeStore::connect(&config).unwrap_or_else(|e| panic!("connect: {e}")))
+}
+
+/// The store error under a publish error, if it is one.
+fn store_error(e: &PublishError) -> Option<&StoreError> {
+    match e {
+        PublishError::Store(s) | PublishError::Catalog(CatalogError::Store(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn expect_fast_typed_publish_failure(
+    drill: &str,
+    store: &dyn Store,
+    layout: &KeyLayout,
+    src: &Path,
+    facts: &jitship::facts::Facts,
+) {
+    let t = Instant::now();
+    let r = flow::publish(store, layout, src, facts, PACK);
+    let took = t.elapsed();
+    let err = match r {
+        Ok(report) => panic!(
+            "{drill}: publish succeeded with the cluster broken: {:?}",
+            report.outcome
+        ),
+        Err(e) => e,
+    };
+    eprintln!("DRILL {drill}: publish failed in {took:.1?}: {err}");
+    let typed = store_error(&err).unwrap_or_else(|| panic!("{drill}: not a store error: {err}"));
+    assert!(
+        typed.is_transient() || matches!(typed, StoreError::NoSpace(_)),
+        "{drill}: untyped failure {typed:?}"
+    );
+    assert!(took < FAIL_FAST, "{drill}: publish took {took:?}");
+}
+
+/// Install into `root` (which holds files) must fail or miss quickly and leave it as it was.
+fn expect_install_leaves_root_alone(
+    drill: &str,
+    store: Arc<dyn Store>,
+    layout: &KeyLayout,
+    root: &Path,
+    facts: &jitship::facts::Facts,
+) {
+    let before = digest(root);
+    let t = Instant::now();
+    let report = flow::install(store, layout, root, facts, INSTALL_DEADLINE);
+    let took = t.elapsed();
+    eprintln!(
+        "DRILL {drill}: install -> {:?} in {took:.1?}: {}",
+        report.outcome, report.detail
+    );
+    assert!(
+        matches!(
+            report.outcome,
+            InstallOutcome::Failed | InstallOutcome::Miss
+        ),
+        "{drill}: {:?} {}",
+        report.outcome,
+        report.detail
+    );
+    assert!(took < FAIL_FAST, "{drill}: install took {took:?}");
+    assert_eq!(digest(root), before, "{drill}: the root changed");
+    assert!(report.files_installed == 0);
+}
+
+#[test]
+fn mooncake_fault_drills() {
+    let Some(c) = cluster("mooncake_fault_drills") else {
+        return;
+    };
+    let _restore = Restore(&c);
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = KeyLayout::new(&unique_prefix("drills")).unwrap();
+    let facts = flow::facts("drills");
+    let src = tmp.path().join("src");
+    triton_tree(&src, 40, 11);
+    let store = connect(&c);
+    flow::publish(store.as_ref(), &layout, &src, &facts, PACK)
+        .unwrap_or_else(|e| panic!("publish: {e}"));
+    // A worker root holding an installed generation and a file of its own.
+    let root = tmp.path().join("root");
+    let r = flow::install(store.clone(), &layout, &root, &facts, INSTALL_DEADLINE);
+    assert_eq!(r.outcome, InstallOutcome::Installed, "{}", r.detail);
+    std::fs::write(root.join("local-only"), b"not from the store").unwrap();
+    // The next publish has something new to upload.
+    triton_tree(&src.join("grown"), 5, 12);
+
+    // 1. Master killed.
+    c.ctl(&["kill-master"]);
+    expect_fast_typed_publish_failure("master-killed", store.as_ref(), &layout, &src, &facts);
+    expect_install_leaves_root_alone("master-killed", store.clone(), &layout, &root, &facts);
+    let t = Instant::now();
+    let err = MooncakeStore::connect(&c.config()).unwrap_err();
+    eprintln!(
+        "DRILL master-killed: a new client fails in {:.1?}: {err}",
+        t.elapsed()
+    );
+    assert!(
+        matches!(err, StoreError::MasterDown(_)) && t.elapsed() < Duration::from_secs(5),
+        "{err}"
+    );
+
+    // 2. Master restarted: every key is lost. The long-lived client reconnects by itself.
+    c.ctl(&["start-master"]);
+    c.ctl(&["wait-node"]);
+    let t = Instant::now();
+    while store
+        .exists(&format!("{}/probe", layout.namespace()))
+        .is_err()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the client did not reconnect to the restarted master"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "DRILL master-restarted: the client answered again after {:.1?}",
+        t.elapsed()
+    );
+    let fresh = tmp.path().join("fresh");
+    let report = flow::install(store.clone(), &layout, &fresh, &facts, INSTALL_DEADLINE);
+    eprintln!(
+        "DRILL master-restarted: install -> {:?}: {}",
+        report.outcome, report.detail
+    );
+    assert_eq!(report.outcome, InstallOutcome::Miss, "{}", report.detail);
+    assert!(!fresh.exists(), "a miss must not create the root");
+    let again = flow::publish(store.as_ref(), &layout, &src, &facts, PACK)
+        .unwrap_or_else(|e| panic!("republish: {e}"));
+    eprintln!(
+        "DRILL master-restarted: publish -> {:?}, {} bytes uploaded",
+        again.outcome, again.bytes_uploaded
+    );
+    assert!(
+        matches!(again.outcome, PublishOutcome::Published { seq: 1, .. }),
+        "{:?}",
+        again.outcome
+    );
+    assert_eq!(
+        again.packs_reused, 0,
+        "nothing survived the restart, everything is uploaded again"
+    );
+    let report = flow::install(store.clone(), &layout, &fresh, &facts, INSTALL_DEADLINE);
+    assert_eq!(
+        report.outcome,
+        InstallOutcome::Installed,
+        "{}",
+        report.detail
+    );
+    assert_eq!(digest(&fresh), digest(&src));
+
+    // 3. Store node killed.
+    triton_tree(&src.join("grown-again"), 5, 13);
+    c.ctl(&["kill-node"]);
+    expect_fast_typed_publish_failure("node-killed", store.as_ref(), &layout, &src, &facts);
+    expect_install_leaves_root_alone("node-killed", store.clone(), &layout, &root, &facts);
+    drop(store);
+
+    // 4. Eviction: a small node, filled past its high watermark (0.9).
+    c.ctl(&["start-node", "160"]);
+    c.ctl(&["wait-node"]);
+    eviction_drill(&c, tmp.path());
+}
+
+/// Publishes several caches of ~30 MB each into a 160 MB segment. Each install must then be
+/// either a complete generation, byte for byte one that was published, or a miss with the root
+/// not created; and at least one generation must have lost objects (or the drill drilled nothing).
+fn eviction_drill(c: &Cluster, dir: &Path) {
+    let store = connect(c);
+    let layout = KeyLayout::new(&unique_prefix("evict")).unwrap();
+    // Cache 0 gets two generations: a small one, then a big one on top (fallback candidate).
+    let mut published: Vec<(jitship::facts::Facts, std::path::PathBuf, Vec<TreeDigest>)> =
+        Vec::new();
+    for i in 0..6u64 {
+        let facts = flow::facts(&format!("evict-{i}"));
+        let src = dir.join(format!("evict-src-{i}"));
+        let mut states = Vec::new();
+        if i == 0 {
+            triton_tree(&src, 10, 100);
+            flow::publish(store.as_ref(), &layout, &src, &facts, PACK)
+                .unwrap_or_else(|e| panic!("publish {i}: {e}"));
+            states.push(digest(&src));
+        }
+        large_files_tree(&src, 5, 6 * 1024 * 1024, 1000 + i * 10);
+        let r = flow::publish(store.as_ref(), &layout, &src, &facts, PACK)
+            .unwrap_or_else(|e| panic!("publish {i}: {e}"));
+        states.push(digest(&src));
+        eprintln!(
+            "DRILL eviction: cache {i}: {:?}, {} bytes uploaded",
+            r.outcome, r.bytes_uploaded
+        );
+        published.push((facts, src, states));
+    }
+    if let Ok(m) = std::process::Command::new("bash")
+        .arg(&c.ctl)
+        .arg("metrics")
+        .output()
+    {
+        let text = String::from_utf8_lossy(&m.stdout);
+        for line in text.lines().filter(|l| {
+            l.starts_with("master_key_count")
+                || l.starts_with("master_allocated_bytes")
+                || l.starts_with("master_soft_pin_key_count")
+        }) {
+            eprintln!("DRILL eviction: {line}");
+        }
+    }
+    let mut misses = 0;
+    let mut installs = 0;
+    for (i, (facts, _src, states)) in published.iter().enumerate() {
+        let root = dir.join(format!("evict-root-{i}"));
+        let report = flow::install(store.clone(), &layout, &root, facts, INSTALL_DEADLINE);
+        match report.outcome {
+            InstallOutcome::Installed => {
+                let got = digest(&root);
+                let which = states.iter().position(|s| *s == got);
+                eprintln!(
+                    "DRILL eviction: cache {i}: installed generation state {which:?} of {} ({})",
+                    states.len(),
+                    report.detail
+                );
+                assert!(
+                    which.is_some(),
+                    "cache {i}: installed a tree that was never published (partial?)"
+                );
+                installs += 1;
+            }
+            InstallOutcome::Miss | InstallOutcome::Failed => {
+                eprintln!(
+                    "DRILL eviction: cache {i}: {:?}: {}",
+                    report.outcome, report.detail
+                );
+                assert!(!root.exists(), "cache {i}: a miss must not create the root");
+                // Head records and manifests are soft-pinned (soft_pin_catalog): eviction takes
+                // packs, so the head is still found and the generation is known to be incomplete.
+                assert!(
+                    report.detail.contains("incomplete"),
+                    "cache {i}: the head itself was evicted: {}",
+                    report.detail
+                );
+                misses += 1;
+            }
+            InstallOutcome::AlreadyCurrent => panic!("cache {i}: already current in a fresh root"),
+        }
+    }
+    eprintln!("DRILL eviction: {installs} installed, {misses} missed");
+    assert!(
+        misses >= 1,
+        "nothing was evicted: the drill did not fill the store past its watermark"
+    );
+    assert!(installs >= 1, "even the newest cache was lost");
+}
