@@ -4,6 +4,7 @@
 
 pub mod author;
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod facts;
 pub mod generation;
