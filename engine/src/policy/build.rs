@@ -156,6 +156,8 @@ pub struct BuiltPolicy {
     pub component: Vec<u8>,
     /// blake3 of `component`, as recorded in manifests.
     pub digest: String,
+    /// What makes this build depend on where it was built (shown by `jitship policy build`).
+    pub warnings: Vec<String>,
 }
 
 /// Builds the policy crate in `manifest_dir` for wasm32 and componentizes it. Writes nothing but
@@ -264,12 +266,28 @@ pub fn build_policy_crate(
     let core = std::fs::read(&core_module).map_err(io_err(&core_module))?;
     let component = componentize(&core)?;
     let digest = blake3::hash(&component).to_hex().to_string();
+    // Remapping keeps the checkout path out of embedded strings, but cargo also hashes the absolute
+    // path of a path dependency outside the workspace into its symbol names, which reorders code:
+    // the bytes then differ between checkouts (measured by the reproducibility test).
+    let warnings = roots
+        .path_deps
+        .iter()
+        .map(|(dir, name)| {
+            format!(
+                "path dependency {name} ({}) lies outside the workspace {}: the module's bytes will depend on \
+                 the checkout path; depend on it through git or a registry, or make it a workspace member",
+                dir.display(),
+                roots.workspace.display()
+            )
+        })
+        .collect();
     Ok(BuiltPolicy {
         name,
         core_module,
         core_size: core.len() as u64,
         component,
         digest,
+        warnings,
     })
 }
 
@@ -281,11 +299,12 @@ pub fn build_policy_crate_to(
     opts: &BuildOptions,
 ) -> Result<BuiltPolicy, BuildError> {
     let built = build_policy_crate(manifest_dir, opts)?;
-    write_atomic(out, &built.component)?;
+    write_component(out, &built.component)?;
     Ok(built)
 }
 
-pub(crate) fn write_atomic(out: &Path, bytes: &[u8]) -> Result<(), BuildError> {
+/// Writes a component to `out` atomically (temp file in the same directory, then rename).
+pub fn write_component(out: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

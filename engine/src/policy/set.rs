@@ -15,7 +15,7 @@ use super::{
     CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
     builtin,
 };
-use crate::config::CacheConfig;
+use crate::config::{CacheConfig, Config};
 use crate::facts::Facts;
 use crate::generation::{GenerationId, PolicyRef};
 
@@ -183,6 +183,24 @@ impl PolicySet {
         Self { slots }
     }
 
+    /// The policies of `config`'s caches. The wasm engine (and its compile cache directory) is only
+    /// created if some cache actually uses a policy module.
+    pub fn from_config(config: &Config) -> Result<Self, PolicyError> {
+        let needs_wasm = config
+            .caches
+            .iter()
+            .any(|c| c.policy.is_some() || builtin::lookup(&c.kind).is_some());
+        if !needs_wasm {
+            let native = config.caches.iter().map(|c| {
+                let p: Box<dyn CachePolicy> = Box::new(NativeRules::new(&c.kind));
+                (c.kind.clone(), p)
+            });
+            return Ok(Self::from_policies(native));
+        }
+        let engine = PolicyEngine::new(&config.policy)?;
+        Ok(Self::load(&engine, &config.caches))
+    }
+
     /// A set from policies already at hand (tests, embedding).
     pub fn from_policies(
         policies: impl IntoIterator<Item = (String, Box<dyn CachePolicy>)>,
@@ -228,6 +246,19 @@ impl PolicySet {
         }
     }
 
+    /// The policy for `kind`, always: a kind that failed to load or was disabled gets a stand-in
+    /// whose every call fails with `PolicyError::Disabled`, so publish and install report it through
+    /// their ordinary error paths.
+    pub fn policy(&self, kind: &str) -> Arc<dyn CachePolicy> {
+        match self.get(kind) {
+            Ok(p) => p,
+            Err(PolicyError::Disabled { reason, .. }) => {
+                Arc::new(DisabledPolicy::new(kind, reason))
+            }
+            Err(other) => Arc::new(DisabledPolicy::new(kind, other.to_string())),
+        }
+    }
+
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
         self.slots.keys().map(String::as_str)
     }
@@ -253,5 +284,59 @@ impl PolicySet {
                 },
             })
             .collect()
+    }
+}
+
+/// Stands in for a policy that could not be loaded.
+struct DisabledPolicy {
+    info: PolicyInfo,
+    reason: String,
+}
+
+impl DisabledPolicy {
+    fn new(kind: &str, reason: String) -> Self {
+        let info = PolicyInfo {
+            name: "disabled".into(),
+            version: String::new(),
+            cache_kind: kind.into(),
+            default_root: String::new(),
+            root_env: vec![],
+            description: reason.clone(),
+        };
+        Self { info, reason }
+    }
+
+    fn err<T>(&self) -> Result<T, PolicyError> {
+        Err(PolicyError::Disabled {
+            kind: self.info.cache_kind.clone(),
+            reason: self.reason.clone(),
+        })
+    }
+}
+
+impl CachePolicy for DisabledPolicy {
+    fn info(&self) -> &PolicyInfo {
+        &self.info
+    }
+    fn policy_ref(&self) -> PolicyRef {
+        PolicyRef {
+            name: "disabled".into(),
+            version: String::new(),
+            digest: "disabled".into(),
+        }
+    }
+    fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
+        self.err()
+    }
+    fn select(&self, _: &Path, _: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+        self.err()
+    }
+    fn retain(
+        &self,
+        _: &[GenerationSummary],
+        _: u64,
+        _: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, PolicyError> {
+        self.err()
     }
 }

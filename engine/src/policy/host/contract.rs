@@ -92,8 +92,10 @@ pub fn check(
         }
         match &item.ty {
             ComponentItem::ComponentInstance(inst) => {
+                // Functions only: the capabilities a policy uses (types such as `level` are not).
                 let mut funcs: Vec<String> = inst
                     .exports(engine)
+                    .filter(|(_, e)| matches!(e.ty, ComponentItem::ComponentFunc(_)))
                     .map(|(f, _)| format!("{name}#{f}"))
                     .collect();
                 if interface == "types" {
