@@ -86,7 +86,7 @@ fn main() {
         deser.push(p.load_stats().compile_us as f64);
         load_cached.push(p.load_stats().total_us as f64);
     }
-    stats("cache hit (hash + deserialize_file .cwasm)", deser);
+    stats("cache hit (read .cwasm + deserialize)", deser);
     stats("cold load with cache (hit+check+link+info)", load_cached);
     drop(first);
 

@@ -122,7 +122,8 @@ pub struct PolicySandboxArgs {
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Compile in memory: neither read nor write the compiled-module cache.
+    /// Compile in memory: neither read nor write the compiled-module cache (the default without
+    /// --config).
     #[arg(long)]
     pub no_compile_cache: bool,
 }
@@ -630,7 +631,14 @@ impl PolicySandboxArgs {
     fn engine(&self) -> Result<Arc<crate::policy::host::PolicyEngine>> {
         let mut config = match &self.config {
             Some(path) => Config::load(path)?,
-            None => Config::default(),
+            // An author's one-shot run: compiling (~0.1 s) beats touching a system cache directory.
+            None => Config {
+                policy: crate::config::PolicyConfig {
+                    compile_cache: false,
+                    ..Default::default()
+                },
+                ..Config::default()
+            },
         };
         if self.no_compile_cache {
             config.policy.compile_cache = false;

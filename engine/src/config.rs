@@ -181,9 +181,9 @@ pub struct PolicyConfig {
     pub read_budget: ByteSize,
     /// Keep compiled policies on disk so a start costs milliseconds instead of a compile.
     pub compile_cache: bool,
-    /// Where compiled policies are kept (created 0700, jitship's own files only). Default:
-    /// `$XDG_CACHE_HOME/jitship/policy`, else `~/.cache/jitship/policy`.
-    pub cache_dir: Option<PathBuf>,
+    /// Where compiled policies are kept (created 0700; only files jitship wrote there are loaded).
+    /// If it cannot be created or trusted, jitship warns and compiles in memory.
+    pub cache_dir: PathBuf,
 }
 
 impl Default for PolicyConfig {
@@ -194,7 +194,7 @@ impl Default for PolicyConfig {
             memory: ByteSize::mib(64),
             read_budget: ByteSize::mib(16),
             compile_cache: true,
-            cache_dir: None,
+            cache_dir: PathBuf::from("/var/cache/jitship/policy"),
         }
     }
 }

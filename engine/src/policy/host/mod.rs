@@ -12,7 +12,7 @@ mod cache;
 mod contract;
 mod state;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -144,12 +144,8 @@ impl PolicyEngine {
     /// The engine for `[policy]`. A compile cache that cannot be used is reported (see
     /// `cache_problem`) and jitship compiles in memory instead: a slower start, not a failure.
     pub fn new(config: &PolicyConfig) -> Result<Arc<Self>, PolicyError> {
-        let cache_dir = if config.compile_cache {
-            config.cache_dir.clone().or_else(default_cache_dir)
-        } else {
-            None
-        };
-        Self::with_cache_dir(Limits::from_config(config), cache_dir.as_deref())
+        let cache_dir = config.compile_cache.then_some(config.cache_dir.as_path());
+        Self::with_cache_dir(Limits::from_config(config), cache_dir)
     }
 
     pub fn with_cache_dir(
@@ -282,14 +278,6 @@ impl PolicyEngine {
             unsafe { Component::deserialize(&self.engine, &cwasm) }.map_err(load_err)?;
         Ok((component, false))
     }
-}
-
-fn default_cache_dir() -> Option<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(x) if !x.is_empty() => PathBuf::from(x),
-        _ => PathBuf::from(std::env::var_os("HOME")?).join(".cache"),
-    };
-    Some(base.join("jitship").join("policy"))
 }
 
 fn check_is_component(bytes: &[u8], source: &str) -> Result<(), PolicyError> {
