@@ -262,7 +262,7 @@ macro_rules! export_policy {
                 }
             }
 
-            $crate::__jitship_export_policy_world!(__JitshipPolicyExport with_types_in $crate::bindings);
+            $crate::bindings::__jitship_export_policy_world!(__JitshipPolicyExport with_types_in $crate::bindings);
         };
     };
 }
