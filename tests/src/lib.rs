@@ -2,3 +2,4 @@
 //! and a digest of a tree to compare two of them.
 
 pub mod fixtures;
+pub mod policy_fixtures;
