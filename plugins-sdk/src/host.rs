@@ -43,7 +43,9 @@ pub fn read_to_end(host: &dyn Host, path: &str, limit: usize) -> Result<Vec<u8>,
     const CHUNK: u32 = 256 * 1024;
     let mut out = Vec::new();
     loop {
-        let want = CHUNK.min((limit - out.len()) as u32 + 1).max(1);
+        // One byte past the limit tells a file over the limit from one exactly at it.
+        let left = (limit - out.len()).saturating_add(1);
+        let want = CHUNK.min(u32::try_from(left).unwrap_or(u32::MAX));
         let chunk = host.read_file(path, out.len() as u64, want)?;
         if chunk.is_empty() {
             return Ok(out);
