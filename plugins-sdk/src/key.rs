@@ -25,6 +25,9 @@ pub struct KeyBuilder {
     error: Option<PolicyError>,
 }
 
+/// Longest factor value a key takes.
+pub const MAX_FACTOR_BYTES: usize = 256;
+
 /// Facts that describe one machine, never a class of machines: keying on them would give every
 /// pod its own key.
 const NEVER_KEY_ON: &[&str] = &["host.name"];
@@ -77,9 +80,21 @@ impl KeyBuilder {
         self
     }
 
+    /// The key, or an error if a factor failed. A value over [`MAX_FACTOR_BYTES`] is
+    /// `invalid-input` (the host refuses keys over 4 KiB as a policy failure).
     pub fn build(self) -> Result<String, PolicyError> {
         if let Some(e) = self.error {
             return Err(e);
+        }
+        if let Some((n, v)) = self
+            .factors
+            .iter()
+            .find(|(_, v)| v.len() > MAX_FACTOR_BYTES)
+        {
+            return Err(PolicyError::InvalidInput(format!(
+                "fact {n} is {} bytes long; at most {MAX_FACTOR_BYTES} can be keyed",
+                v.len()
+            )));
         }
         let mut key = format!("{}@{}", escape(&self.kind), self.schema);
         for (n, v) in &self.factors {
@@ -159,6 +174,11 @@ mod tests {
                 .build()
                 .is_err()
         );
+        let long = "x".repeat(MAX_FACTOR_BYTES + 1);
+        assert!(matches!(
+            KeyBuilder::new("k", 1).factor("a", &long).build(),
+            Err(PolicyError::InvalidInput(_))
+        ));
         let facts = Facts::from_pairs([("a", "1")]).unwrap();
         assert_eq!(
             KeyBuilder::new("k", 1)

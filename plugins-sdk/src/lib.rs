@@ -105,7 +105,7 @@ mod rules;
 
 pub use facts::Facts;
 pub use host::{DirHost, Host, WasmHost, read_to_end};
-pub use key::KeyBuilder;
+pub use key::{KeyBuilder, MAX_FACTOR_BYTES};
 pub use retention::{RetentionDefaults, default_retain};
 pub use rules::{file_name, never_publish, parent_dir};
 
@@ -127,17 +127,34 @@ pub use bindings::jitship::policy::types::{
     Decision, Fact, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Verdict,
 };
 
+/// Longest reason the SDK lets through (the host refuses reasons over 1 KiB as a policy failure;
+/// reasons often quote paths read from cache files, which can be any length).
+pub const MAX_REASON_BYTES: usize = 512;
+
+/// `s` cut to at most `max` bytes at a character boundary, marked with "..." when cut.
+pub fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max.saturating_sub(3);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
+}
+
 impl Decision {
     pub fn publish(reason: impl Into<String>) -> Self {
         Decision {
             verdict: Verdict::Publish,
-            reason: reason.into(),
+            reason: truncate(reason.into(), MAX_REASON_BYTES),
         }
     }
     pub fn skip(reason: impl Into<String>) -> Self {
         Decision {
             verdict: Verdict::Skip,
-            reason: reason.into(),
+            reason: truncate(reason.into(), MAX_REASON_BYTES),
         }
     }
     pub fn is_publish(&self) -> bool {
@@ -195,7 +212,12 @@ pub mod run {
         host: &dyn Host,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
-        let out = p.select(host, entries)?;
+        let mut out = p.select(host, entries)?;
+        for d in &mut out {
+            if d.reason.len() > MAX_REASON_BYTES {
+                d.reason = truncate(std::mem::take(&mut d.reason), MAX_REASON_BYTES);
+            }
+        }
         if out.len() != entries.len() {
             return Err(PolicyError::Internal(format!(
                 "select answered {} decisions for {} entries",

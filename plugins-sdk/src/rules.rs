@@ -81,3 +81,15 @@ mod tests {
         assert_eq!(parent_dir("c"), "");
     }
 }
+
+#[cfg(test)]
+mod reason_tests {
+    use crate::{Decision, MAX_REASON_BYTES, truncate};
+
+    #[test]
+    fn reasons_are_bounded_at_char_boundaries() {
+        let d = Decision::skip(format!("child {} is bad", "é".repeat(1000)));
+        assert!(d.reason.len() <= MAX_REASON_BYTES && d.reason.ends_with("..."));
+        assert_eq!(truncate("short".into(), 10), "short");
+    }
+}
