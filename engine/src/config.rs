@@ -12,11 +12,18 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path} is not valid: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid {what} {value:?}: {hint}")]
-    Invalid { what: &'static str, value: String, hint: String },
+    Invalid {
+        what: &'static str,
+        value: String,
+        hint: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -30,6 +37,7 @@ pub struct Config {
     pub facts: BTreeMap<String, String>,
     pub publish: PublishConfig,
     pub install: InstallConfig,
+    pub policy: PolicyConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,7 +51,11 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { backend: Backend::Local, namespace: "jitship".into(), local: LocalStoreConfig::default() }
+        Self {
+            backend: Backend::Local,
+            namespace: "jitship".into(),
+            local: LocalStoreConfig::default(),
+        }
     }
 }
 
@@ -61,7 +73,9 @@ pub struct LocalStoreConfig {
 
 impl Default for LocalStoreConfig {
     fn default() -> Self {
-        Self { path: PathBuf::from("/var/lib/jitship/store") }
+        Self {
+            path: PathBuf::from("/var/lib/jitship/store"),
+        }
     }
 }
 
@@ -71,6 +85,10 @@ pub struct CacheConfig {
     /// Cache kind ("triton", "inductor", ...): selects the built-in policy of that name.
     pub kind: String,
     pub root: PathBuf,
+    /// A policy component (`.wasm`, built with `jitship policy build`) to use instead of the
+    /// built-in one for this kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,7 +102,10 @@ pub struct PublishConfig {
 
 impl Default for PublishConfig {
     fn default() -> Self {
-        Self { pack_size: ByteSize::mib(64), pod: None }
+        Self {
+            pack_size: ByteSize::mib(64),
+            pod: None,
+        }
     }
 }
 
@@ -98,18 +119,63 @@ pub struct InstallConfig {
 
 impl Default for InstallConfig {
     fn default() -> Self {
-        Self { deadline: Duration::from_secs(60) }
+        Self {
+            deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The sandbox every policy runs in (research/wasm-plugins.md §3.7). Each call gets a fresh instance
+/// with these budgets; a policy that exceeds one is stopped with a typed error and its cache kind is
+/// disabled, nothing else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Deterministic CPU budget per call, in wasmtime fuel units (about one per wasm instruction).
+    /// A 200-entry select uses about 1.5 million.
+    pub fuel: u64,
+    /// Wall-clock backstop per call, for when the machine is so starved that fuel alone would take
+    /// too long; keep it generous, busy nodes run slow.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
+    /// Cap on a policy's linear memory.
+    pub memory: ByteSize,
+    /// Cap on what one evaluation may read through `read-file` (host work is not metered by fuel).
+    pub read_budget: ByteSize,
+    /// Keep compiled policies on disk so a start costs milliseconds instead of a compile.
+    pub compile_cache: bool,
+    /// Where compiled policies are kept (created 0700, jitship's own files only). Default:
+    /// `$XDG_CACHE_HOME/jitship/policy`, else `~/.cache/jitship/policy`.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            fuel: 1_000_000_000,
+            deadline: Duration::from_secs(5),
+            memory: ByteSize::mib(64),
+            read_budget: ByteSize::mib(16),
+            compile_cache: true,
+            cache_dir: None,
+        }
     }
 }
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
         Self::parse(&text, path)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -127,11 +193,38 @@ impl Config {
                 hint: "must be at least 4 KiB".into(),
             });
         }
+        if self.policy.fuel < 1_000_000 {
+            return Err(ConfigError::Invalid {
+                what: "policy.fuel",
+                value: self.policy.fuel.to_string(),
+                hint: "must be at least 1000000 (a 200-entry select needs about 1.5 million)"
+                    .into(),
+            });
+        }
+        if self.policy.deadline < Duration::from_millis(50) {
+            return Err(ConfigError::Invalid {
+                what: "policy.deadline",
+                value: humantime::format_duration(self.policy.deadline).to_string(),
+                hint: "must be at least 50ms (the epoch ticks every 10ms)".into(),
+            });
+        }
+        if self.policy.memory < ByteSize::mib(2) {
+            return Err(ConfigError::Invalid {
+                what: "policy.memory",
+                value: self.policy.memory.to_string(),
+                hint: "must be at least 2 MiB (a policy's stack and data alone take about 1 MiB)"
+                    .into(),
+            });
+        }
         let mut kinds = std::collections::HashSet::new();
         for c in &self.caches {
             parse_kind(&c.kind)?;
             if !kinds.insert(&c.kind) {
-                return Err(ConfigError::Invalid { what: "cache kind", value: c.kind.clone(), hint: "each kind may appear once".into() });
+                return Err(ConfigError::Invalid {
+                    what: "cache kind",
+                    value: c.kind.clone(),
+                    hint: "each kind may appear once".into(),
+                });
             }
         }
         Ok(())
@@ -139,8 +232,16 @@ impl Config {
 }
 
 fn parse_kind(kind: &str) -> Result<(), ConfigError> {
-    if kind.is_empty() || !kind.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
-        return Err(ConfigError::Invalid { what: "cache kind", value: kind.into(), hint: "use lowercase letters, digits, - and _".into() });
+    if kind.is_empty()
+        || !kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(ConfigError::Invalid {
+            what: "cache kind",
+            value: kind.into(),
+            hint: "use lowercase letters, digits, - and _".into(),
+        });
     }
     Ok(())
 }
@@ -154,16 +255,28 @@ pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
     })?;
     parse_kind(kind)?;
     if root.is_empty() {
-        return Err(ConfigError::Invalid { what: "--cache", value: s.into(), hint: "the root is empty".into() });
+        return Err(ConfigError::Invalid {
+            what: "--cache",
+            value: s.into(),
+            hint: "the root is empty".into(),
+        });
     }
-    Ok(CacheConfig { kind: kind.into(), root: PathBuf::from(root) })
+    Ok(CacheConfig {
+        kind: kind.into(),
+        root: PathBuf::from(root),
+        policy: None,
+    })
 }
 
 /// `K=V`, as given to `--fact`.
 pub fn parse_fact_arg(s: &str) -> Result<(String, String), ConfigError> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.into(), v.into())),
-        _ => Err(ConfigError::Invalid { what: "--fact", value: s.into(), hint: "expected NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B".into() }),
+        _ => Err(ConfigError::Invalid {
+            what: "--fact",
+            value: s.into(),
+            hint: "expected NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B".into(),
+        }),
     }
 }
 
@@ -175,7 +288,11 @@ pub fn apply_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigErr
             store.local.path = PathBuf::from(dir);
             Ok(())
         }
-        _ => Err(ConfigError::Invalid { what: "--store", value: s.into(), hint: "expected local:DIR".into() }),
+        _ => Err(ConfigError::Invalid {
+            what: "--store",
+            value: s.into(),
+            hint: "expected local:DIR".into(),
+        }),
     }
 }
 
@@ -185,21 +302,53 @@ mod tests {
 
     #[test]
     fn example_config_parses() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/jitship.toml"));
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/jitship.toml"
+        ));
         let config = Config::load(path).unwrap();
         assert!(!config.caches.is_empty());
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_clear_errors() {
-        let err = Config::parse("[store]\nbakend = 'local'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[store]\nbakend = 'local'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bakend") && err.contains("x.toml"), "{err}");
-        let err = Config::parse("[install]\ndeadline = 'soon'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[install]\ndeadline = 'soon'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("deadline"), "{err}");
-        let err = Config::parse("[publish]\npack_size = '1KiB'\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = Config::parse("[publish]\npack_size = '1KiB'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("at least"), "{err}");
         assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
         assert!(parse_fact_arg("=x").is_err());
+        let err = Config::parse("[policy]\nfuel = 5\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("policy.fuel"), "{err}");
+        let err = Config::parse("[policy]\nfule = 5\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fule"), "{err}");
+    }
+
+    #[test]
+    fn policy_section_and_per_cache_policy_parse() {
+        let text = "[policy]\nfuel = 2000000\ndeadline = '250ms'\nmemory = '16 MiB'\ncompile_cache = false\n\n\
+                    [[cache]]\nkind = 'triton'\nroot = '/c'\npolicy = '/p/triton.wasm'\n";
+        let config = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(config.policy.fuel, 2_000_000);
+        assert_eq!(config.policy.deadline, Duration::from_millis(250));
+        assert_eq!(config.policy.memory, ByteSize::mib(16));
+        assert!(!config.policy.compile_cache);
+        assert_eq!(
+            config.caches[0].policy.as_deref(),
+            Some(Path::new("/p/triton.wasm"))
+        );
     }
 }
