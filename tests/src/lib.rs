@@ -3,3 +3,4 @@
 
 pub mod fixtures;
 pub mod harness;
+pub mod policy_fixtures;
