@@ -133,4 +133,38 @@ fn main() {
         assert!(t.value.is_ok());
     }
     stats("compat-key(2 facts), fresh store+instance per call", key);
+
+    // Optional: compile and cache figures for other modules (e.g. a built-in policy), given as
+    // arguments after `--`.
+    for path in std::env::args().skip(1).filter(|a| a.ends_with(".wasm")) {
+        let bytes = std::fs::read(&path).expect("reading the module");
+        let engine = PolicyEngine::with_cache_dir(limits, None).expect("engine");
+        let compile: Vec<f64> = (0..5)
+            .map(|_| {
+                engine
+                    .load(&bytes, &path)
+                    .expect("load")
+                    .load_stats()
+                    .compile_us as f64
+            })
+            .collect();
+        stats(
+            &format!("compile {} ({} bytes)", path, bytes.len()),
+            compile,
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine =
+            PolicyEngine::with_cache_dir(limits, Some(&dir.path().join("cache"))).expect("engine");
+        engine.load(&bytes, &path).expect("load");
+        let cached: Vec<f64> = (0..50)
+            .map(|_| {
+                engine
+                    .load(&bytes, &path)
+                    .expect("load")
+                    .load_stats()
+                    .total_us as f64
+            })
+            .collect();
+        stats(&format!("cold load with cache {path}"), cached);
+    }
 }
