@@ -707,3 +707,53 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+#[test]
+fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables_only_its_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(root.join("a.json"), b"{\"a\":1}").unwrap();
+    std::fs::write(root.join("b.json"), b"{\"tr").unwrap();
+    std::fs::write(root.join("c.tmp"), b"x").unwrap();
+    std::fs::write(root.join("sub/k.cubin"), b"k").unwrap();
+    let config = format!(
+        "[store]\nbackend = \"local\"\n[store.local]\npath = {store:?}\n\n\
+         [[cache]]\nkind = \"test\"\nroot = {root:?}\npolicy = {good:?}\n\n\
+         [[cache]]\nkind = \"future\"\nroot = {root:?}\npolicy = {v2:?}\n\n\
+         [facts]\n\"gpu.name\" = \"H100\"\n\"python.version\" = \"3.12.3\"\n\n\
+         [policy]\ncache_dir = {cache:?}\n",
+        store = dir.path().join("store"),
+        good = wasm("good"),
+        v2 = wasm("v2"),
+        cache = dir.path().join("policy-cache"),
+    );
+    let config_path = dir.path().join("jitship.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jitship"))
+        .args(["publish", "--json", "--config"])
+        .arg(&config_path)
+        .env_remove("JITSHIP_CACHES")
+        .env_remove("JITSHIP_FACTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "one kind failed: {stderr}");
+    assert!(
+        stderr.contains("future: publish failed") && stderr.contains("speaks jitship:policy@2.0.0"),
+        "{stderr}"
+    );
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let test = &reports[0];
+    assert_eq!(test["cache_kind"], "test");
+    assert_eq!(
+        test["compat_key"], "test-v1;gpu=H100;py=3.12.3",
+        "the key comes from the wasm policy"
+    );
+    assert_eq!(test["files_selected"], 2, "a.json and sub/k.cubin: {test}");
+    assert_eq!(
+        test["skipped"]["truncated json"], 1,
+        "the policy read b.json through read-file: {test}"
+    );
+    assert_eq!(test["skipped"]["in-flight temp file"], 1);
+}
