@@ -17,7 +17,7 @@ use crate::generation::Producer;
 use crate::inspect::{self, ManifestState};
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::policy::CachePolicy;
-use crate::policy::native::NativeRules;
+use crate::policy::set::PolicySet;
 use crate::publish::{HashCache, PublishOptions, PublishOutcome, PublishReport};
 use crate::store::{KeyLayout, Store};
 
@@ -96,6 +96,117 @@ pub enum Command {
     /// Apply retention: remove dropped generations, their heads and the packs nothing retained
     /// references. `--dry-run` shows what it would remove.
     Gc(GcArgs),
+    /// Build, check and dry-run policy modules (for policy authors).
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Build a policy crate into a component jitship loads: cargo build for
+    /// wasm32-unknown-unknown (profile `policy`: small, reproducible), then componentize in-process.
+    /// Needs `rustup target add wasm32-unknown-unknown`; nothing else.
+    Build(PolicyBuildArgs),
+    /// Load a policy module the way jitship would and show what it is: contract version, info(),
+    /// imports (capabilities) and exports. Exits 1, with the reason, if jitship would refuse it.
+    Check(PolicyCheckArgs),
+    /// Dry-run a policy: its compatibility key for the given facts (or its refusal), its publish/skip
+    /// decisions with reasons for a cache root, and its retention decisions for a list of
+    /// generations. Nothing is published. Exits 1 if any call failed or refused.
+    Test(PolicyTestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyBuildArgs {
+    /// The policy crate's directory.
+    #[arg(default_value = ".", value_name = "PATH-TO-CRATE")]
+    pub path: PathBuf,
+
+    /// Where to write the component (default: ./<crate lib name>.wasm).
+    #[arg(short, long, value_name = "OUT.wasm")]
+    pub out: Option<PathBuf>,
+
+    /// Cargo target directory (default: the crate's own).
+    #[arg(long, value_name = "DIR")]
+    pub target_dir: Option<PathBuf>,
+
+    /// Refuse to update the crate's Cargo.lock (CI, reproducible builds).
+    #[arg(long)]
+    pub locked: bool,
+
+    /// Print {name, path, digest, sizes} as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The [policy] sandbox settings for author commands.
+#[derive(Debug, Args)]
+pub struct PolicySandboxArgs {
+    /// TOML config file: its [policy] section (fuel, deadline, memory, read budget, compile cache).
+    #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Compile in memory: neither read nor write the compiled-module cache (the default without
+    /// --config).
+    #[arg(long)]
+    pub no_compile_cache: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyCheckArgs {
+    /// The policy module (.wasm component).
+    #[arg(value_name = "FILE.wasm")]
+    pub file: PathBuf,
+
+    #[command(flatten)]
+    pub sandbox: PolicySandboxArgs,
+
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyTestArgs {
+    /// The policy module (.wasm component).
+    #[arg(value_name = "FILE.wasm")]
+    pub file: PathBuf,
+
+    /// A cache root to run select on (scanned as publish scans it).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+
+    /// A fact as NAME=VALUE (repeatable). Only these facts are given to the policy.
+    #[arg(long = "fact", value_name = "NAME=VALUE")]
+    pub facts: Vec<String>,
+
+    /// A JSON list of generations (newest first) to run retain on: [{"id", "compat_key",
+    /// "created_at", "size_bytes", "file_count", "pinned"}].
+    #[arg(long, value_name = "FILE.json")]
+    pub generations: Option<PathBuf>,
+
+    /// "Now" for retain, seconds since the Unix epoch (default: the current time).
+    #[arg(long, value_name = "SECS")]
+    pub now: Option<u64>,
+
+    /// Retention quota handed to retain: at most this many generations.
+    #[arg(long)]
+    pub max_generations: Option<u32>,
+
+    /// Retention quota handed to retain: at most this many bytes, e.g. "20 GiB".
+    #[arg(long)]
+    pub max_bytes: Option<bytesize::ByteSize>,
+
+    /// Retention quota handed to retain: drop generations older than this, e.g. "7d".
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_age: Option<Duration>,
+
+    #[command(flatten)]
+    pub sandbox: PolicySandboxArgs,
+
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Settings plus `--json`, for the operator commands.
@@ -350,6 +461,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Install(args) => run_install(args),
         Command::Watch(args) => run_watch(args),
         Command::Facts(args) => run_facts(args),
+        Command::Policy(cmd) => run_policy(cmd),
         Command::Ls(args) => run_ls(args),
         Command::Inspect(args) => run_inspect(args),
         Command::Verify(args) => run_verify(args),
@@ -394,6 +506,7 @@ struct Session {
     store: Arc<dyn Store>,
     layout: KeyLayout,
     facts: Facts,
+    policies: PolicySet,
 }
 
 impl Session {
@@ -415,32 +528,26 @@ impl Session {
         let layout = KeyLayout::new(&config.store.namespace)?;
         let mut facts = Facts::new();
         facts.merge(&config.facts);
+        // A policy that fails to load disables its own kind (reported by publish/install through
+        // the policy's errors); only an unusable wasm engine stops the command.
+        let policies = PolicySet::from_config(&config)?;
         Ok(Self {
             config,
             store,
             layout,
             facts,
+            policies,
         })
     }
 
-    fn policy(&self, cache: &CacheConfig) -> Box<dyn CachePolicy> {
-        Box::new(NativeRules::new(&cache.kind))
+    fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
+        self.policies.policy(&cache.kind)
     }
 
-    /// The policy for a cache kind found in the store (gc): the configured cache of that kind, or
-    /// the kind's policy with no root when this host does not configure it.
-    fn policy_for_kind(&self, kind: &str) -> Box<dyn CachePolicy> {
-        let cache = self
-            .config
-            .caches
-            .iter()
-            .find(|c| c.kind == kind)
-            .cloned()
-            .unwrap_or_else(|| CacheConfig {
-                kind: kind.to_owned(),
-                root: PathBuf::new(),
-            });
-        self.policy(&cache)
+    /// The policy for a cache kind found in the store (gc): the configured one, or the kind's
+    /// built-in policy when this host does not configure that kind.
+    fn policy_for_kind(&self, kind: &str) -> Arc<dyn CachePolicy> {
+        self.policies.policy(kind)
     }
 }
 
@@ -1145,4 +1252,275 @@ fn run_gc(args: GcArgs) -> Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+fn run_policy(cmd: PolicyCommand) -> Result<i32> {
+    match cmd {
+        PolicyCommand::Build(args) => run_policy_build(args),
+        PolicyCommand::Check(args) => run_policy_check(args),
+        PolicyCommand::Test(args) => run_policy_test(args),
+    }
+}
+
+fn run_policy_build(args: PolicyBuildArgs) -> Result<i32> {
+    use crate::policy::build::{BuildOptions, build_policy_crate, write_component};
+    let opts = BuildOptions {
+        target_dir: args.target_dir.clone(),
+        quiet: false,
+        locked: args.locked,
+    };
+    let built = build_policy_crate(&args.path, &opts)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", built.name)));
+    write_component(&out, &built.component)?;
+    for w in &built.warnings {
+        eprintln!("warning: {w}");
+    }
+    if args.json {
+        let report = serde_json::json!({
+            "name": built.name,
+            "path": out,
+            "digest": built.digest,
+            "core_size": built.core_size,
+            "component_size": built.component.len(),
+            "warnings": built.warnings,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "built {} ({}; core module {}) blake3 {}",
+            out.display(),
+            bytesize::ByteSize(built.component.len() as u64),
+            bytesize::ByteSize(built.core_size),
+            built.digest
+        );
+        println!("  check it: jitship policy check {}", out.display());
+    }
+    Ok(0)
+}
+
+impl PolicySandboxArgs {
+    fn engine(&self) -> Result<Arc<crate::policy::host::PolicyEngine>> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            // An author's one-shot run: compiling (~0.1 s) beats touching a system cache directory.
+            None => Config {
+                policy: crate::config::PolicyConfig {
+                    compile_cache: false,
+                    ..Default::default()
+                },
+                ..Config::default()
+            },
+        };
+        if self.no_compile_cache {
+            config.policy.compile_cache = false;
+        }
+        Ok(crate::policy::host::PolicyEngine::new(&config.policy)?)
+    }
+}
+
+fn run_policy_check(args: PolicyCheckArgs) -> Result<i32> {
+    let engine = args.sandbox.engine()?;
+    let report = match crate::author::check(&engine, &args.file) {
+        Ok(r) => r,
+        Err(e) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "path": args.file, "error": e.to_string() })
+                );
+            } else {
+                eprintln!("{}: refused: {e}", args.file.display());
+            }
+            return Ok(1);
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(0);
+    }
+    let i = &report.info;
+    println!("{}: ok", report.path.display());
+    println!(
+        "  policy      {} {} for cache kind {:?}",
+        i.name, i.version, i.cache_kind
+    );
+    println!("  contract    jitship:policy@{}", report.contract);
+    println!(
+        "  module      {} blake3 {}",
+        bytesize::ByteSize(report.size_bytes),
+        report.digest
+    );
+    if !i.description.is_empty() {
+        println!("  description {}", i.description);
+    }
+    println!(
+        "  root        {} (moved by: {})",
+        i.default_root,
+        if i.root_env.is_empty() {
+            "-".to_string()
+        } else {
+            i.root_env.join(", ")
+        }
+    );
+    println!(
+        "  reads files {}",
+        if report.reads_files {
+            "yes (read-file, inside the root only)"
+        } else {
+            "no"
+        }
+    );
+    println!("  imports");
+    for import in &report.imports {
+        println!("    {import}");
+    }
+    println!("  exports     {}", report.exports.join(", "));
+    println!(
+        "  load        {} µs ({})",
+        report.load.total_us,
+        if report.load.from_cache {
+            "compiled-module cache hit"
+        } else {
+            "compiled"
+        }
+    );
+    Ok(0)
+}
+
+fn run_policy_test(args: PolicyTestArgs) -> Result<i32> {
+    let engine = args.sandbox.engine()?;
+    let policy = match engine.load_file(&args.file) {
+        Ok(p) => p,
+        Err(e) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "path": args.file, "error": e.to_string() })
+                );
+            } else {
+                eprintln!("{}: refused: {e}", args.file.display());
+            }
+            return Ok(1);
+        }
+    };
+    let mut facts = Facts::new();
+    for arg in args.facts.iter().filter(|a| !a.trim().is_empty()) {
+        let (k, v) = config::parse_fact_arg(arg.trim())?;
+        facts.set(k, v);
+    }
+    let generations = match &args.generations {
+        Some(path) => Some(crate::author::read_generations(path)?),
+        None => None,
+    };
+    let now = args.now.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    });
+    let input = crate::author::TestInput {
+        facts,
+        root: args.root.clone(),
+        generations,
+        now,
+        limits: crate::policy::RetentionLimits {
+            max_generations: args.max_generations,
+            max_bytes: args.max_bytes.map(|b| b.as_u64()),
+            max_age_secs: args.max_age.map(|d| d.as_secs()),
+        },
+    };
+    let report = crate::author::test(&policy, &input)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_policy_test(&report);
+    }
+    Ok(if report.all_ok() { 0 } else { 1 })
+}
+
+fn print_call_cost<T>(call: &crate::author::Call<T>) -> String {
+    match (call.fuel_used, call.wall_us) {
+        (Some(fuel), Some(us)) => format!("(fuel {fuel}, {:.2} ms)", us as f64 / 1000.0),
+        _ => String::new(),
+    }
+}
+
+fn print_policy_logs<T>(call: &crate::author::Call<T>) {
+    for l in &call.logs {
+        println!("    log [{}] {}", l.level, l.message);
+    }
+}
+
+fn print_policy_test(r: &crate::author::TestReport) {
+    println!(
+        "policy {} {} (cache kind {:?}, contract {}, blake3 {})",
+        r.policy.name, r.policy.version, r.policy.cache_kind, r.contract, r.digest
+    );
+    match (&r.compat_key.value, &r.compat_key.error) {
+        (Some(key), _) => {
+            println!("compat key: {key} {}", print_call_cost(&r.compat_key));
+            if let Some(id) = &r.compat_id {
+                println!("  compat id {id}");
+            }
+        }
+        (None, Some(e)) => println!(
+            "compat key: REFUSED: {e} {}",
+            print_call_cost(&r.compat_key)
+        ),
+        (None, None) => {}
+    }
+    print_policy_logs(&r.compat_key);
+    if let Some(s) = &r.select {
+        match &s.call.error {
+            Some(e) => println!(
+                "select on {}: FAILED: {e} {}",
+                s.root.display(),
+                print_call_cost(&s.call)
+            ),
+            None => println!(
+                "select on {}: {} to publish ({}), {} skipped {}",
+                s.root.display(),
+                s.publish_files,
+                bytesize::ByteSize(s.publish_bytes),
+                s.skip_files,
+                print_call_cost(&s.call)
+            ),
+        }
+        for d in s.call.value.iter().flatten() {
+            let verdict = match d.verdict {
+                crate::policy::Verdict::Publish => "publish",
+                crate::policy::Verdict::Skip => "skip   ",
+            };
+            println!("  {verdict} {}  ({})", d.path, d.reason);
+        }
+        for (path, why) in &s.never_offered {
+            println!("  never   {path}  ({why}; not offered to the policy)");
+        }
+        print_policy_logs(&s.call);
+    }
+    if let Some(t) = &r.retain {
+        match (&t.call.value, &t.call.error) {
+            (Some(drop), _) => {
+                println!(
+                    "retain over {} generations: drop {}, keep {} {}",
+                    t.generations,
+                    drop.len(),
+                    t.keep.len(),
+                    print_call_cost(&t.call)
+                );
+                for id in drop {
+                    println!("  drop {id}");
+                }
+                for id in &t.keep {
+                    println!("  keep {id}");
+                }
+            }
+            (None, Some(e)) => println!("retain: FAILED: {e} {}", print_call_cost(&t.call)),
+            (None, None) => {}
+        }
+        print_policy_logs(&t.call);
+    }
 }

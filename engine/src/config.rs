@@ -39,6 +39,7 @@ pub struct Config {
     pub gather: GatherConfig,
     pub publish: PublishConfig,
     pub install: InstallConfig,
+    pub policy: PolicyConfig,
     pub watch: WatchConfig,
     pub retention: RetentionConfig,
 }
@@ -331,6 +332,10 @@ pub struct CacheConfig {
     /// Cache kind ("triton", "inductor", ...): selects the built-in policy of that name.
     pub kind: String,
     pub root: PathBuf,
+    /// A policy component (`.wasm`, built with `jitship policy build`) to use instead of the
+    /// built-in one for this kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PathBuf>,
 }
 
 /// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
@@ -475,6 +480,43 @@ impl WatchConfig {
     }
 }
 
+/// The sandbox every policy runs in (research/wasm-plugins.md §3.7). Each call gets a fresh instance
+/// with these budgets; a policy that exceeds one is stopped with a typed error and its cache kind is
+/// disabled, nothing else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Deterministic CPU budget per call, in wasmtime fuel units (about one per wasm instruction).
+    /// A 200-entry select uses about 1.5 million.
+    pub fuel: u64,
+    /// Wall-clock backstop per call, for when the machine is so starved that fuel alone would take
+    /// too long; keep it generous, busy nodes run slow.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
+    /// Cap on a policy's linear memory.
+    pub memory: ByteSize,
+    /// Cap on what one evaluation may read through `read-file` (host work is not metered by fuel).
+    pub read_budget: ByteSize,
+    /// Keep compiled policies on disk so a start costs milliseconds instead of a compile.
+    pub compile_cache: bool,
+    /// Where compiled policies are kept (created 0700; only files jitship wrote there are loaded).
+    /// If it cannot be created or trusted, jitship warns and compiles in memory.
+    pub cache_dir: PathBuf,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            fuel: 1_000_000_000,
+            deadline: Duration::from_secs(5),
+            memory: ByteSize::mib(64),
+            read_budget: ByteSize::mib(16),
+            compile_cache: true,
+            cache_dir: PathBuf::from("/var/cache/jitship/policy"),
+        }
+    }
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -507,6 +549,29 @@ impl Config {
             });
         }
         self.watch.validate()?;
+        if self.policy.fuel < 1_000_000 {
+            return Err(ConfigError::Invalid {
+                what: "policy.fuel",
+                value: self.policy.fuel.to_string(),
+                hint: "must be at least 1000000 (a 200-entry select needs about 1.5 million)"
+                    .into(),
+            });
+        }
+        if self.policy.deadline < Duration::from_millis(50) {
+            return Err(ConfigError::Invalid {
+                what: "policy.deadline",
+                value: humantime::format_duration(self.policy.deadline).to_string(),
+                hint: "must be at least 50ms (the epoch ticks every 10ms)".into(),
+            });
+        }
+        if self.policy.memory < ByteSize::mib(2) {
+            return Err(ConfigError::Invalid {
+                what: "policy.memory",
+                value: self.policy.memory.to_string(),
+                hint: "must be at least 2 MiB (a policy's stack and data alone take about 1 MiB)"
+                    .into(),
+            });
+        }
         if self.gather.timeout.is_zero() {
             return Err(ConfigError::Invalid {
                 what: "gather.timeout",
@@ -596,6 +661,7 @@ pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
     Ok(CacheConfig {
         kind: kind.into(),
         root: PathBuf::from(root),
+        policy: None,
     })
 }
 
@@ -722,6 +788,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("torch>=2"), "{err}");
+        let err = Config::parse("[policy]\nfuel = 5\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("policy.fuel"), "{err}");
+        let err = Config::parse("[policy]\nfule = 5\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fule"), "{err}");
+    }
+
+    #[test]
+    fn policy_section_and_per_cache_policy_parse() {
+        let text = "[policy]\nfuel = 2000000\ndeadline = '250ms'\nmemory = '16 MiB'\ncompile_cache = false\n\n\
+                    [[cache]]\nkind = 'triton'\nroot = '/c'\npolicy = '/p/triton.wasm'\n";
+        let config = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(config.policy.fuel, 2_000_000);
+        assert_eq!(config.policy.deadline, Duration::from_millis(250));
+        assert_eq!(config.policy.memory, ByteSize::mib(16));
+        assert!(!config.policy.compile_cache);
+        assert_eq!(
+            config.caches[0].policy.as_deref(),
+            Some(Path::new("/p/triton.wasm"))
+        );
     }
 
     #[test]

@@ -131,7 +131,7 @@ struct Plan {
 pub fn collect(
     store: &dyn Store,
     layout: &KeyLayout,
-    policy_for: &dyn Fn(&str) -> Box<dyn CachePolicy>,
+    policy_for: &dyn Fn(&str) -> std::sync::Arc<dyn CachePolicy>,
     opts: &GcOptions,
 ) -> Result<GcReport, GcError> {
     let mut report = GcReport {
@@ -324,7 +324,7 @@ pub fn collect(
 
 fn decide_compat(
     compat: &CompatView,
-    policy_for: &dyn Fn(&str) -> Box<dyn CachePolicy>,
+    policy_for: &dyn Fn(&str) -> std::sync::Arc<dyn CachePolicy>,
     opts: &GcOptions,
     plan: &mut Plan,
     dropped_packs: &mut HashMap<ContentHash, u64>,

@@ -67,8 +67,9 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
 }
 
 fn run_gc(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, dry_run: bool) -> GcReport {
-    let policy =
-        |kind: &str| -> Box<dyn jitship::policy::CachePolicy> { Box::new(NativeRules::new(kind)) };
+    let policy = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
+        std::sync::Arc::new(NativeRules::new(kind))
+    };
     gc::collect(
         store,
         layout,
@@ -541,8 +542,8 @@ fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
     };
 
     // A failing policy disables retention for its kind: everything stays, the error is reported.
-    let failing = |kind: &str| -> Box<dyn jitship::policy::CachePolicy> {
-        Box::new(Greedy {
+    let failing = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
+        std::sync::Arc::new(Greedy {
             inner: NativeRules::new(kind),
             fail: true,
         })
@@ -554,8 +555,8 @@ fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
     assert!(r.heads.is_empty() && r.manifests.is_empty());
 
     // A policy that drops everything: the newest and the pinned one stay.
-    let greedy = |kind: &str| -> Box<dyn jitship::policy::CachePolicy> {
-        Box::new(Greedy {
+    let greedy = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
+        std::sync::Arc::new(Greedy {
             inner: NativeRules::new(kind),
             fail: false,
         })

@@ -6,3 +6,4 @@ pub mod backends;
 pub mod fixtures;
 pub mod harness;
 pub mod mooncake;
+pub mod policy_fixtures;

@@ -2,7 +2,11 @@
 //! key, and which generations to drop. Everything above this module talks to `CachePolicy` only;
 //! the implementations behind it are the wasm host and, until it lands, `native`.
 
+pub mod build;
+pub mod builtin;
+pub mod host;
 pub mod native;
+pub mod set;
 
 use std::path::Path;
 
@@ -58,14 +62,16 @@ impl Decision {
     }
 }
 
-/// A stored generation, for retention.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// A stored generation, for retention (also read from JSON by `jitship policy test --generations`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GenerationSummary {
     pub id: GenerationId,
     pub compat_key: String,
     pub created_at: u64,
     pub size_bytes: u64,
     pub file_count: u64,
+    #[serde(default)]
     pub pinned: bool,
 }
 
@@ -78,6 +84,8 @@ pub struct RetentionLimits {
     pub max_age_secs: Option<u64>,
 }
 
+/// Why a policy gave no answer. The first three come from the policy itself (the WIT
+/// `policy-error`); the rest are the host's verdict on a policy that misbehaved or could not run.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
     #[error(
@@ -88,6 +96,43 @@ pub enum PolicyError {
     InvalidInput(String),
     #[error("policy failed: {0}")]
     Internal(String),
+    #[error(
+        "policy used up its CPU budget of {fuel} fuel units in one call (a loop that never ends?); \
+         raise [policy] fuel only if it legitimately needs more"
+    )]
+    OutOfFuel { fuel: u64 },
+    #[error(
+        "policy ran past its wall-clock deadline of {deadline_ms} ms in one call; raise [policy] deadline \
+         if this node is simply overloaded"
+    )]
+    WallTimeExceeded { deadline_ms: u64 },
+    #[error(
+        "policy tried to grow its memory to {requested} bytes, over the cap of {limit} bytes; raise [policy] \
+         memory only if it legitimately needs more"
+    )]
+    MemoryExceeded { requested: u64, limit: u64 },
+    #[error("policy crashed: {0}")]
+    Trapped(String),
+    /// The module does not speak this jitship's contract (version, imports, exports).
+    #[error("{0}")]
+    Contract(String),
+    /// The policy answered something the host refuses (wrong length, oversized or unknown values).
+    #[error("policy returned an invalid answer: {0}")]
+    BadOutput(String),
+    /// The module could not be read or compiled.
+    #[error("cannot load policy: {0}")]
+    Load(String),
+    /// An earlier failure disabled this cache kind for the rest of the process.
+    #[error("cache kind {kind:?} is disabled: {reason}")]
+    Disabled { kind: String, reason: String },
+}
+
+impl PolicyError {
+    /// A refusal the policy chose to make (its contract allows it), as opposed to a policy that
+    /// misbehaved or could not run. Only misbehaviour disables a cache kind.
+    pub fn is_policy_answer(&self) -> bool {
+        matches!(self, Self::MissingFact(_) | Self::InvalidInput(_))
+    }
 }
 
 /// The one interface publish, install and gc use to ask a policy.

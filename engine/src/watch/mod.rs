@@ -52,7 +52,7 @@ pub const READY_POLL: Duration = Duration::from_secs(2);
 pub struct WatchedRoot {
     pub kind: String,
     pub root: PathBuf,
-    pub policy: Box<dyn CachePolicy>,
+    pub policy: std::sync::Arc<dyn CachePolicy>,
 }
 
 pub struct WatchOptions {
@@ -111,7 +111,7 @@ pub struct WatchSummary {
 
 /// What a root needs to run a cycle; moved to the blocking thread and back.
 struct Worker {
-    policy: Box<dyn CachePolicy>,
+    policy: std::sync::Arc<dyn CachePolicy>,
     hashes: HashCache,
 }
 
@@ -810,12 +810,12 @@ mod tests {
             WatchedRoot {
                 kind: "bad".into(),
                 root: bad,
-                policy: Box::new(Broken(NativeRules::new("bad").info().clone())),
+                policy: std::sync::Arc::new(Broken(NativeRules::new("bad").info().clone())),
             },
             WatchedRoot {
                 kind: "good".into(),
                 root: good.clone(),
-                policy: Box::new(NativeRules::new("good")),
+                policy: std::sync::Arc::new(NativeRules::new("good")),
             },
         ];
         let metrics = Arc::new(Metrics::new());
@@ -888,7 +888,7 @@ mod tests {
             vec![WatchedRoot {
                 kind: "k".into(),
                 root: root.clone(),
-                policy: Box::new(NativeRules::new("k")),
+                policy: std::sync::Arc::new(NativeRules::new("k")),
             }],
             opts,
             rx,

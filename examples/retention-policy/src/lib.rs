@@ -1,0 +1,220 @@
+//! An example third-party jitship policy, written with `jitship-policy-sdk` only.
+//!
+//! It governs a Triton cache like the built-in policy does for keys, but with its own, simpler
+//! selection and, above all, its own **retention**: pinned generations are "golden" (validated
+//! by the operator) and always stay; the newest generation always stays (installs read it);
+//! the others stay newest first while they fit in a byte quota (20 GiB unless the operator sets
+//! `max-bytes`) and a count (5 unless `max-generations`), and none older than `max-age` if set.
+//! Golden generations count against the quota, so a heavy golden set leaves less room for
+//! recent ones, which is the point: the quota is what the store can hold.
+
+use jitship_policy_sdk::{
+    Decision, Facts, FileEntry, GenerationSummary, Host, KeyBuilder, Policy, PolicyError,
+    PolicyInfo, RetentionLimits, export_policy, file_name, never_publish,
+};
+
+pub const DEFAULT_QUOTA_BYTES: u64 = 20 << 30;
+pub const DEFAULT_MAX_GENERATIONS: u32 = 5;
+
+#[derive(Default)]
+pub struct GoldenRetention;
+
+impl Policy for GoldenRetention {
+    fn info(&self) -> PolicyInfo {
+        PolicyInfo {
+            name: "golden-retention".into(),
+            version: "0.1.0".into(),
+            cache_kind: "triton".into(),
+            default_root: "~/.triton/cache".into(),
+            root_env: vec!["TRITON_CACHE_DIR".into()],
+            description: "example: Triton files with a group file beside them; keeps golden (pinned) generations within a byte quota".into(),
+        }
+    }
+
+    fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+        KeyBuilder::new("triton-golden", 1)
+            .require_all(
+                facts,
+                &["pkg.triton", "gpu.arch", "driver.major", "os.arch"],
+            )?
+            .build()
+    }
+
+    /// A deliberately simple rule: publish the files of kernel directories that have a group
+    /// file (the built-in `triton` policy also checks what the group names).
+    fn select(
+        &self,
+        _host: &dyn Host,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
+        let grouped: std::collections::BTreeSet<&str> = entries
+            .iter()
+            .filter(|e| file_name(&e.path).starts_with("__grp__"))
+            .filter_map(|e| e.path.rsplit_once('/').map(|(d, _)| d))
+            .collect();
+        Ok(entries
+            .iter()
+            .map(|e| match never_publish(&e.path) {
+                Some(why) => Decision::skip(why),
+                None => match e.path.rsplit_once('/') {
+                    Some((d, _)) if grouped.contains(d) => {
+                        Decision::publish("kernel directory with a group file")
+                    }
+                    _ => Decision::skip("no group file beside it"),
+                },
+            })
+            .collect())
+    }
+
+    fn retain(
+        &self,
+        generations: &[GenerationSummary],
+        now: u64,
+        limits: &RetentionLimits,
+    ) -> Result<Vec<String>, PolicyError> {
+        golden_retain(generations, now, limits)
+    }
+}
+
+/// The retention rule, as a plain function.
+pub fn golden_retain(
+    gens: &[GenerationSummary],
+    now: u64,
+    limits: &RetentionLimits,
+) -> Result<Vec<String>, PolicyError> {
+    if gens.windows(2).any(|w| w[0].created_at < w[1].created_at) {
+        return Err(PolicyError::InvalidInput(
+            "generations are not newest first".into(),
+        ));
+    }
+    let quota = limits.max_bytes.unwrap_or(DEFAULT_QUOTA_BYTES);
+    let max_gens = limits.max_generations.unwrap_or(DEFAULT_MAX_GENERATIONS);
+    // Golden generations and the newest one are kept first, whatever their age or size.
+    let mut used: u64 = gens
+        .iter()
+        .enumerate()
+        .filter(|(i, g)| g.pinned || *i == 0)
+        .map(|(_, g)| g.size_bytes)
+        .fold(0, u64::saturating_add);
+    let mut kept = u32::from(gens.first().is_some_and(|g| !g.pinned));
+    let mut drop = Vec::new();
+    for g in gens.iter().skip(1).filter(|g| !g.pinned) {
+        let too_old = limits
+            .max_age_secs
+            .is_some_and(|a| now.saturating_sub(g.created_at) > a);
+        let fits = used.saturating_add(g.size_bytes) <= quota;
+        if too_old || !fits || kept >= max_gens {
+            drop.push(g.id.clone());
+        } else {
+            used += g.size_bytes;
+            kept += 1;
+        }
+    }
+    Ok(drop)
+}
+
+export_policy!(GoldenRetention);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(id: &str, created_at: u64, gib: u64, pinned: bool) -> GenerationSummary {
+        GenerationSummary {
+            id: id.into(),
+            compat_key: "k".into(),
+            created_at,
+            size_bytes: gib << 30,
+            file_count: 10,
+            pinned,
+        }
+    }
+    const NONE: RetentionLimits = RetentionLimits {
+        max_generations: None,
+        max_bytes: None,
+        max_age_secs: None,
+    };
+
+    #[test]
+    fn golden_generations_stay_and_count_against_the_quota() {
+        // newest 4 GiB, golden 12 GiB, then 3 + 3 + 3 GiB: 4 + 12 + 3 = 19 fits in 20, the rest not.
+        let gens = [
+            g("new", 50, 4, false),
+            g("gold", 40, 12, true),
+            g("a", 30, 3, false),
+            g("b", 20, 3, false),
+            g("c", 10, 3, false),
+        ];
+        assert_eq!(golden_retain(&gens, 60, &NONE).unwrap(), ["b", "c"]);
+        // a bigger quota keeps everything; a count of 2 keeps new + a (golden is extra).
+        let big = RetentionLimits {
+            max_bytes: Some(100 << 30),
+            ..NONE
+        };
+        assert!(golden_retain(&gens, 60, &big).unwrap().is_empty());
+        let two = RetentionLimits {
+            max_bytes: Some(100 << 30),
+            max_generations: Some(2),
+            ..NONE
+        };
+        assert_eq!(golden_retain(&gens, 60, &two).unwrap(), ["b", "c"]);
+    }
+
+    #[test]
+    fn golden_and_newest_survive_even_over_quota_and_age() {
+        let gens = [
+            g("new", 50, 30, false),
+            g("gold", 1, 30, true),
+            g("old", 0, 1, false),
+        ];
+        let strict = RetentionLimits {
+            max_bytes: Some(1),
+            max_age_secs: Some(5),
+            max_generations: Some(0),
+        };
+        assert_eq!(golden_retain(&gens, 60, &strict).unwrap(), ["old"]);
+    }
+
+    #[test]
+    fn refuses_unordered_input() {
+        let gens = [g("a", 1, 1, false), g("b", 2, 1, false)];
+        assert!(matches!(
+            golden_retain(&gens, 3, &NONE),
+            Err(PolicyError::InvalidInput(_))
+        ));
+    }
+
+    #[test]
+    fn key_and_select() {
+        let f = Facts::from_pairs([
+            ("pkg.triton", "3.9.0"),
+            ("gpu.arch", "sm_90"),
+            ("driver.major", "550"),
+            ("os.arch", "x86_64"),
+        ])
+        .unwrap();
+        assert_eq!(
+            GoldenRetention.compat_key(&f).unwrap(),
+            "triton-golden@1;driver.major=550;gpu.arch=sm_90;os.arch=x86_64;pkg.triton=3.9.0"
+        );
+        let entries: Vec<FileEntry> = [
+            "H/__grp__k.json",
+            "H/k.cubin",
+            "I/k.ttir",
+            "H/tmp.pid_1_2/k.ptx",
+        ]
+        .iter()
+        .map(|p| FileEntry {
+            path: p.to_string(),
+            size: 1,
+            mtime_ms: 0,
+        })
+        .collect();
+        let host = jitship_policy_sdk::WasmHost;
+        let d = GoldenRetention.select(&host, &entries).unwrap();
+        assert_eq!(
+            d.iter().map(Decision::is_publish).collect::<Vec<_>>(),
+            [true, true, false, false]
+        );
+    }
+}

@@ -1,0 +1,145 @@
+use std::collections::BTreeSet;
+
+use crate::{GenerationSummary, PolicyError, RetentionLimits};
+
+/// A policy's own retention defaults, used where the operator set no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionDefaults {
+    pub max_generations: u32,
+    pub max_bytes: Option<u64>,
+    pub max_age_secs: Option<u64>,
+}
+
+impl RetentionDefaults {
+    /// Keep the newest `n` unpinned generations, no byte or age limit.
+    pub const fn keep(n: u32) -> Self {
+        Self {
+            max_generations: n,
+            max_bytes: None,
+            max_age_secs: None,
+        }
+    }
+}
+
+/// The default retention: walks generations newest first and drops a generation when keeping it
+/// would exceed the count of unpinned generations, the byte quota (bytes of every kept
+/// generation, pinned ones included) or the age limit. Operator `limits` override `defaults`.
+///
+/// Never dropped: pinned generations, and the newest generation (installs read it; dropping it
+/// would leave the key with nothing or an older cache). Duplicate ids are `invalid-input`.
+pub fn default_retain(
+    generations: &[GenerationSummary],
+    now: u64,
+    limits: &RetentionLimits,
+    defaults: &RetentionDefaults,
+) -> Result<Vec<String>, PolicyError> {
+    let mut seen = BTreeSet::new();
+    for g in generations {
+        if !seen.insert(g.id.as_str()) {
+            return Err(PolicyError::InvalidInput(format!(
+                "generation {} listed twice",
+                g.id
+            )));
+        }
+    }
+    let max_gens = limits.max_generations.unwrap_or(defaults.max_generations);
+    let max_bytes = limits.max_bytes.or(defaults.max_bytes);
+    let max_age = limits.max_age_secs.or(defaults.max_age_secs);
+
+    let mut kept_unpinned = 0u32;
+    let mut kept_bytes = 0u64;
+    let mut drop = Vec::new();
+    for (i, g) in generations.iter().enumerate() {
+        if g.pinned || i == 0 {
+            kept_bytes = kept_bytes.saturating_add(g.size_bytes);
+            kept_unpinned += u32::from(!g.pinned);
+            continue;
+        }
+        let too_many = kept_unpinned >= max_gens;
+        let too_big = max_bytes.is_some_and(|m| kept_bytes.saturating_add(g.size_bytes) > m);
+        let too_old = max_age.is_some_and(|a| now.saturating_sub(g.created_at) > a);
+        if too_many || too_big || too_old {
+            drop.push(g.id.clone());
+        } else {
+            kept_unpinned += 1;
+            kept_bytes = kept_bytes.saturating_add(g.size_bytes);
+        }
+    }
+    Ok(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(id: &str, created_at: u64, size: u64, pinned: bool) -> GenerationSummary {
+        GenerationSummary {
+            id: id.into(),
+            compat_key: "k".into(),
+            created_at,
+            size_bytes: size,
+            file_count: 1,
+            pinned,
+        }
+    }
+
+    #[test]
+    fn count_bytes_age_and_pins() {
+        let gens = [
+            g("a", 100, 10, false),
+            g("b", 90, 10, true),
+            g("c", 80, 10, false),
+            g("d", 70, 10, false),
+            g("e", 60, 10, false),
+        ];
+        let none = RetentionLimits {
+            max_generations: None,
+            max_bytes: None,
+            max_age_secs: None,
+        };
+        // keep 2 unpinned: a, c; the pin b is extra.
+        assert_eq!(
+            default_retain(&gens, 100, &none, &RetentionDefaults::keep(2)).unwrap(),
+            ["d", "e"]
+        );
+        // operator limit overrides the default
+        let one = RetentionLimits {
+            max_generations: Some(1),
+            ..none
+        };
+        assert_eq!(
+            default_retain(&gens, 100, &one, &RetentionDefaults::keep(2)).unwrap(),
+            ["c", "d", "e"]
+        );
+        // 25 bytes: a + pinned b = 20, c would make 30.
+        let bytes = RetentionLimits {
+            max_bytes: Some(25),
+            ..none
+        };
+        assert_eq!(
+            default_retain(&gens, 100, &bytes, &RetentionDefaults::keep(9)).unwrap(),
+            ["c", "d", "e"]
+        );
+        // age: older than 25 s at now=100 -> d, e (the newest and pins never).
+        let age = RetentionLimits {
+            max_age_secs: Some(25),
+            ..none
+        };
+        assert_eq!(
+            default_retain(&gens, 100, &age, &RetentionDefaults::keep(9)).unwrap(),
+            ["d", "e"]
+        );
+        // newest kept even when everything is over quota
+        let zero = RetentionLimits {
+            max_generations: Some(0),
+            max_bytes: Some(0),
+            max_age_secs: Some(0),
+        };
+        assert_eq!(
+            default_retain(&gens[..1], 1000, &zero, &RetentionDefaults::keep(0)).unwrap(),
+            Vec::<String>::new()
+        );
+        let dup = [g("a", 1, 1, false), g("a", 1, 1, false)];
+        assert!(default_retain(&dup, 1, &none, &RetentionDefaults::keep(1)).is_err());
+    }
+}

@@ -1,0 +1,53 @@
+//! TorchInductor trees (research/jit-caches.md §1.2, research/inductor-cpu.md §6).
+//!
+//! Inductor writes its entries (`fxgraph/`, `aotautograd/`, generated `.py`/`.cpp`,
+//! `.best_config`, `cache/<system hash>`) with `write_atomic` (`.<pid>.<tid>.tmp` + rename), so a
+//! present file is complete. The exceptions are shared objects, which g++/ld write in place under
+//! `locks/<key>.lock`: a `.so` counts only when its ELF headers are in place. Triton kernels under
+//! `triton/<device>/<hash>/` follow the Triton group rule. `locks/`, `*_CxxBuild/` and temp files
+//! are never published.
+
+use jitship_policy_sdk::{Decision, FileEntry, Host, file_name};
+
+use crate::check::elf_complete;
+use crate::{Decisions, triton};
+
+/// Decides the undecided entries under `base` ("" or a directory ending with '/') as an Inductor
+/// cache directory.
+pub fn decide(host: &dyn Host, entries: &[FileEntry], base: &str, out: &mut Decisions) {
+    let mut kernels = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if out.is_decided(i) {
+            continue;
+        }
+        let Some(rel) = e.path.strip_prefix(base) else {
+            continue;
+        };
+        let parts: Vec<&str> = rel.split('/').collect();
+        if parts[0] == "triton" {
+            if parts.len() == 4 {
+                kernels.push(triton::KernelFile {
+                    index: i,
+                    kernel_dir: format!("{base}triton/{}/{}", parts[1], parts[2]),
+                    name: parts[3].to_string(),
+                });
+            } else {
+                out.set(
+                    i,
+                    Decision::skip("unexpected path in Inductor's triton/<device>/<hash>/ tree"),
+                );
+            }
+        } else if file_name(rel).ends_with(".so") {
+            out.set(
+                i,
+                match elf_complete(host, e) {
+                    Ok(()) => Decision::publish("shared object complete (ELF headers in place)"),
+                    Err(why) => Decision::skip(why),
+                },
+            );
+        } else {
+            out.set(i, Decision::publish("written atomically by Inductor"));
+        }
+    }
+    triton::decide(host, entries, &kernels, out);
+}

@@ -1,0 +1,217 @@
+//! Built-in policy for vLLM's torch.compile cache (research/jit-caches.md §1.1, §2.1, §2.5).
+//!
+//! * Root: `~/.cache/vllm/torch_compile_cache`, moved by `VLLM_CACHE_ROOT` (+`/torch_compile_cache`).
+//! * AOT layout (torch >= 2.10): `torch_aot_compile/<sha256>/rank_<r>_<dp>/model` is complete when
+//!   present (written as `model.<pid>.tmp` then `os.replace`); the shared
+//!   `torch_aot_compile/<sha256>/inductor_cache/` follows the Inductor rules.
+//! * Per-graph layout: `<hash>/rank_<r>_<dp>/<prefix>/` is complete once `vllm_compile_cache.py`
+//!   (written last, non-atomically) is a complete literal naming only existing artifacts.
+//! * Key: torch checks the **exact Python version**, torch, CUDA, Triton and GPU name when it
+//!   loads an AOT artifact; the per-graph hash covers traced files' absolute paths; vLLM's own
+//!   hash misses undeclared `VLLM_*` variables, so the model and engine config digest are keyed
+//!   too: `pkg.vllm`, `pkg.torch`, `pkg.triton`, `python.version`, `python.site_packages`,
+//!   `cuda.runtime`, `gpu.name`, `gpu.arch`, `driver.major`, `model.id`, `model.revision`,
+//!   `engine.config_digest`, `os.arch`.
+//! * Retention: the newest 3.
+
+use jitship_policy_common::{Decisions, compile_cache, inductor};
+use jitship_policy_sdk::{
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+};
+
+#[derive(Default)]
+pub struct VllmCompile;
+
+pub const KEY_FACTS: &[&str] = &[
+    "pkg.vllm",
+    "pkg.torch",
+    "pkg.triton",
+    "python.version",
+    "python.site_packages",
+    "cuda.runtime",
+    "gpu.name",
+    "gpu.arch",
+    "driver.major",
+    "model.id",
+    "model.revision",
+    "engine.config_digest",
+    "os.arch",
+];
+
+impl Policy for VllmCompile {
+    fn info(&self) -> PolicyInfo {
+        PolicyInfo {
+            name: "vllm-compile".into(),
+            version: "1.0.0".into(),
+            cache_kind: "vllm-compile".into(),
+            default_root: "~/.cache/vllm/torch_compile_cache".into(),
+            root_env: vec!["VLLM_CACHE_ROOT/torch_compile_cache".into()],
+            description: "vLLM torch.compile: AOT rank_*/model files and their inductor_cache, per-graph prefixes once vllm_compile_cache.py is complete".into(),
+        }
+    }
+
+    fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+        KeyBuilder::new("vllm-compile", 1)
+            .require_all(facts, KEY_FACTS)?
+            .build()
+    }
+
+    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+        let mut out = Decisions::with_never_publish(entries);
+        let mut aot_bases = std::collections::BTreeSet::new();
+        for (i, e) in entries.iter().enumerate() {
+            if out.is_decided(i) {
+                continue;
+            }
+            let p: Vec<&str> = e.path.split('/').collect();
+            if p[0] != "torch_aot_compile" {
+                continue;
+            }
+            match p.as_slice() {
+                [_, h, rank, "model"] if rank.starts_with("rank_") && !h.is_empty() => out.set(
+                    i,
+                    Decision::publish("AOT artifact (written to model.<pid>.tmp, then renamed)"),
+                ),
+                [_, h, "inductor_cache", _, ..] => {
+                    aot_bases.insert(format!("torch_aot_compile/{h}/inductor_cache/"));
+                }
+                _ => out.set(i, Decision::skip("unexpected path in the AOT layout")),
+            }
+        }
+        for b in &aot_bases {
+            inductor::decide(host, entries, b, &mut out);
+        }
+        compile_cache::decide(host, entries, "", "vllm_compile_cache.py", &mut out);
+        Ok(out.finish(|| Decision::skip("not part of a vLLM compile cache")))
+    }
+}
+
+export_policy!(VllmCompile);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jitship_policy_common::testing::{Tree, assert_paths, elf};
+
+    const AOT: &str =
+        "torch_aot_compile/295491ebf0294c0a690f1019a81888cde55cc78dba53b700d73b6720eb6bbe4b";
+
+    #[test]
+    fn aot_layout() {
+        let t = Tree::new();
+        let abs = t.abs();
+        t.file(&format!("{AOT}/rank_0_0/model"), b"artifact")
+            .file(&format!("{AOT}/rank_1_0/model.4242.tmp"), b"partial")
+            .file(
+                &format!("{AOT}/inductor_cache/fxgraph/pe/fpeg/abc"),
+                b"pickle",
+            )
+            .file(&format!("{AOT}/inductor_cache/iw/ciwz.py"), b"code")
+            .file(&format!("{AOT}/inductor_cache/iw/ciwz.so"), elf(10))
+            .file(&format!("{AOT}/inductor_cache/locks/ciwz.lock"), b"")
+            .file("gpu_p2p_access_cache_for_0,1.json", b"{}");
+        t.triton_kernel(
+            &format!("{AOT}/inductor_cache/triton/0/HASHAAAA"),
+            "k",
+            &abs,
+        );
+        let published = t.published(&VllmCompile);
+        assert!(published.contains(&format!("{AOT}/rank_0_0/model")));
+        assert!(published.contains(&format!(
+            "{AOT}/inductor_cache/triton/0/HASHAAAA/__grp__k.json"
+        )));
+        assert_eq!(published.len(), 4 + 8);
+        let skipped = t.skipped(&VllmCompile);
+        assert_paths(
+            &skipped,
+            &[
+                &format!("{AOT}/rank_1_0/model.4242.tmp"),
+                &format!("{AOT}/inductor_cache/locks/ciwz.lock"),
+                "gpu_p2p_access_cache_for_0,1.json",
+            ],
+        );
+    }
+
+    #[test]
+    fn per_graph_layout_waits_for_the_index() {
+        let t = Tree::new();
+        let index = "{(Range(start=1, end=2048), 0, 'inductor_standalone'): {'graph_handle': ('artifact_compile_range_1_2048_subgraph_0', '/x'), 'cache_key': 'k'}}";
+        let done = "1c5863dba3/rank_0_0/backbone";
+        t.file(&format!("{done}/cache_key_factors.json"), b"{}")
+            .file(&format!("{done}/computation_graph.py"), b"graph")
+            .file(
+                &format!("{done}/artifact_compile_range_1_2048_subgraph_0"),
+                b"bin",
+            )
+            .file(&format!("{done}/vllm_compile_cache.py"), index);
+        // still compiling: no index yet
+        let busy = "1c5863dba3/rank_1_0/backbone";
+        t.file(&format!("{busy}/cache_key_factors.json"), b"{}")
+            .file(
+                &format!("{busy}/artifact_compile_range_1_2048_subgraph_0/6i/c6i5.py"),
+                b"unpacked",
+            );
+        // index cut short while being written
+        let cut = "1c5863dba3/rank_0_0/eagle_head";
+        t.file(
+            &format!("{cut}/artifact_compile_range_1_2048_subgraph_0"),
+            b"bin",
+        )
+        .file(&format!("{cut}/vllm_compile_cache.py"), &index[..60]);
+        // index naming an artifact that is not there
+        let lost = "1c5863dba3/rank_1_0/eagle_head";
+        t.file(&format!("{lost}/vllm_compile_cache.py"), index);
+        // non-AOT per-graph: inductor_cache and triton_cache under the rank directory
+        t.file("1c5863dba3/rank_0_0/inductor_cache/iw/ciwz.py", b"code");
+        t.triton_kernel("1c5863dba3/rank_0_0/triton_cache/HASHAAAA", "k", &t.abs());
+        let sel = t.select(&VllmCompile);
+        for f in [
+            "cache_key_factors.json",
+            "computation_graph.py",
+            "artifact_compile_range_1_2048_subgraph_0",
+            "vllm_compile_cache.py",
+        ] {
+            assert!(sel[&format!("{done}/{f}")].0, "{f}");
+        }
+        assert!(!sel[&format!("{busy}/cache_key_factors.json")].0);
+        assert!(
+            sel[&format!("{busy}/cache_key_factors.json")]
+                .1
+                .contains("not written yet")
+        );
+        assert!(
+            sel[&format!("{cut}/vllm_compile_cache.py")]
+                .1
+                .contains("incomplete")
+        );
+        assert!(
+            sel[&format!("{lost}/vllm_compile_cache.py")]
+                .1
+                .contains("does not exist")
+        );
+        assert!(sel["1c5863dba3/rank_0_0/inductor_cache/iw/ciwz.py"].0);
+        assert!(sel["1c5863dba3/rank_0_0/triton_cache/HASHAAAA/__grp__k.json"].0);
+    }
+
+    #[test]
+    fn key_refuses_without_python_patch_or_model() {
+        let all: Vec<(&str, &str)> = KEY_FACTS.iter().map(|f| (*f, "v")).collect();
+        assert!(
+            VllmCompile
+                .compat_key(&Facts::from_pairs(all.clone()).unwrap())
+                .is_ok()
+        );
+        for missing in [
+            "python.version",
+            "model.id",
+            "engine.config_digest",
+            "gpu.name",
+        ] {
+            let f: Vec<(&str, &str)> = all.iter().copied().filter(|(n, _)| *n != missing).collect();
+            assert_eq!(
+                VllmCompile.compat_key(&Facts::from_pairs(f).unwrap()),
+                Err(PolicyError::MissingFact(missing.to_string()))
+            );
+        }
+    }
+}
