@@ -35,6 +35,8 @@ pub struct Config {
     pub caches: Vec<CacheConfig>,
     /// Facts that override (or add to) what jitship gathers.
     pub facts: BTreeMap<String, String>,
+    /// Where and how jitship gathers facts (the `[facts]` table stays a plain overrides map).
+    pub gather: GatherConfig,
     pub publish: PublishConfig,
     pub install: InstallConfig,
     pub policy: PolicyConfig,
@@ -91,6 +93,41 @@ pub struct CacheConfig {
     pub policy: Option<PathBuf>,
 }
 
+/// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatherConfig {
+    /// The inference engine's interpreter (e.g. a venv's `bin/python3`); default `python3` on PATH.
+    pub python: Option<PathBuf>,
+    /// Site-packages directories to read package versions from, instead of asking the interpreter.
+    pub site_packages: Vec<PathBuf>,
+    /// Distributions whose versions become `pkg.*` facts, beyond the built-in list.
+    pub packages: Vec<String>,
+    /// The engine's configuration file; its blake3 becomes `engine.config_digest`.
+    pub engine_config: Option<PathBuf>,
+    /// NVML, loaded at run time.
+    pub nvml_library: PathBuf,
+    /// The NVIDIA kernel module's version file (driver version when NVML and nvidia-smi fail).
+    pub driver_version_file: PathBuf,
+    /// Bound on each external program (nvidia-smi, nvcc, python) and on NVML.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for GatherConfig {
+    fn default() -> Self {
+        Self {
+            python: None,
+            site_packages: Vec::new(),
+            packages: Vec::new(),
+            engine_config: None,
+            nvml_library: PathBuf::from("libnvidia-ml.so.1"),
+            driver_version_file: PathBuf::from("/proc/driver/nvidia/version"),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PublishConfig {
@@ -144,9 +181,9 @@ pub struct PolicyConfig {
     pub read_budget: ByteSize,
     /// Keep compiled policies on disk so a start costs milliseconds instead of a compile.
     pub compile_cache: bool,
-    /// Where compiled policies are kept (created 0700, jitship's own files only). Default:
-    /// `$XDG_CACHE_HOME/jitship/policy`, else `~/.cache/jitship/policy`.
-    pub cache_dir: Option<PathBuf>,
+    /// Where compiled policies are kept (created 0700; only files jitship wrote there are loaded).
+    /// If it cannot be created or trusted, jitship warns and compiles in memory.
+    pub cache_dir: PathBuf,
 }
 
 impl Default for PolicyConfig {
@@ -157,7 +194,7 @@ impl Default for PolicyConfig {
             memory: ByteSize::mib(64),
             read_budget: ByteSize::mib(16),
             compile_cache: true,
-            cache_dir: None,
+            cache_dir: PathBuf::from("/var/cache/jitship/policy"),
         }
     }
 }
@@ -215,6 +252,26 @@ impl Config {
                 hint: "must be at least 2 MiB (a policy's stack and data alone take about 1 MiB)"
                     .into(),
             });
+        }
+        if self.gather.timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                what: "gather.timeout",
+                value: "0s".into(),
+                hint: "must be above zero, e.g. \"5s\"".into(),
+            });
+        }
+        for name in &self.gather.packages {
+            if name.trim().is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(ConfigError::Invalid {
+                    what: "gather.packages entry",
+                    value: name.clone(),
+                    hint: "use a distribution name as pip spells it, e.g. flashinfer-python".into(),
+                });
+            }
         }
         let mut kinds = std::collections::HashSet::new();
         for c in &self.caches {
@@ -327,6 +384,14 @@ mod tests {
         assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
         assert!(parse_fact_arg("=x").is_err());
+        let err = Config::parse("[gather]\ntimeout = '0s'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gather.timeout"), "{err}");
+        let err = Config::parse("[gather]\npackages = ['torch>=2']\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("torch>=2"), "{err}");
         let err = Config::parse("[policy]\nfuel = 5\n", Path::new("x.toml"))
             .unwrap_err()
             .to_string();
@@ -349,6 +414,23 @@ mod tests {
         assert_eq!(
             config.caches[0].policy.as_deref(),
             Some(Path::new("/p/triton.wasm"))
+        );
+    }
+
+    #[test]
+    fn gather_settings_parse_beside_the_facts_overrides() {
+        let text = "[facts]\n\"model.id\" = \"m\"\n[gather]\npython = \"/venv/bin/python3\"\npackages = [\"xformers\"]\ntimeout = \"2s\"\n";
+        let config = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(config.facts.get("model.id").map(String::as_str), Some("m"));
+        assert_eq!(
+            config.gather.python.as_deref(),
+            Some(Path::new("/venv/bin/python3"))
+        );
+        assert_eq!(config.gather.packages, vec!["xformers".to_string()]);
+        assert_eq!(config.gather.timeout, Duration::from_secs(2));
+        assert_eq!(
+            config.gather.nvml_library,
+            PathBuf::from("libnvidia-ml.so.1")
         );
     }
 }

@@ -10,7 +10,7 @@
 //! A file lock beside the root serializes installers on one pod (invariant 5); the second one waits,
 //! then finds the files present and reports already-current.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
@@ -37,7 +37,10 @@ pub struct InstallOptions {
 
 impl Default for InstallOptions {
     fn default() -> Self {
-        Self { deadline: Duration::from_secs(60), fallback_depth: 3 }
+        Self {
+            deadline: Duration::from_secs(60),
+            fallback_depth: 3,
+        }
     }
 }
 
@@ -102,11 +105,25 @@ pub enum InstallError {
     #[error("pack {0} vanished from the store during the install (evicted); retry")]
     PackVanished(ContentHash),
     #[error("pack {id} is {actual} bytes, the manifest says {expected}: refusing a corrupt pack")]
-    PackSize { id: ContentHash, expected: u64, actual: usize },
-    #[error("{path}: content hash {actual} does not match the manifest's {expected}: refusing corrupt data")]
-    Corrupt { path: String, expected: ContentHash, actual: ContentHash },
+    PackSize {
+        id: ContentHash,
+        expected: u64,
+        actual: usize,
+    },
+    #[error(
+        "{path}: content hash {actual} does not match the manifest's {expected}: refusing corrupt data"
+    )]
+    Corrupt {
+        path: String,
+        expected: ContentHash,
+        actual: ContentHash,
+    },
     #[error("{op} {path}: {source}")]
-    Io { op: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("deadline of {0:?} passed; the root was left as it was")]
     Deadline(Duration),
     #[error("cancelled at the deadline")]
@@ -114,7 +131,11 @@ pub enum InstallError {
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> InstallError + 'a {
-    move |source| InstallError::Io { op, path: path.to_owned(), source }
+    move |source| InstallError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
 }
 
 /// Installs into `root` within `opts.deadline`. Never panics on input from the store; every
@@ -148,7 +169,10 @@ pub fn install(
     let key = match policy.compat_key(facts) {
         Ok(k) => k,
         Err(e) => {
-            report.detail = format!("policy {} gave no compatibility key: {e}", policy.info().name);
+            report.detail = format!(
+                "policy {} gave no compatibility key: {e}",
+                policy.info().name
+            );
             report.duration_ms = started.elapsed().as_millis() as u64;
             return report;
         }
@@ -161,7 +185,16 @@ pub fn install(
     // commit gate makes "timed out" and "moved files into the root" mutually exclusive.
     let gate = Arc::new(CommitGate::default());
     let (tx, rx) = mpsc::channel();
-    let job = Job { store, layout: layout.clone(), root: root.to_owned(), compat, deadline: started + opts.deadline, gate: gate.clone(), fallback_depth: opts.fallback_depth, report: report.clone() };
+    let job = Job {
+        store,
+        layout: layout.clone(),
+        root: root.to_owned(),
+        compat,
+        deadline: started + opts.deadline,
+        gate: gate.clone(),
+        fallback_depth: opts.fallback_depth,
+        report: report.clone(),
+    };
     std::thread::spawn(move || {
         let mut job = job;
         let result = job.run();
@@ -172,7 +205,11 @@ pub fn install(
         Ok(r) => r,
         Err(_) => {
             if gate.cancel_unless_committing() {
-                let staging = gate.staging.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let staging = gate
+                    .staging
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
                 if let Some(dir) = staging {
                     let _ = fs::remove_dir_all(dir);
                 }
@@ -181,7 +218,8 @@ pub fn install(
                 return report;
             }
             // The job is moving verified files into place; that is quick and must finish.
-            rx.recv().unwrap_or_else(|_| (Err(InstallError::Cancelled), report.clone()))
+            rx.recv()
+                .unwrap_or_else(|_| (Err(InstallError::Cancelled), report.clone()))
         }
     };
     match result {
@@ -268,19 +306,29 @@ impl Job {
     fn run(&mut self) -> Result<(InstallOutcome, String), InstallError> {
         let store = self.store.clone();
         let Some(head) = catalog::newest_head(store.as_ref(), &self.layout, &self.compat)? else {
-            return Ok((InstallOutcome::Miss, format!("no generation published yet for compat id {}", self.compat)));
+            return Ok((
+                InstallOutcome::Miss,
+                format!("no generation published yet for compat id {}", self.compat),
+            ));
         };
         let Some(manifest) = self.pick_complete(&head)? else {
             return Ok((
                 InstallOutcome::Miss,
-                format!("generation {} (and {} older) incomplete in the store: evicted or removed", head.generation, self.fallback_depth),
+                format!(
+                    "generation {} (and {} older) incomplete in the store: evicted or removed",
+                    head.generation, self.fallback_depth
+                ),
             ));
         };
         self.report.generation = Some(manifest.id());
         self.report.files_in_generation = manifest.files.len() as u64;
         self.check_time()?;
 
-        let parent = self.root.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"));
+        let parent = self
+            .root
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"));
         fs::create_dir_all(&parent).map_err(io("create", &parent))?;
         let _lock = self.lock(&parent)?;
         self.check_time()?;
@@ -289,7 +337,10 @@ impl Job {
         self.report.conflicts = conflicts;
         self.report.files_already_present = present;
         if todo.is_empty() {
-            return Ok((InstallOutcome::AlreadyCurrent, format!("generation {} already on disk", manifest.id())));
+            return Ok((
+                InstallOutcome::AlreadyCurrent,
+                format!("generation {} already on disk", manifest.id()),
+            ));
         }
 
         let staging = self.staging_dir(&parent)?;
@@ -298,30 +349,54 @@ impl Job {
         let _ = fs::remove_dir_all(&staging);
         result?;
         let n = self.report.files_installed;
-        Ok((InstallOutcome::Installed, format!("installed {n} files of generation {}", manifest.id())))
+        Ok((
+            InstallOutcome::Installed,
+            format!("installed {n} files of generation {}", manifest.id()),
+        ))
     }
 
     /// The newest generation among `head` and a few older ones whose manifest and packs are all
     /// in the store right now.
-    fn pick_complete(&self, head: &crate::generation::HeadRecord) -> Result<Option<Manifest>, InstallError> {
+    fn pick_complete(
+        &self,
+        head: &crate::generation::HeadRecord,
+    ) -> Result<Option<Manifest>, InstallError> {
         let store = self.store.as_ref();
         let mut candidates = vec![head.clone()];
-        candidates.extend(catalog::older_heads(store, &self.layout, head, self.fallback_depth)?);
+        candidates.extend(catalog::older_heads(
+            store,
+            &self.layout,
+            head,
+            self.fallback_depth,
+        )?);
         for h in candidates {
             self.check_time()?;
             match catalog::fetch_manifest(store, &self.layout, &h.generation)? {
                 Some(m) if catalog::packs_present(store, &self.layout, &m)? => return Ok(Some(m)),
-                Some(_) => tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one"),
-                None => tracing::warn!(generation = %h.generation, "manifest missing; trying an older generation"),
+                Some(_) => {
+                    tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one")
+                }
+                None => {
+                    tracing::warn!(generation = %h.generation, "manifest missing; trying an older generation")
+                }
             }
         }
         Ok(None)
     }
 
     fn lock(&self, parent: &Path) -> Result<File, InstallError> {
-        let name = self.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "root".into());
+        let name = self
+            .root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "root".into());
         let path = parent.join(format!(".{name}.jitship.lock"));
-        let file = File::options().create(true).truncate(false).write(true).open(&path).map_err(io("open lock", &path))?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io("open lock", &path))?;
         loop {
             match file.try_lock() {
                 Ok(()) => return Ok(file),
@@ -329,7 +404,13 @@ impl Job {
                     self.check_time()?;
                     std::thread::sleep(Duration::from_millis(25));
                 }
-                Err(fs::TryLockError::Error(e)) => return Err(InstallError::Io { op: "lock", path, source: e }),
+                Err(fs::TryLockError::Error(e)) => {
+                    return Err(InstallError::Io {
+                        op: "lock",
+                        path,
+                        source: e,
+                    });
+                }
             }
         }
     }
@@ -337,7 +418,11 @@ impl Job {
     /// A fresh staging directory on the root's filesystem; stale ones from crashed installs
     /// (we hold the lock, so nobody else is using them) are removed first.
     fn staging_dir(&self, parent: &Path) -> Result<PathBuf, InstallError> {
-        let name = self.root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = self
+            .root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let beside = format!("{STAGING_PREFIX}{name}-");
         remove_stale(parent, &beside);
         remove_stale(&self.root, STAGING_PREFIX);
@@ -345,52 +430,77 @@ impl Job {
             (Ok(p), Ok(r)) => p.dev() == r.dev(),
             _ => true,
         };
-        let (dir, prefix) = if same_fs { (parent, beside) } else { (self.root.as_path(), STAGING_PREFIX.to_owned()) };
-        let staging = tempfile::Builder::new().prefix(&prefix).tempdir_in(dir).map_err(io("create staging in", dir))?;
+        let (dir, prefix) = if same_fs {
+            (parent, beside)
+        } else {
+            (self.root.as_path(), STAGING_PREFIX.to_owned())
+        };
+        let staging = tempfile::Builder::new()
+            .prefix(&prefix)
+            .tempdir_in(dir)
+            .map_err(io("create staging in", dir))?;
         Ok(staging.keep())
     }
 
-    fn fetch_and_commit(&mut self, manifest: &Manifest, todo: &[&FileRecord], staging: &Path) -> Result<(), InstallError> {
+    fn fetch_and_commit(
+        &mut self,
+        manifest: &Manifest,
+        todo: &[&FileRecord],
+        staging: &Path,
+    ) -> Result<(), InstallError> {
         let tree = staging.join("tree");
-        let pending: Vec<Pending> = todo.iter().map(|r| Pending { record: r, staged: r.path.to_path(&tree) }).collect();
+        let pending: Vec<Pending> = todo
+            .iter()
+            .map(|r| Pending {
+                record: r,
+                staged: r.path.to_path(&tree),
+            })
+            .collect();
         self.write_staging(manifest, &pending, &tree)?;
         self.check_time()?;
         sync_filesystem(staging);
         if !self.gate.enter_commit() {
             return Err(InstallError::Cancelled);
         }
-        commit(&self.root, &tree, &pending, &mut self.report)?;
-        sync_filesystem(&self.root);
-        Ok(())
+        // The bytes are durable before any name appears in the root; losing the renames to a
+        // crash only loses the install (staging is cleaned by the next one).
+        commit(&self.root, &tree, &pending, &mut self.report)
     }
 
     /// Streams the needed packs (one in flight while the previous one is written) and writes
-    /// every file into staging, hashing as it goes; then checks every hash.
-    fn write_staging(&mut self, manifest: &Manifest, pending: &[Pending], tree: &Path) -> Result<(), InstallError> {
-        fs::create_dir_all(tree).map_err(io("create", tree))?;
+    /// every file into staging, verifying its blake3 before it counts as written. A file is open
+    /// only while a piece of it is written, so the number of descriptors stays constant whatever
+    /// the number of files.
+    fn write_staging(
+        &mut self,
+        manifest: &Manifest,
+        pending: &[Pending],
+        tree: &Path,
+    ) -> Result<(), InstallError> {
+        let mut writer = StagingWriter::new(tree)?;
         // Which pending files need which pack, in pack order.
         let mut by_pack: BTreeMap<u32, Vec<(usize, u64, u64, u64)>> = BTreeMap::new();
         for (i, p) in pending.iter().enumerate() {
+            if p.record.chunks.is_empty() {
+                writer.write_whole(p, &[])?;
+            }
             let mut file_offset = 0;
             for c in &p.record.chunks {
-                by_pack.entry(c.pack).or_default().push((i, file_offset, c.offset, c.len));
+                by_pack
+                    .entry(c.pack)
+                    .or_default()
+                    .push((i, file_offset, c.offset, c.len));
                 file_offset += c.len;
             }
-        }
-        let mut files: Vec<Option<File>> = Vec::with_capacity(pending.len());
-        let mut hashers: Vec<(blake3::Hasher, u64)> = Vec::with_capacity(pending.len());
-        for p in pending {
-            if let Some(dir) = p.staged.parent() {
-                fs::create_dir_all(dir).map_err(io("create", dir))?;
-            }
-            files.push(Some(File::create(&p.staged).map_err(io("create", &p.staged))?));
-            hashers.push((blake3::Hasher::new(), 0));
         }
 
         let packs: Vec<u32> = by_pack.keys().copied().collect();
         let store = self.store.clone();
         let layout = self.layout.clone();
-        let ids: Vec<ContentHash> = packs.iter().map(|&i| manifest.packs[i as usize].id).collect();
+        let ids: Vec<ContentHash> = packs
+            .iter()
+            .map(|&i| manifest.packs[i as usize].id)
+            .collect();
         let (tx, rx) = mpsc::sync_channel::<Result<(usize, Option<Vec<u8>>), StoreError>>(1);
         let gate = self.gate.clone();
         std::thread::spawn(move || {
@@ -404,64 +514,170 @@ impl Job {
                 }
             }
         });
-        let mut out_of_order = vec![false; pending.len()];
         for received in rx {
             self.check_time()?;
             let (i, bytes) = received?;
             let pack = &manifest.packs[packs[i] as usize];
             let bytes = bytes.ok_or(InstallError::PackVanished(pack.id))?;
             if bytes.len() as u64 != pack.size {
-                return Err(InstallError::PackSize { id: pack.id, expected: pack.size, actual: bytes.len() });
+                return Err(InstallError::PackSize {
+                    id: pack.id,
+                    expected: pack.size,
+                    actual: bytes.len(),
+                });
             }
             self.report.packs_fetched += 1;
             self.report.bytes_fetched += bytes.len() as u64;
             for &(fi, file_offset, pack_offset, len) in &by_pack[&packs[i]] {
                 let slice = &bytes[pack_offset as usize..(pack_offset + len) as usize];
-                let staged = &pending[fi].staged;
-                let file = files[fi].as_ref().expect("open until verified");
-                file.write_all_at(slice, file_offset).map_err(io("write", staged))?;
-                let (hasher, hashed) = &mut hashers[fi];
-                if *hashed == file_offset && !out_of_order[fi] {
-                    hasher.update(slice);
-                    *hashed += len;
+                if pending[fi].record.chunks.len() == 1 {
+                    writer.write_whole(&pending[fi], slice)?;
                 } else {
-                    out_of_order[fi] = true;
+                    writer.write_piece(fi, &pending[fi], file_offset, slice)?;
                 }
             }
         }
-        // Every pack arrived (a missing one would have failed above); check every file.
-        for (fi, p) in pending.iter().enumerate() {
-            let mut file = files[fi].take().expect("open until verified");
-            let actual = if out_of_order[fi] {
-                hash_file(&p.staged).map_err(io("read", &p.staged))?.0
-            } else {
-                hashers[fi].0.finalize().into()
-            };
-            if actual != p.record.blake3 {
-                return Err(InstallError::Corrupt { path: p.record.path.to_string(), expected: p.record.blake3, actual });
-            }
-            file.flush().map_err(io("write", &p.staged))?;
-            let mtime = UNIX_EPOCH + Duration::new(p.record.mtime_s.max(0) as u64, p.record.mtime_ns.min(999_999_999));
-            file.set_times(FileTimes::new().set_modified(mtime).set_accessed(mtime)).map_err(io("set times on", &p.staged))?;
-            file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777)).map_err(io("chmod", &p.staged))?;
+        if let Some(fi) = writer.unfinished.keys().next() {
+            // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
+            return Err(InstallError::Corrupt {
+                path: pending[*fi].record.path.to_string(),
+                expected: pending[*fi].record.blake3,
+                actual: ContentHash::of(b""),
+            });
         }
         Ok(())
     }
 }
 
+/// Writes staged files: a single-piece file (nearly all of them) is checked in memory and written
+/// in one go; a file spread over several packs is written piece by piece and checked once the
+/// last piece is in.
+struct StagingWriter {
+    created_dirs: HashSet<PathBuf>,
+    unfinished: HashMap<usize, Unfinished>,
+}
+
+struct Unfinished {
+    hasher: blake3::Hasher,
+    hashed: u64,
+    written: u64,
+    in_order: bool,
+}
+
+impl StagingWriter {
+    fn new(tree: &Path) -> Result<Self, InstallError> {
+        fs::create_dir_all(tree).map_err(io("create", tree))?;
+        Ok(Self {
+            created_dirs: HashSet::from([tree.to_owned()]),
+            unfinished: HashMap::new(),
+        })
+    }
+
+    fn ensure_parent(&mut self, path: &Path) -> Result<(), InstallError> {
+        if let Some(dir) = path.parent()
+            && !self.created_dirs.contains(dir)
+        {
+            fs::create_dir_all(dir).map_err(io("create", dir))?;
+            self.created_dirs.insert(dir.to_owned());
+        }
+        Ok(())
+    }
+
+    fn write_whole(&mut self, p: &Pending, bytes: &[u8]) -> Result<(), InstallError> {
+        let actual: ContentHash = blake3::hash(bytes).into();
+        if actual != p.record.blake3 {
+            return Err(InstallError::Corrupt {
+                path: p.record.path.to_string(),
+                expected: p.record.blake3,
+                actual,
+            });
+        }
+        self.ensure_parent(&p.staged)?;
+        let mut file = File::create_new(&p.staged).map_err(io("create", &p.staged))?;
+        file.write_all(bytes).map_err(io("write", &p.staged))?;
+        finish_file(&file, p)
+    }
+
+    fn write_piece(
+        &mut self,
+        fi: usize,
+        p: &Pending,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), InstallError> {
+        self.ensure_parent(&p.staged)?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p.staged)
+            .map_err(io("create", &p.staged))?;
+        file.write_all_at(bytes, offset)
+            .map_err(io("write", &p.staged))?;
+        let state = self.unfinished.entry(fi).or_insert_with(|| Unfinished {
+            hasher: blake3::Hasher::new(),
+            hashed: 0,
+            written: 0,
+            in_order: true,
+        });
+        if state.in_order && state.hashed == offset {
+            state.hasher.update(bytes);
+            state.hashed += bytes.len() as u64;
+        } else {
+            state.in_order = false;
+        }
+        state.written += bytes.len() as u64;
+        if state.written < p.record.size {
+            return Ok(());
+        }
+        let state = self.unfinished.remove(&fi).expect("present");
+        let actual = if state.in_order {
+            state.hasher.finalize().into()
+        } else {
+            hash_file(&p.staged).map_err(io("read", &p.staged))?.0
+        };
+        if actual != p.record.blake3 {
+            return Err(InstallError::Corrupt {
+                path: p.record.path.to_string(),
+                expected: p.record.blake3,
+                actual,
+            });
+        }
+        finish_file(&file, p)
+    }
+}
+
+/// Gives a verified staged file the manifest's mode and times.
+fn finish_file(file: &File, p: &Pending) -> Result<(), InstallError> {
+    let mtime = UNIX_EPOCH
+        + Duration::new(
+            p.record.mtime_s.max(0) as u64,
+            p.record.mtime_ns.min(999_999_999),
+        );
+    file.set_times(FileTimes::new().set_modified(mtime).set_accessed(mtime))
+        .map_err(io("set times on", &p.staged))?;
+    file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777))
+        .map_err(io("chmod", &p.staged))
+}
+
 /// Files of the manifest missing on disk; paths present with other content (left alone); and how
 /// many are present already. A path whose parent on disk is a link or a file is a conflict too:
 /// the install never writes through a link.
-fn diff_with_disk<'m>(root: &Path, manifest: &'m Manifest) -> Result<(Vec<&'m FileRecord>, Vec<String>, u64), InstallError> {
+fn diff_with_disk<'m>(
+    root: &Path,
+    manifest: &'m Manifest,
+) -> Result<(Vec<&'m FileRecord>, Vec<String>, u64), InstallError> {
     let mut todo = Vec::new();
     let mut conflicts = Vec::new();
     let mut present = 0;
     let mut dir_ok: HashMap<String, bool> = HashMap::new();
     for f in &manifest.files {
         let blocked = f.path.ancestors().any(|d| {
-            *dir_ok.entry(d.to_owned()).or_insert_with(|| match fs::symlink_metadata(root.join(d)) {
-                Ok(m) => m.is_dir(),
-                Err(_) => true,
+            *dir_ok.entry(d.to_owned()).or_insert_with(|| {
+                match fs::symlink_metadata(root.join(d)) {
+                    Ok(m) => m.is_dir(),
+                    Err(_) => true,
+                }
             }) == false
         });
         if blocked {
@@ -471,7 +687,22 @@ fn diff_with_disk<'m>(root: &Path, manifest: &'m Manifest) -> Result<(Vec<&'m Fi
         let dest = f.path.to_path(root);
         match fs::symlink_metadata(&dest) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => todo.push(f),
-            Err(e) => return Err(InstallError::Io { op: "stat", path: dest, source: e }),
+            Err(e) => {
+                return Err(InstallError::Io {
+                    op: "stat",
+                    path: dest,
+                    source: e,
+                });
+            }
+            // Same size and the exact mtime an install sets: the file is ours; skip rehashing it.
+            Ok(m)
+                if m.is_file()
+                    && m.len() == f.size
+                    && m.mtime() == f.mtime_s
+                    && m.mtime_nsec() == i64::from(f.mtime_ns) =>
+            {
+                present += 1;
+            }
             Ok(m) if m.is_file() && m.len() == f.size => {
                 let (h, _) = hash_file(&dest).map_err(io("read", &dest))?;
                 if h == f.blake3 {
@@ -489,13 +720,36 @@ fn diff_with_disk<'m>(root: &Path, manifest: &'m Manifest) -> Result<(Vec<&'m Fi
 /// Moves verified files into the root. A root that does not exist yet arrives in one rename;
 /// otherwise file by file with RENAME_NOREPLACE (never over a file that appeared meanwhile). On
 /// an error, what was moved and created is taken back out, so the root is as it was.
-fn commit(root: &Path, tree: &Path, pending: &[Pending], report: &mut InstallReport) -> Result<(), InstallError> {
+fn commit(
+    root: &Path,
+    tree: &Path,
+    pending: &[Pending],
+    report: &mut InstallReport,
+) -> Result<(), InstallError> {
     let bytes: u64 = pending.iter().map(|p| p.record.size).sum();
-    if fs::symlink_metadata(root).is_err() {
-        fs::rename(tree, root).map_err(io("rename into", root))?;
-        report.files_installed = pending.len() as u64;
-        report.bytes_installed = bytes;
-        return Ok(());
+    // A root that does not exist, or exists empty, receives the whole tree in one rename (rename(2)
+    // replaces an empty directory). If that fails (a mount point, a file appeared), go file by file.
+    let root_is_empty_dir = fs::read_dir(root).is_ok_and(|mut d| d.next().is_none());
+    if fs::symlink_metadata(root).is_err() || root_is_empty_dir {
+        let old_mode = fs::metadata(root).ok().map(|m| m.permissions());
+        match fs::rename(tree, root) {
+            Ok(()) => {
+                if let Some(mode) = old_mode {
+                    fs::set_permissions(root, mode).map_err(io("chmod", root))?;
+                }
+                report.files_installed = pending.len() as u64;
+                report.bytes_installed = bytes;
+                return Ok(());
+            }
+            Err(e) if !root_is_empty_dir => {
+                return Err(InstallError::Io {
+                    op: "rename into",
+                    path: root.into(),
+                    source: e,
+                });
+            }
+            Err(_) => {}
+        }
     }
     let mut moved: Vec<PathBuf> = Vec::new();
     let mut created_dirs: Vec<PathBuf> = Vec::new();
@@ -505,7 +759,15 @@ fn commit(root: &Path, tree: &Path, pending: &[Pending], report: &mut InstallRep
                 let dir = root.join(d);
                 match fs::symlink_metadata(&dir) {
                     Ok(m) if m.is_dir() => {}
-                    Ok(_) => return Err(InstallError::Io { op: "install under", path: dir, source: std::io::Error::other("not a directory (changed during the install)") }),
+                    Ok(_) => {
+                        return Err(InstallError::Io {
+                            op: "install under",
+                            path: dir,
+                            source: std::io::Error::other(
+                                "not a directory (changed during the install)",
+                            ),
+                        });
+                    }
                     Err(_) => {
                         fs::create_dir(&dir).map_err(io("create", &dir))?;
                         created_dirs.push(dir);
@@ -520,9 +782,18 @@ fn commit(root: &Path, tree: &Path, pending: &[Pending], report: &mut InstallRep
                     report.bytes_installed += p.record.size;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    report.conflicts.push(format!("{}: appeared during the install (left alone)", p.record.path));
+                    report.conflicts.push(format!(
+                        "{}: appeared during the install (left alone)",
+                        p.record.path
+                    ));
                 }
-                Err(e) => return Err(InstallError::Io { op: "rename into", path: dest, source: e }),
+                Err(e) => {
+                    return Err(InstallError::Io {
+                        op: "rename into",
+                        path: dest,
+                        source: e,
+                    });
+                }
             }
         }
         Ok(())
@@ -546,8 +817,20 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
     let from_c = CString::new(from.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     let to_c = CString::new(to.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     // std has no no-replace rename; renameat2(2) is the one atomic way to get it on Linux.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, from_c.as_ptr(), libc::AT_FDCWD, to_c.as_ptr(), libc::RENAME_NOREPLACE) };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from_c.as_ptr(),
+            libc::AT_FDCWD,
+            to_c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Flushes the filesystem holding `path` so renamed files are never seen empty after a crash.
@@ -560,7 +843,9 @@ fn sync_filesystem(path: &Path) {
 }
 
 fn remove_stale(dir: &Path, prefix: &str) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         if e.file_name().to_string_lossy().starts_with(prefix) {
             let _ = fs::remove_dir_all(e.path());

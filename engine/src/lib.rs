@@ -2,7 +2,9 @@
 //! generations to a store, and installs the matching generation when the next worker starts.
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
+pub mod author;
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod facts;
 pub mod generation;

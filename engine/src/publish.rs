@@ -22,8 +22,9 @@ use serde::Serialize;
 use crate::catalog::{self, CatalogError};
 use crate::facts::Facts;
 use crate::generation::{
-    Chunk, CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord, Manifest, PackPlan,
-    PackRef, Producer, RelPath, hash_file, merge_files, plan_packs, prune_packs,
+    Chunk, CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord,
+    Manifest, PackPlan, PackRef, Producer, RelPath, hash_file, merge_files, plan_packs,
+    prune_packs,
 };
 use crate::policy::{CachePolicy, PolicyError, Verdict};
 use crate::scan::{self, ScannedFile};
@@ -71,6 +72,9 @@ pub struct PublishReport {
     pub conflicts: Vec<Conflict>,
     /// Generations of other publishers merged in because they won a head seq first.
     pub merged: Vec<GenerationId>,
+    /// Time spent hashing files, and reading and uploading packs (where a publish's time goes).
+    pub hash_ms: u64,
+    pub upload_ms: u64,
     pub duration_ms: u64,
 }
 
@@ -81,14 +85,22 @@ pub enum PublishError {
     #[error("policy {0} returned {1} decisions for {2} files")]
     PolicyContract(String, usize, usize),
     #[error("scanning {root}: {source}")]
-    Scan { root: PathBuf, source: std::io::Error },
+    Scan {
+        root: PathBuf,
+        source: std::io::Error,
+    },
     #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
     Catalog(#[from] CatalogError),
-    #[error("gave up after {0} attempts to write a head: other publishers kept winning; retry later")]
+    #[error(
+        "gave up after {0} attempts to write a head: other publishers kept winning; retry later"
+    )]
     Contention(u32),
 }
 
@@ -106,7 +118,8 @@ impl HashCache {
     }
 
     fn remember(&mut self, f: &ScannedFile, hash: ContentHash) {
-        self.entries.insert(f.path.clone(), (f.size, f.mtime_s, f.mtime_ns, f.ino, hash));
+        self.entries
+            .insert(f.path.clone(), (f.size, f.mtime_s, f.mtime_ns, f.ino, hash));
     }
 }
 
@@ -120,15 +133,25 @@ pub fn publish(
 ) -> Result<PublishReport, PublishError> {
     let started = Instant::now();
     let kind = policy.info().cache_kind.clone();
-    let policy_err = |source| PublishError::Policy { policy: policy.info().name.clone(), source };
+    let policy_err = |source| PublishError::Policy {
+        policy: policy.info().name.clone(),
+        source,
+    };
     let compat_key = policy.compat_key(&opts.facts).map_err(policy_err)?;
     let compat_id = CompatId::new(&kind, &compat_key);
 
-    let snap = scan::snapshot(root).map_err(|source| PublishError::Scan { root: root.into(), source })?;
+    let snap = scan::snapshot(root).map_err(|source| PublishError::Scan {
+        root: root.into(),
+        source,
+    })?;
     let entries: Vec<_> = snap.files.iter().map(ScannedFile::entry).collect();
     let decisions = policy.select(root, &entries).map_err(policy_err)?;
     if decisions.len() != entries.len() {
-        return Err(PublishError::PolicyContract(policy.info().name.clone(), decisions.len(), entries.len()));
+        return Err(PublishError::PolicyContract(
+            policy.info().name.clone(),
+            decisions.len(),
+            entries.len(),
+        ));
     }
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
     for (_, reason) in &snap.unpublishable {
@@ -163,6 +186,8 @@ pub fn publish(
         packs_reused: 0,
         conflicts: vec![],
         merged: vec![],
+        hash_ms: 0,
+        upload_ms: 0,
         duration_ms: 0,
     };
 
@@ -173,17 +198,29 @@ pub fn publish(
         None => None,
     };
 
+    let hashing = Instant::now();
     let local = hash_selected(root, &selected, parent.as_ref(), hashes, &mut report)?;
-    let parent_paths: HashMap<&RelPath, &FileRecord> =
-        parent.iter().flat_map(|m| &m.files).map(|f| (&f.path, f)).collect();
-    let new_files: Vec<&(&ScannedFile, ContentHash)> = local.iter().filter(|(f, _)| !parent_paths.contains_key(&f.path)).collect();
+    report.hash_ms = hashing.elapsed().as_millis() as u64;
+    let parent_paths: HashMap<&RelPath, &FileRecord> = parent
+        .iter()
+        .flat_map(|m| &m.files)
+        .map(|f| (&f.path, f))
+        .collect();
+    let new_files: Vec<&(&ScannedFile, ContentHash)> = local
+        .iter()
+        .filter(|(f, _)| !parent_paths.contains_key(&f.path))
+        .collect();
     report.files_new = new_files.len() as u64;
     if new_files.is_empty() {
         report.conflicts = local
             .iter()
             .filter_map(|(f, h)| {
                 let p = parent_paths.get(&f.path)?;
-                (p.blake3 != *h).then(|| Conflict { path: f.path.clone(), kept: p.blake3, dropped: *h })
+                (p.blake3 != *h).then(|| Conflict {
+                    path: f.path.clone(),
+                    kept: p.blake3,
+                    dropped: *h,
+                })
             })
             .collect();
         report.outcome = match &parent {
@@ -195,8 +232,14 @@ pub fn publish(
     }
 
     // Contents the parent already stores are referenced, not uploaded again.
-    let parent_contents: HashMap<ContentHash, (&[Chunk], &[PackRef])> =
-        parent.iter().flat_map(|m| m.files.iter().map(move |f| (f.blake3, (f.chunks.as_slice(), m.packs.as_slice())))).collect();
+    let parent_contents: HashMap<ContentHash, (&[Chunk], &[PackRef])> = parent
+        .iter()
+        .flat_map(|m| {
+            m.files
+                .iter()
+                .map(move |f| (f.blake3, (f.chunks.as_slice(), m.packs.as_slice())))
+        })
+        .collect();
     let mut order: Vec<(ContentHash, u64)> = Vec::new();
     let mut source_of: HashMap<ContentHash, &ScannedFile> = HashMap::new();
     for (f, h) in &new_files {
@@ -206,16 +249,25 @@ pub fn publish(
         }
     }
     let plans = plan_packs(&order, opts.pack_size);
+    let uploading = Instant::now();
     upload_packs(store, layout, root, &plans, &source_of, &mut report)?;
+    report.upload_ms = uploading.elapsed().as_millis() as u64;
 
     // Our side: the new files, located in parent packs or in the packs just uploaded.
     let mut ours_packs: Vec<PackRef> = parent.as_ref().map(|m| m.packs.clone()).unwrap_or_default();
     let base = ours_packs.len() as u32;
-    ours_packs.extend(plans.iter().map(|p| PackRef { id: p.id, size: p.size }));
+    ours_packs.extend(plans.iter().map(|p| PackRef {
+        id: p.id,
+        size: p.size,
+    }));
     let mut located: HashMap<ContentHash, Vec<Chunk>> = HashMap::new();
     for (i, plan) in plans.iter().enumerate() {
         for piece in &plan.pieces {
-            located.entry(piece.content).or_default().push(Chunk { pack: base + i as u32, offset: piece.pack_offset, len: piece.len });
+            located.entry(piece.content).or_default().push(Chunk {
+                pack: base + i as u32,
+                offset: piece.pack_offset,
+                len: piece.len,
+            });
         }
     }
     let ours_files: Vec<FileRecord> = new_files
@@ -257,7 +309,14 @@ pub fn publish(
     report.conflicts.extend(conflicts);
     prune_packs(&mut candidate);
 
-    let (generation, seq) = commit_head(store, layout, candidate, head.map_or(1, |h| h.seq + 1), opts, &mut report)?;
+    let (generation, seq) = commit_head(
+        store,
+        layout,
+        candidate,
+        head.map_or(1, |h| h.seq + 1),
+        opts,
+        &mut report,
+    )?;
     report.outcome = PublishOutcome::Published { generation, seq };
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
@@ -272,20 +331,35 @@ fn hash_selected<'a>(
     cache: &mut HashCache,
     report: &mut PublishReport,
 ) -> Result<Vec<(&'a ScannedFile, ContentHash)>, PublishError> {
-    let known: HashMap<&RelPath, &FileRecord> = parent.iter().flat_map(|m| &m.files).map(|f| (&f.path, f)).collect();
+    let known: HashMap<&RelPath, &FileRecord> = parent
+        .iter()
+        .flat_map(|m| &m.files)
+        .map(|f| (&f.path, f))
+        .collect();
     let results: Vec<Result<(ContentHash, bool), PublishError>> = selected
         .par_iter()
         .map(|f| {
             if let Some(h) = cache.lookup(f) {
                 return Ok((h, false));
             }
-            if let Some(p) = known.get(&f.path).filter(|p| p.size == f.size && p.mtime_s == f.mtime_s && p.mtime_ns == f.mtime_ns) {
+            if let Some(p) = known
+                .get(&f.path)
+                .filter(|p| p.size == f.size && p.mtime_s == f.mtime_s && p.mtime_ns == f.mtime_ns)
+            {
                 return Ok((p.blake3, false));
             }
             let path = f.path.to_path(root);
-            let (hash, len) = hash_file(&path).map_err(|source| PublishError::Read { path: path.clone(), source })?;
+            let (hash, len) = hash_file(&path).map_err(|source| PublishError::Read {
+                path: path.clone(),
+                source,
+            })?;
             if len != f.size {
-                return Err(PublishError::Read { path, source: std::io::Error::other("file changed while it was hashed; retry the publish") });
+                return Err(PublishError::Read {
+                    path,
+                    source: std::io::Error::other(
+                        "file changed while it was hashed; retry the publish",
+                    ),
+                });
             }
             Ok((hash, true))
         })
@@ -343,20 +417,33 @@ fn upload_packs(
     })
 }
 
-fn fill_pack(root: &Path, plan: &PackPlan, source_of: &HashMap<ContentHash, &ScannedFile>) -> Result<Vec<u8>, PublishError> {
+fn fill_pack(
+    root: &Path,
+    plan: &PackPlan,
+    source_of: &HashMap<ContentHash, &ScannedFile>,
+) -> Result<Vec<u8>, PublishError> {
     let mut buf = vec![0u8; plan.size as usize];
     for piece in &plan.pieces {
         let f = source_of[&piece.content];
         let path = f.path.to_path(root);
-        let read_err = |source| PublishError::Read { path: path.clone(), source };
+        let read_err = |source| PublishError::Read {
+            path: path.clone(),
+            source,
+        };
         let mut file = std::fs::File::open(&path).map_err(read_err)?;
         let dst = &mut buf[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize];
-        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(piece.content_offset)).map_err(read_err)?;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(piece.content_offset))
+            .map_err(read_err)?;
         file.read_exact(dst).map_err(read_err)?;
         // The bytes were hashed earlier; if the file changed since, the hash would lie. Caches
         // write by rename, so size, mtime and inode catch a change.
         if !f.unchanged_on_disk(root) {
-            return Err(PublishError::Read { path, source: std::io::Error::other("file changed while it was published; retry the publish") });
+            return Err(PublishError::Read {
+                path,
+                source: std::io::Error::other(
+                    "file changed while it was published; retry the publish",
+                ),
+            });
         }
     }
     Ok(buf)
@@ -372,13 +459,24 @@ fn commit_head(
     opts: &PublishOptions,
     report: &mut PublishReport,
 ) -> Result<(GenerationId, u64), PublishError> {
-    let writer = format!("{}/{}/{}", opts.producer.host, std::process::id(), ContentHash::of(&nonce()).to_hex());
+    let writer = format!(
+        "{}/{}/{}",
+        opts.producer.host,
+        std::process::id(),
+        ContentHash::of(&nonce()).to_hex()
+    );
     for _ in 0..opts.max_head_attempts {
         candidate.normalize();
         let bytes = candidate.encode();
         let generation = candidate.id();
         store.put(&layout.generation(&generation), &bytes)?;
-        let record = HeadRecord { compat_id: candidate.compat_id, seq, generation, written_at: now_secs(), writer: writer.clone() };
+        let record = HeadRecord {
+            compat_id: candidate.compat_id,
+            seq,
+            generation,
+            written_at: now_secs(),
+            writer: writer.clone(),
+        };
         let key = layout.head(&candidate.compat_id, seq);
         store.put(&key, &record.encode())?;
         let Some(stored) = catalog::read_head(store, layout, &candidate.compat_id, seq)? else {
@@ -392,7 +490,12 @@ fn commit_head(
         // Another publisher won this seq: build on its generation (the union of both).
         tracing::info!(seq, winner = %stored.generation, "another publisher won the head; merging");
         if let Some(winner) = catalog::fetch_manifest(store, layout, &stored.generation)? {
-            let (files, packs, conflicts) = merge_files(&winner.files, &winner.packs, &candidate.files, &candidate.packs);
+            let (files, packs, conflicts) = merge_files(
+                &winner.files,
+                &winner.packs,
+                &candidate.files,
+                &candidate.packs,
+            );
             report.conflicts.extend(conflicts);
             report.merged.push(winner.id());
             candidate.parent = Some(winner.id());
@@ -413,11 +516,20 @@ fn nonce() -> [u8; 32] {
     let mut buf = [0u8; 32];
     // Without randomness the pid and the clock still make a writer unique on one host.
     let _ = getrandom::fill(&mut buf);
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
-    buf[..16].iter_mut().zip(t.to_le_bytes()).for_each(|(b, x)| *b ^= x);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    buf[..16]
+        .iter_mut()
+        .zip(t.to_le_bytes())
+        .for_each(|(b, x)| *b ^= x);
     buf
 }
 
 pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

@@ -25,13 +25,21 @@ pub struct ScannedFile {
 impl ScannedFile {
     pub fn entry(&self) -> FileEntry {
         let ms = (self.mtime_s.max(0) as u64) * 1000 + u64::from(self.mtime_ns) / 1_000_000;
-        FileEntry { path: self.path.to_string(), size: self.size, mtime_ms: ms }
+        FileEntry {
+            path: self.path.to_string(),
+            size: self.size,
+            mtime_ms: ms,
+        }
     }
 
     /// True if the file on disk still has the size, mtime and inode it had in this snapshot.
     pub fn unchanged_on_disk(&self, root: &Path) -> bool {
         std::fs::symlink_metadata(self.path.to_path(root)).is_ok_and(|m| {
-            m.is_file() && m.len() == self.size && m.mtime() == self.mtime_s && m.mtime_nsec() as u32 == self.mtime_ns && m.ino() == self.ino
+            m.is_file()
+                && m.len() == self.size
+                && m.mtime() == self.mtime_s
+                && m.mtime_nsec() as u32 == self.mtime_ns
+                && m.ino() == self.ino
         })
     }
 }
@@ -50,14 +58,29 @@ pub fn snapshot(root: &Path) -> std::io::Result<Snapshot> {
     if !root.exists() {
         return Ok(snap);
     }
-    let walker = walkdir::WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter();
-    let walker = walker.filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with(STAGING_PREFIX));
+    let walker = walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .sort_by_file_name()
+        .into_iter();
+    let walker = walker.filter_entry(|e| {
+        e.depth() == 0 || !e.file_name().to_string_lossy().starts_with(STAGING_PREFIX)
+    });
     for entry in walker {
         let entry = match entry {
             Ok(e) => e,
             // A file removed while we walk (the engine renamed a temp file) is simply not there.
-            Err(e) if e.io_error().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) => continue,
-            Err(e) => return Err(std::io::Error::other(format!("scanning {}: {e}", root.display()))),
+            Err(e)
+                if e.io_error()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                return Err(std::io::Error::other(format!(
+                    "scanning {}: {e}",
+                    root.display()
+                )));
+            }
         };
         if entry.depth() == 0 {
             continue;
@@ -66,7 +89,12 @@ pub fn snapshot(root: &Path) -> std::io::Result<Snapshot> {
         if ft.is_dir() {
             continue;
         }
-        let shown = entry.path().strip_prefix(root).unwrap_or(entry.path()).display().to_string();
+        let shown = entry
+            .path()
+            .strip_prefix(root)
+            .unwrap_or(entry.path())
+            .display()
+            .to_string();
         if ft.is_symlink() {
             snap.unpublishable.push((shown, "symbolic link"));
             continue;
@@ -81,8 +109,18 @@ pub fn snapshot(root: &Path) -> std::io::Result<Snapshot> {
         };
         let meta = match entry.metadata() {
             Ok(m) => m,
-            Err(e) if e.io_error().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) => continue,
-            Err(e) => return Err(std::io::Error::other(format!("stat {}: {e}", entry.path().display()))),
+            Err(e)
+                if e.io_error()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                return Err(std::io::Error::other(format!(
+                    "stat {}: {e}",
+                    entry.path().display()
+                )));
+            }
         };
         snap.files.push(ScannedFile {
             path,
@@ -116,7 +154,10 @@ mod tests {
         let paths: Vec<_> = snap.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(paths, vec!["a/b/f", "z"]);
         assert_eq!(snap.files[0].size, 5);
-        assert_eq!(snap.unpublishable, vec![("link".to_string(), "symbolic link")]);
+        assert_eq!(
+            snap.unpublishable,
+            vec![("link".to_string(), "symbolic link")]
+        );
         assert!(snapshot(&root.join("missing")).unwrap().files.is_empty());
     }
 }

@@ -20,7 +20,8 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
 
 /// A Triton-like cache: `kernels` hash-named directories, each with the files Triton writes
 /// (source, IRs, ptx, cubin, metadata json, and the `__grp__` group file naming its children).
-/// File sizes vary from a few hundred bytes to tens of KiB, as in real caches.
+/// File sizes vary from a few hundred bytes to tens of KiB, as in real caches. Files that exist
+/// already are left alone, so a second call with more kernels grows the cache like a real one.
 pub fn triton_tree(root: &Path, kernels: usize, seed: u64) {
     for k in 0..kernels {
         let name = format!("kernel_{k}");
@@ -40,11 +41,16 @@ pub fn triton_tree(root: &Path, kernels: usize, seed: u64) {
         let mut children = Vec::new();
         for (i, (file, size)) in files.iter().enumerate() {
             let path = dir.join(file);
-            fs::write(&path, bytes(s * 16 + i as u64, *size)).unwrap();
+            if !path.exists() {
+                fs::write(&path, bytes(s * 16 + i as u64, *size)).unwrap();
+            }
             children.push(path.display().to_string());
         }
         let grp = serde_json::json!({ "child_paths": children.iter().enumerate().map(|(i, p)| (files[i].0.clone(), p.clone())).collect::<BTreeMap<_,_>>() });
-        fs::write(dir.join(format!("__grp__{name}.json")), grp.to_string()).unwrap();
+        let grp_path = dir.join(format!("__grp__{name}.json"));
+        if !grp_path.exists() {
+            fs::write(grp_path, grp.to_string()).unwrap();
+        }
     }
 }
 
@@ -60,6 +66,15 @@ pub fn large_files_tree(root: &Path, files: usize, size: usize, seed: u64) {
 /// Every regular file under `root`: path -> (blake3, mode, mtime seconds, mtime nanoseconds).
 pub type TreeDigest = BTreeMap<String, (String, u32, i64, i64)>;
 
+/// Copies a tree byte for byte (a second pod that compiled exactly the same files).
+pub fn copy_tree(from: &Path, to: &Path) {
+    for (rel, _) in digest(from) {
+        let dst = to.join(&rel);
+        fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        fs::copy(from.join(&rel), dst).unwrap();
+    }
+}
+
 pub fn digest(root: &Path) -> TreeDigest {
     let mut out = BTreeMap::new();
     if !root.exists() {
@@ -73,9 +88,24 @@ pub fn digest(root: &Path) -> TreeDigest {
             if meta.is_dir() {
                 stack.push(entry.path());
             } else {
-                let rel = entry.path().strip_prefix(root).unwrap().display().to_string();
-                let hash = blake3::hash(&fs::read(entry.path()).unwrap()).to_hex().to_string();
-                out.insert(rel, (hash, meta.permissions().mode() & 0o7777, meta.mtime(), meta.mtime_nsec()));
+                let rel = entry
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap()
+                    .display()
+                    .to_string();
+                let hash = blake3::hash(&fs::read(entry.path()).unwrap())
+                    .to_hex()
+                    .to_string();
+                out.insert(
+                    rel,
+                    (
+                        hash,
+                        meta.permissions().mode() & 0o7777,
+                        meta.mtime(),
+                        meta.mtime_nsec(),
+                    ),
+                );
             }
         }
     }

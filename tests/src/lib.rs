@@ -2,4 +2,5 @@
 //! and a digest of a tree to compare two of them.
 
 pub mod fixtures;
+pub mod harness;
 pub mod policy_fixtures;

@@ -42,10 +42,16 @@ impl fmt::Debug for ContentHash {
 impl FromStr for ContentHash {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() != 64
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(format!("not a 64-digit lowercase hex blake3 hash: {s:?}"));
         }
-        blake3::Hash::from_hex(s).map(Into::into).map_err(|e| e.to_string())
+        blake3::Hash::from_hex(s)
+            .map(Into::into)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -62,23 +68,29 @@ impl<'de> Deserialize<'de> for ContentHash {
     }
 }
 
-/// Streams a file through blake3 with a fixed buffer (memory stays bounded whatever the size).
+/// Streams a file through blake3 with a fixed, per-thread buffer (memory stays bounded whatever
+/// the size, and hashing many small files does not pay for a fresh buffer each time).
 /// Returns the hash and the number of bytes read.
 pub fn hash_file(path: &Path) -> std::io::Result<(ContentHash, u64)> {
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 256 * 1024]);
+    }
     let mut file = std::fs::File::open(path)?;
     let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0u64;
-    loop {
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        total += n as u64;
-    }
+    BUFFER.with_borrow_mut(|buf| {
+        loop {
+            let n = match file.read(buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            hasher.update(&buf[..n]);
+            total += n as u64;
+        }
+        Ok(())
+    })?;
     Ok((hasher.finalize().into(), total))
 }
 
@@ -100,6 +112,9 @@ mod tests {
         let p = dir.path().join("f");
         let data = vec![7u8; 1_000_003];
         std::fs::write(&p, &data).unwrap();
-        assert_eq!(hash_file(&p).unwrap(), (ContentHash::of(&data), data.len() as u64));
+        assert_eq!(
+            hash_file(&p).unwrap(),
+            (ContentHash::of(&data), data.len() as u64)
+        );
     }
 }

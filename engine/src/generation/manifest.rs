@@ -116,11 +116,18 @@ pub struct Chunk {
 pub enum ManifestError {
     #[error("manifest is {0} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")]
     TooLarge(usize),
-    #[error("manifest bytes hash to {actual}, not to the generation id {expected} they were stored under")]
-    HashMismatch { expected: GenerationId, actual: GenerationId },
+    #[error(
+        "manifest bytes hash to {actual}, not to the generation id {expected} they were stored under"
+    )]
+    HashMismatch {
+        expected: GenerationId,
+        actual: GenerationId,
+    },
     #[error("manifest does not parse: {0}")]
     Parse(#[from] serde_json::Error),
-    #[error("manifest format {0} is not supported (this jitship reads format {FORMAT_VERSION}); upgrade jitship")]
+    #[error(
+        "manifest format {0} is not supported (this jitship reads format {FORMAT_VERSION}); upgrade jitship"
+    )]
     Format(u32),
     #[error("manifest is not in canonical form (it was not written by jitship)")]
     NotCanonical,
@@ -132,7 +139,9 @@ pub enum ManifestError {
     FileDirConflict { file: String, other: String },
     #[error("manifest file {0:?} has mode {1:o}; only permission bits (<= 0o777) are allowed")]
     BadMode(String, u32),
-    #[error("manifest file {0:?} has chunks that do not add up to its size or point outside a pack")]
+    #[error(
+        "manifest file {0:?} has chunks that do not add up to its size or point outside a pack"
+    )]
     BadChunks(String),
 }
 
@@ -189,19 +198,27 @@ impl Manifest {
         let files: HashMap<&str, ()> = self.files.iter().map(|f| (f.path.as_str(), ())).collect();
         for f in &self.files {
             if let Some(dir) = f.path.ancestors().find(|d| files.contains_key(d)) {
-                return Err(ManifestError::FileDirConflict { file: dir.to_owned(), other: f.path.to_string() });
+                return Err(ManifestError::FileDirConflict {
+                    file: dir.to_owned(),
+                    other: f.path.to_string(),
+                });
             }
             if f.mode > 0o777 {
                 return Err(ManifestError::BadMode(f.path.to_string(), f.mode));
             }
             let mut total = 0u64;
             for c in &f.chunks {
-                let pack = self.packs.get(c.pack as usize).ok_or_else(|| ManifestError::BadChunks(f.path.to_string()))?;
+                let pack = self
+                    .packs
+                    .get(c.pack as usize)
+                    .ok_or_else(|| ManifestError::BadChunks(f.path.to_string()))?;
                 let end = c.offset.checked_add(c.len);
                 if c.len == 0 || end.is_none_or(|e| e > pack.size) {
                     return Err(ManifestError::BadChunks(f.path.to_string()));
                 }
-                total = total.checked_add(c.len).ok_or_else(|| ManifestError::BadChunks(f.path.to_string()))?;
+                total = total
+                    .checked_add(c.len)
+                    .ok_or_else(|| ManifestError::BadChunks(f.path.to_string()))?;
             }
             if total != f.size {
                 return Err(ManifestError::BadChunks(f.path.to_string()));
@@ -230,12 +247,23 @@ pub(crate) mod tests {
             compat_key: "k".into(),
             compat_id: CompatId::new("triton", "k"),
             facts: BTreeMap::from([("gpu.name".into(), "H100".into())]),
-            policy: PolicyRef { name: "native".into(), version: "1".into(), digest: "native".into() },
+            policy: PolicyRef {
+                name: "native".into(),
+                version: "1".into(),
+                digest: "native".into(),
+            },
             parent: None,
             merged: vec![],
-            producer: Producer { host: "h".into(), pod: None, jitship_version: "0".into() },
+            producer: Producer {
+                host: "h".into(),
+                pod: None,
+                jitship_version: "0".into(),
+            },
             created_at: 1,
-            packs: vec![PackRef { id: ContentHash([1; 32]), size: 10 }],
+            packs: vec![PackRef {
+                id: ContentHash([1; 32]),
+                size: 10,
+            }],
             files: vec![
                 FileRecord {
                     path: RelPath::parse("a/x").unwrap(),
@@ -244,7 +272,11 @@ pub(crate) mod tests {
                     mtime_s: 5,
                     mtime_ns: 6,
                     blake3: ContentHash([2; 32]),
-                    chunks: vec![Chunk { pack: 0, offset: 0, len: 4 }],
+                    chunks: vec![Chunk {
+                        pack: 0,
+                        offset: 0,
+                        len: 4,
+                    }],
                 },
                 FileRecord {
                     path: RelPath::parse("b").unwrap(),
@@ -272,10 +304,16 @@ pub(crate) mod tests {
     fn wrong_id_or_whitespace_is_refused() {
         let m = sample();
         let bytes = m.encode();
-        assert!(matches!(Manifest::decode(&bytes, GenerationId(ContentHash([0; 32]))), Err(ManifestError::HashMismatch { .. })));
+        assert!(matches!(
+            Manifest::decode(&bytes, GenerationId(ContentHash([0; 32]))),
+            Err(ManifestError::HashMismatch { .. })
+        ));
         let mut pretty = serde_json::to_vec_pretty(&m).unwrap();
         pretty.push(b'\n');
         let id = GenerationId(ContentHash::of(&pretty));
-        assert!(matches!(Manifest::decode(&pretty, id), Err(ManifestError::NotCanonical)));
+        assert!(matches!(
+            Manifest::decode(&pretty, id),
+            Err(ManifestError::NotCanonical)
+        ));
     }
 }

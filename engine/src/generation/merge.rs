@@ -28,7 +28,11 @@ pub fn merge_files(
 ) -> (Vec<FileRecord>, Vec<PackRef>, Vec<Conflict>) {
     let mut files: Vec<FileRecord> = base_files.to_vec();
     let mut packs: Vec<PackRef> = base_packs.to_vec();
-    let mut pack_index: HashMap<ContentHash, u32> = packs.iter().enumerate().map(|(i, p)| (p.id, i as u32)).collect();
+    let mut pack_index: HashMap<ContentHash, u32> = packs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.id, i as u32))
+        .collect();
     let by_path: HashMap<&RelPath, &FileRecord> = base_files.iter().map(|f| (&f.path, f)).collect();
     let base_dirs: HashSet<&str> = base_files.iter().flat_map(|f| f.path.ancestors()).collect();
     let mut conflicts = Vec::new();
@@ -36,13 +40,25 @@ pub fn merge_files(
     for f in other_files {
         if let Some(existing) = by_path.get(&f.path) {
             if existing.blake3 != f.blake3 {
-                conflicts.push(Conflict { path: f.path.clone(), kept: existing.blake3, dropped: f.blake3 });
+                conflicts.push(Conflict {
+                    path: f.path.clone(),
+                    kept: existing.blake3,
+                    dropped: f.blake3,
+                });
             }
             continue;
         }
         // A file where base has a directory, or under a path base holds as a file.
-        if base_dirs.contains(f.path.as_str()) || f.path.ancestors().any(|d| by_path.keys().any(|p| p.as_str() == d)) {
-            conflicts.push(Conflict { path: f.path.clone(), kept: ContentHash::of(b""), dropped: f.blake3 });
+        if base_dirs.contains(f.path.as_str())
+            || f.path
+                .ancestors()
+                .any(|d| by_path.keys().any(|p| p.as_str() == d))
+        {
+            conflicts.push(Conflict {
+                path: f.path.clone(),
+                kept: ContentHash::of(b""),
+                dropped: f.blake3,
+            });
             continue;
         }
         let mut record = f.clone();
@@ -97,12 +113,19 @@ mod tests {
             mtime_s: 0,
             mtime_ns: 0,
             blake3: ContentHash([content; 32]),
-            chunks: vec![Chunk { pack, offset: 0, len: 1 }],
+            chunks: vec![Chunk {
+                pack,
+                offset: 0,
+                len: 1,
+            }],
         }
     }
 
     fn pack(n: u8) -> PackRef {
-        PackRef { id: ContentHash([n; 32]), size: 10 }
+        PackRef {
+            id: ContentHash([n; 32]),
+            size: 10,
+        }
     }
 
     #[test]

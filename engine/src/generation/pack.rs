@@ -29,6 +29,11 @@ pub struct PackPlan {
 /// A content that fits in the current pack goes there whole; one that fits in a pack but not in
 /// what is left starts a new pack (small files are never split); one larger than a pack is split
 /// into consecutive pieces. Empty contents need no bytes and get no piece.
+///
+/// Packs also end at content-defined points: after a content whose hash falls below a threshold
+/// proportional to its size (about one cut per half pack of bytes, never before a quarter pack).
+/// Two pods whose file lists differ by a few files then still cut most packs at the same places
+/// and share them, instead of every boundary after the first difference shifting.
 pub fn plan_packs(contents: &[(ContentHash, u64)], pack_size: u64) -> Vec<PackPlan> {
     assert!(pack_size > 0, "pack size must be positive");
     let mut plans = Vec::new();
@@ -49,15 +54,32 @@ pub fn plan_packs(contents: &[(ContentHash, u64)], pack_size: u64) -> Vec<PackPl
                 used = 0;
             }
             let len = (size - placed).min(pack_size - used);
-            current.push(Piece { content, content_offset: placed, pack_offset: used, len });
+            current.push(Piece {
+                content,
+                content_offset: placed,
+                pack_offset: used,
+                len,
+            });
             used += len;
             placed += len;
+        }
+        if used >= pack_size / 4 && content_defined_cut(&content, size, pack_size / 2) {
+            plans.push(finish(std::mem::take(&mut current), used));
+            used = 0;
         }
     }
     if used > 0 {
         plans.push(finish(current, used));
     }
     plans
+}
+
+/// True with probability `size / target` (capped at 1), decided by the content hash alone.
+fn content_defined_cut(content: &ContentHash, size: u64, target: u64) -> bool {
+    let h = u64::from_le_bytes(content.0[..8].try_into().expect("8 bytes"));
+    let threshold =
+        ((u128::from(size) << 64) / u128::from(target.max(1))).min(u128::from(u64::MAX)) as u64;
+    h < threshold
 }
 
 fn finish(pieces: Vec<Piece>, size: u64) -> PackPlan {
@@ -68,15 +90,20 @@ fn finish(pieces: Vec<Piece>, size: u64) -> PackPlan {
         h.update(&p.content_offset.to_le_bytes());
         h.update(&p.len.to_le_bytes());
     }
-    PackPlan { id: h.finalize().into(), size, pieces }
+    PackPlan {
+        id: h.finalize().into(),
+        size,
+        pieces,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A content whose hash never triggers a content-defined cut at these sizes.
     fn c(n: u8) -> ContentHash {
-        ContentHash([n; 32])
+        ContentHash([0xf0 | n; 32])
     }
 
     #[test]
@@ -85,7 +112,11 @@ mod tests {
         assert_eq!(plans.len(), 2);
         assert_eq!(plans[0].pieces.len(), 2);
         assert_eq!(plans[1].pieces[0].content, c(3));
-        assert!(plans.iter().all(|p| p.pieces.iter().all(|x| x.content_offset == 0)));
+        assert!(
+            plans
+                .iter()
+                .all(|p| p.pieces.iter().all(|x| x.content_offset == 0))
+        );
     }
 
     #[test]
@@ -93,7 +124,12 @@ mod tests {
         let plans = plan_packs(&[(c(1), 3), (c(2), 25)], 10);
         let sizes: Vec<u64> = plans.iter().map(|p| p.size).collect();
         assert_eq!(sizes, vec![10, 10, 8]);
-        let total: u64 = plans.iter().flat_map(|p| &p.pieces).filter(|p| p.content == c(2)).map(|p| p.len).sum();
+        let total: u64 = plans
+            .iter()
+            .flat_map(|p| &p.pieces)
+            .filter(|p| p.content == c(2))
+            .map(|p| p.len)
+            .sum();
         assert_eq!(total, 25);
     }
 
@@ -101,7 +137,33 @@ mod tests {
     fn identical_inputs_give_identical_ids() {
         let input = [(c(1), 5), (c(2), 7)];
         assert_eq!(plan_packs(&input, 8), plan_packs(&input, 8));
-        assert_ne!(plan_packs(&input, 8)[0].id, plan_packs(&[(c(3), 5)], 8)[0].id);
+        assert_ne!(
+            plan_packs(&input, 8)[0].id,
+            plan_packs(&[(c(3), 5)], 8)[0].id
+        );
+    }
+
+    #[test]
+    fn packs_realign_after_an_inserted_file() {
+        let contents: Vec<(ContentHash, u64)> = (0..400u32)
+            .map(|i| (ContentHash::of(&i.to_le_bytes()), 1000))
+            .collect();
+        let mut with_extra = contents.clone();
+        with_extra.insert(10, (ContentHash::of(b"extra"), 1000));
+        let a: std::collections::HashSet<_> = plan_packs(&contents, 40_000)
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        let b: Vec<_> = plan_packs(&with_extra, 40_000)
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        let shared = b.iter().filter(|id| a.contains(*id)).count();
+        assert!(
+            b.len() > 8 && shared + 2 >= b.len(),
+            "{shared} of {} packs shared",
+            b.len()
+        );
     }
 
     proptest::proptest! {

@@ -47,8 +47,12 @@ impl RelPath {
     /// From a path found under `root` on disk (scan). Non-UTF-8 names are refused: they cannot be
     /// carried in a manifest faithfully.
     pub fn from_fs(root: &Path, path: &Path) -> Result<Self, PathError> {
-        let rel = path.strip_prefix(root).map_err(|_| PathError::Absolute(path.display().to_string()))?;
-        let s = rel.to_str().ok_or_else(|| PathError::BadCharacter(rel.display().to_string()))?;
+        let rel = path
+            .strip_prefix(root)
+            .map_err(|_| PathError::Absolute(path.display().to_string()))?;
+        let s = rel
+            .to_str()
+            .ok_or_else(|| PathError::BadCharacter(rel.display().to_string()))?;
         Self::parse(s)
     }
 
@@ -103,7 +107,18 @@ mod tests {
 
     #[test]
     fn refuses_escapes() {
-        for bad in ["", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a\\b", "a\0b", "a/"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\\b",
+            "a\0b",
+            "a/",
+        ] {
             assert!(RelPath::parse(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -37,6 +37,7 @@ const PROFILE_SETTINGS: &[&str] = &[
 /// Where remapped paths point; stable strings so outputs do not depend on the checkout path.
 const REMAPPED_WORKSPACE: &str = "/policy";
 const REMAPPED_CARGO_HOME: &str = "/cargo";
+const REMAPPED_PATH_DEPS: &str = "/path-deps";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -155,6 +156,8 @@ pub struct BuiltPolicy {
     pub component: Vec<u8>,
     /// blake3 of `component`, as recorded in manifests.
     pub digest: String,
+    /// What makes this build depend on where it was built (shown by `jitship policy build`).
+    pub warnings: Vec<String>,
 }
 
 /// Builds the policy crate in `manifest_dir` for wasm32 and componentizes it. Writes nothing but
@@ -169,18 +172,28 @@ pub fn build_policy_crate(
     }
     let manifest = manifest.canonicalize().map_err(io_err(&manifest))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let workspace_root = locate_workspace(&cargo, &manifest)?;
+    let roots = path_roots(&cargo, &manifest, opts.locked)?;
 
-    let mut remaps = vec![format!(
-        "--remap-path-prefix={}={REMAPPED_WORKSPACE}",
-        workspace_root.display()
-    )];
+    // rustc applies the last matching remap: the workspace goes last so it wins even if it sits
+    // under CARGO_HOME. Path dependencies outside the workspace (a plugins-sdk checkout next to the
+    // policy) are remapped one by one.
+    let mut remaps = Vec::new();
     if let Some(home) = cargo_home() {
         remaps.push(format!(
             "--remap-path-prefix={}={REMAPPED_CARGO_HOME}",
             home.display()
         ));
     }
+    for (dir, name) in &roots.path_deps {
+        remaps.push(format!(
+            "--remap-path-prefix={}={REMAPPED_PATH_DEPS}/{name}",
+            dir.display()
+        ));
+    }
+    remaps.push(format!(
+        "--remap-path-prefix={}={REMAPPED_WORKSPACE}",
+        roots.workspace.display()
+    ));
 
     let mut cmd = Command::new(&cargo);
     cmd.arg("build")
@@ -253,12 +266,28 @@ pub fn build_policy_crate(
     let core = std::fs::read(&core_module).map_err(io_err(&core_module))?;
     let component = componentize(&core)?;
     let digest = blake3::hash(&component).to_hex().to_string();
+    // Remapping keeps the checkout path out of embedded strings, but cargo also hashes the absolute
+    // path of a path dependency outside the workspace into its symbol names, which reorders code:
+    // the bytes then differ between checkouts (measured by the reproducibility test).
+    let warnings = roots
+        .path_deps
+        .iter()
+        .map(|(dir, name)| {
+            format!(
+                "path dependency {name} ({}) lies outside the workspace {}: the module's bytes will depend on \
+                 the checkout path; depend on it through git or a registry, or make it a workspace member",
+                dir.display(),
+                roots.workspace.display()
+            )
+        })
+        .collect();
     Ok(BuiltPolicy {
         name,
         core_module,
         core_size: core.len() as u64,
         component,
         digest,
+        warnings,
     })
 }
 
@@ -270,11 +299,12 @@ pub fn build_policy_crate_to(
     opts: &BuildOptions,
 ) -> Result<BuiltPolicy, BuildError> {
     let built = build_policy_crate(manifest_dir, opts)?;
-    write_atomic(out, &built.component)?;
+    write_component(out, &built.component)?;
     Ok(built)
 }
 
-pub(crate) fn write_atomic(out: &Path, bytes: &[u8]) -> Result<(), BuildError> {
+/// Writes a component to `out` atomically (temp file in the same directory, then rename).
+pub fn write_component(out: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -289,34 +319,79 @@ pub(crate) fn write_atomic(out: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     Ok(())
 }
 
-fn locate_workspace(cargo: &OsString, manifest: &Path) -> Result<PathBuf, BuildError> {
-    let out = Command::new(cargo)
-        .args([
-            "locate-project",
-            "--workspace",
-            "--message-format",
-            "plain",
-            "--manifest-path",
-        ])
-        .arg(manifest)
-        .output()
-        .map_err(|source| BuildError::Spawn {
-            cargo: cargo.clone(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(BuildError::Cargo {
-            what: "locate-project",
-            manifest: manifest.to_path_buf(),
-            status: out.status.to_string(),
-            stderr: tail(&String::from_utf8_lossy(&out.stderr)),
-        });
+struct PathRoots {
+    workspace: PathBuf,
+    /// Local (path) dependencies outside the workspace: their directory and `name-version`.
+    path_deps: Vec<(PathBuf, String)>,
+}
+
+/// Where the sources that can end up in embedded paths live: the workspace, and every path
+/// dependency outside it (whose panic locations rustc records as absolute paths).
+fn path_roots(cargo: &OsString, manifest: &Path, locked: bool) -> Result<PathRoots, BuildError> {
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--filter-platform",
+        GUEST_TARGET,
+        "--manifest-path",
+    ])
+    .arg(manifest);
+    if locked {
+        cmd.arg("--locked");
     }
-    let ws_manifest = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    Ok(ws_manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or(ws_manifest))
+    let out = cmd.output().map_err(|source| BuildError::Spawn {
+        cargo: cargo.clone(),
+        source,
+    })?;
+    let failed = |stderr: String| BuildError::Cargo {
+        what: "metadata",
+        manifest: manifest.to_path_buf(),
+        status: out.status.to_string(),
+        stderr,
+    };
+    if !out.status.success() {
+        return Err(failed(tail(&String::from_utf8_lossy(&out.stderr))));
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| failed(format!(": unreadable output: {e}")))?;
+    let workspace = meta
+        .get("workspace_root")
+        .and_then(|w| w.as_str())
+        .map(PathBuf::from)
+        .ok_or_else(|| failed(": no workspace_root in its output".into()))?;
+    let mut path_deps = Vec::new();
+    for pkg in meta
+        .get("packages")
+        .and_then(|p| p.as_array())
+        .into_iter()
+        .flatten()
+    {
+        // Registry and git packages have a source and live under CARGO_HOME; path packages do not.
+        if !pkg.get("source").is_some_and(serde_json::Value::is_null) {
+            continue;
+        }
+        let (Some(name), Some(version), Some(pkg_manifest)) = (
+            pkg.get("name").and_then(|v| v.as_str()),
+            pkg.get("version").and_then(|v| v.as_str()),
+            pkg.get("manifest_path").and_then(|v| v.as_str()),
+        ) else {
+            continue;
+        };
+        let dir = Path::new(pkg_manifest)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        if !dir.starts_with(&workspace) {
+            path_deps.push((dir, format!("{name}-{version}")));
+        }
+    }
+    path_deps.sort();
+    Ok(PathRoots {
+        workspace,
+        path_deps,
+    })
 }
 
 fn cargo_home() -> Option<PathBuf> {

@@ -4,7 +4,9 @@
 
 pub mod build;
 pub mod builtin;
+pub mod host;
 pub mod native;
+pub mod set;
 
 use std::path::Path;
 

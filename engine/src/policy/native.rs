@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use super::{CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits};
+use super::{
+    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
+};
 use crate::facts::Facts;
 use crate::generation::{GenerationId, PolicyRef};
 
@@ -21,7 +23,8 @@ impl NativeRules {
                 cache_kind: cache_kind.into(),
                 default_root: String::new(),
                 root_env: vec![],
-                description: "generic rules: skip temp, lock and per-host files; key on every fact".into(),
+                description: "generic rules: skip temp, lock and per-host files; key on every fact"
+                    .into(),
             },
         }
     }
@@ -31,7 +34,9 @@ impl NativeRules {
 pub fn never_publish_reason(path: &str) -> Option<&'static str> {
     let name = path.rsplit('/').next().unwrap_or(path);
     let in_dir = |pred: &dyn Fn(&str) -> bool| path.split('/').rev().skip(1).any(pred);
-    if in_dir(&|d| d.starts_with("tmp.") || d.starts_with(".staging-") || d == "tmp" || d == "locks") {
+    if in_dir(&|d| {
+        d.starts_with("tmp.") || d.starts_with(".staging-") || d == "tmp" || d == "locks"
+    }) {
         return Some("inside an in-flight temp or lock directory");
     }
     if name.ends_with(".tmp") || name.starts_with("tmp.") || name.contains(".tmp.") {
@@ -52,11 +57,19 @@ impl CachePolicy for NativeRules {
     }
 
     fn policy_ref(&self) -> PolicyRef {
-        PolicyRef { name: self.info.name.clone(), version: self.info.version.clone(), digest: "native".into() }
+        PolicyRef {
+            name: self.info.name.clone(),
+            version: self.info.version.clone(),
+            digest: "native".into(),
+        }
     }
 
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
-        Ok(facts.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(";"))
+        Ok(facts
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(";"))
     }
 
     fn select(&self, _root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
@@ -82,7 +95,10 @@ impl CachePolicy for NativeRules {
             bytes += g.size_bytes;
             let too_many = i >= keep;
             let too_big = limits.max_bytes.is_some_and(|m| bytes > m) && i > 0;
-            let too_old = limits.max_age_secs.is_some_and(|a| now.saturating_sub(g.created_at) > a) && i > 0;
+            let too_old = limits
+                .max_age_secs
+                .is_some_and(|a| now.saturating_sub(g.created_at) > a)
+                && i > 0;
             if !g.pinned && (too_many || too_big || too_old) {
                 drop.push(g.id);
             }
@@ -110,7 +126,12 @@ mod tests {
         ] {
             assert!(never_publish_reason(p).is_some(), "{p} would be published");
         }
-        for p in ["ab/k.cubin", "ab/__grp__k.json", "cache/kernel.x/kernel.cubin", "rank_0_0/model"] {
+        for p in [
+            "ab/k.cubin",
+            "ab/__grp__k.json",
+            "cache/kernel.x/kernel.cubin",
+            "rank_0_0/model",
+        ] {
             assert!(never_publish_reason(p).is_none(), "{p} would be skipped");
         }
     }

@@ -8,23 +8,49 @@ type Check = fn(&dyn Store, &str) -> Result<(), String>;
 
 /// All checks, by name.
 pub const CHECKS: &[(&str, Check)] = &[
-    ("put_then_get_returns_the_value", put_then_get_returns_the_value),
-    ("missing_key_is_a_miss_not_an_error", missing_key_is_a_miss_not_an_error),
-    ("put_on_existing_key_keeps_the_old_value", put_on_existing_key_keeps_the_old_value),
+    (
+        "put_then_get_returns_the_value",
+        put_then_get_returns_the_value,
+    ),
+    (
+        "missing_key_is_a_miss_not_an_error",
+        missing_key_is_a_miss_not_an_error,
+    ),
+    (
+        "put_on_existing_key_keeps_the_old_value",
+        put_on_existing_key_keeps_the_old_value,
+    ),
     ("remove_then_get_misses", remove_then_get_misses),
-    ("batches_answer_per_key_in_order", batches_answer_per_key_in_order),
+    (
+        "batches_answer_per_key_in_order",
+        batches_answer_per_key_in_order,
+    ),
     ("large_values_round_trip", large_values_round_trip),
-    ("list_finds_keys_by_prefix_if_supported", list_finds_keys_by_prefix_if_supported),
-    ("concurrent_puts_of_one_key_keep_one_value", concurrent_puts_of_one_key_keep_one_value),
+    (
+        "list_finds_keys_by_prefix_if_supported",
+        list_finds_keys_by_prefix_if_supported,
+    ),
+    (
+        "concurrent_puts_of_one_key_keep_one_value",
+        concurrent_puts_of_one_key_keep_one_value,
+    ),
 ];
 
 /// Runs every check; returns the failures joined, if any.
 pub fn run_all(store: &dyn Store, prefix: &str) -> Result<(), String> {
     let failures: Vec<String> = CHECKS
         .iter()
-        .filter_map(|(name, check)| check(store, &format!("{prefix}/{name}")).err().map(|e| format!("{name}: {e}")))
+        .filter_map(|(name, check)| {
+            check(store, &format!("{prefix}/{name}"))
+                .err()
+                .map(|e| format!("{name}: {e}"))
+        })
         .collect();
-    if failures.is_empty() { Ok(()) } else { Err(failures.join("\n")) }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
 }
 
 fn ensure(cond: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
@@ -39,52 +65,86 @@ fn put_then_get_returns_the_value(s: &dyn Store, p: &str) -> Result<(), String> 
     let key = format!("{p}/k");
     s.put(&key, b"value-1").map_err(e)?;
     let got = s.get(&key).map_err(e)?;
-    ensure(got.as_deref() == Some(&b"value-1"[..]), || format!("got {got:?}"))?;
-    ensure(s.exists(&key).map_err(e)?, || "exists() says false after put".into())
+    ensure(got.as_deref() == Some(&b"value-1"[..]), || {
+        format!("got {got:?}")
+    })?;
+    ensure(s.exists(&key).map_err(e)?, || {
+        "exists() says false after put".into()
+    })
 }
 
 fn missing_key_is_a_miss_not_an_error(s: &dyn Store, p: &str) -> Result<(), String> {
     let key = format!("{p}/never-written");
-    ensure(s.get(&key).map_err(e)?.is_none(), || "get of a missing key returned a value".into())?;
-    ensure(!s.exists(&key).map_err(e)?, || "exists() of a missing key said true".into())?;
-    ensure(!s.remove(&key).map_err(e)?, || "remove() of a missing key said it removed something".into())
+    ensure(s.get(&key).map_err(e)?.is_none(), || {
+        "get of a missing key returned a value".into()
+    })?;
+    ensure(!s.exists(&key).map_err(e)?, || {
+        "exists() of a missing key said true".into()
+    })?;
+    ensure(!s.remove(&key).map_err(e)?, || {
+        "remove() of a missing key said it removed something".into()
+    })
 }
 
 fn put_on_existing_key_keeps_the_old_value(s: &dyn Store, p: &str) -> Result<(), String> {
     let key = format!("{p}/k");
     s.put(&key, b"first").map_err(e)?;
-    s.put(&key, b"second, longer").map_err(|err| format!("second put must succeed, got {err}"))?;
+    s.put(&key, b"second, longer")
+        .map_err(|err| format!("second put must succeed, got {err}"))?;
     let got = s.get(&key).map_err(e)?;
-    ensure(got.as_deref() == Some(&b"first"[..]), || format!("the old value must stay, got {got:?}"))
+    ensure(got.as_deref() == Some(&b"first"[..]), || {
+        format!("the old value must stay, got {got:?}")
+    })
 }
 
 fn remove_then_get_misses(s: &dyn Store, p: &str) -> Result<(), String> {
     let key = format!("{p}/k");
     s.put(&key, b"v").map_err(e)?;
-    ensure(s.remove(&key).map_err(e)?, || "remove() of a present key said false".into())?;
-    ensure(s.get(&key).map_err(e)?.is_none(), || "get after remove returned a value".into())?;
+    ensure(s.remove(&key).map_err(e)?, || {
+        "remove() of a present key said false".into()
+    })?;
+    ensure(s.get(&key).map_err(e)?.is_none(), || {
+        "get after remove returned a value".into()
+    })?;
     s.put(&key, b"again").map_err(e)?;
     let got = s.get(&key).map_err(e)?;
-    ensure(got.as_deref() == Some(&b"again"[..]), || format!("a removed key can be written again, got {got:?}"))
+    ensure(got.as_deref() == Some(&b"again"[..]), || {
+        format!("a removed key can be written again, got {got:?}")
+    })
 }
 
 fn batches_answer_per_key_in_order(s: &dyn Store, p: &str) -> Result<(), String> {
     let keys: Vec<String> = (0..5).map(|i| format!("{p}/k{i}")).collect();
     let values: Vec<Vec<u8>> = (0..5).map(|i| vec![i as u8; 100 + i]).collect();
-    let items: Vec<(&str, &[u8])> = keys.iter().zip(&values).take(4).map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .zip(&values)
+        .take(4)
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
     for r in s.put_batch(&items) {
         r.map_err(e)?;
     }
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let got = s.get_batch(&refs);
-    ensure(got.len() == 5, || format!("{} results for 5 keys", got.len()))?;
+    ensure(got.len() == 5, || {
+        format!("{} results for 5 keys", got.len())
+    })?;
     for (i, r) in got.into_iter().enumerate() {
         let v = r.map_err(e)?;
         let want = if i < 4 { Some(values[i].clone()) } else { None };
-        ensure(v == want, || format!("key {i}: wrong value or hit for a missing key"))?;
+        ensure(v == want, || {
+            format!("key {i}: wrong value or hit for a missing key")
+        })?;
     }
-    let ex: Vec<bool> = s.exists_batch(&refs).into_iter().collect::<Result<_, _>>().map_err(e)?;
-    ensure(ex == vec![true, true, true, true, false], || format!("exists_batch said {ex:?}"))
+    let ex: Vec<bool> = s
+        .exists_batch(&refs)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    ensure(ex == vec![true, true, true, true, false], || {
+        format!("exists_batch said {ex:?}")
+    })
 }
 
 fn large_values_round_trip(s: &dyn Store, p: &str) -> Result<(), String> {
@@ -92,7 +152,10 @@ fn large_values_round_trip(s: &dyn Store, p: &str) -> Result<(), String> {
     let size = (8 * 1024 * 1024).min(s.max_value_size()) as usize;
     let value: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
     s.put(&key, &value).map_err(e)?;
-    let got = s.get(&key).map_err(e)?.ok_or("large value missing after put")?;
+    let got = s
+        .get(&key)
+        .map_err(e)?
+        .ok_or("large value missing after put")?;
     ensure(got == value, || "large value came back different".into())
 }
 
@@ -105,7 +168,9 @@ fn list_finds_keys_by_prefix_if_supported(s: &dyn Store, p: &str) -> Result<(), 
         Err(err) => Err(e(err)),
         Ok(mut keys) => {
             keys.sort();
-            ensure(keys == vec![format!("{p}/a/1"), format!("{p}/a/2")], || format!("listed {keys:?}"))
+            ensure(keys == vec![format!("{p}/a/1"), format!("{p}/a/2")], || {
+                format!("listed {keys:?}")
+            })
         }
     }
 }
@@ -120,5 +185,7 @@ fn concurrent_puts_of_one_key_keep_one_value(s: &dyn Store, p: &str) -> Result<(
         }
     });
     let got = s.get(&key).map_err(e)?.ok_or("raced key missing")?;
-    ensure(values.contains(&got), || "raced key holds a mix of values".into())
+    ensure(values.contains(&got), || {
+        "raced key holds a mix of values".into()
+    })
 }

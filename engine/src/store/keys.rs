@@ -11,7 +11,9 @@ pub struct KeyLayout {
 impl KeyLayout {
     pub fn new(namespace: &str) -> Result<Self, super::StoreError> {
         super::check_key(namespace)?;
-        Ok(Self { namespace: namespace.trim_end_matches('/').to_owned() })
+        Ok(Self {
+            namespace: namespace.trim_end_matches('/').to_owned(),
+        })
     }
 
     pub fn namespace(&self) -> &str {

@@ -41,7 +41,10 @@ fn io_err(path: &Path, e: std::io::Error) -> StoreError {
     if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
         StoreError::NoSpace(format!("{}: {e}", path.display()))
     } else {
-        StoreError::Io { path: path.display().to_string(), source: e }
+        StoreError::Io {
+            path: path.display().to_string(),
+            source: e,
+        }
     }
 }
 
@@ -57,7 +60,10 @@ impl Store for LocalStore {
     fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
         let path = self.path_of(key)?;
         if value.len() as u64 > self.max_value_size() {
-            return Err(StoreError::TooLarge { size: value.len() as u64, limit: self.max_value_size() });
+            return Err(StoreError::TooLarge {
+                size: value.len() as u64,
+                limit: self.max_value_size(),
+            });
         }
         if path.exists() {
             return Ok(());
@@ -67,13 +73,17 @@ impl Store for LocalStore {
         let tmp_dir = self.root.join(TMP_DIR);
         let mut tmp = tempfile::NamedTempFile::new_in(&tmp_dir).map_err(|e| io_err(&tmp_dir, e))?;
         tmp.write_all(value).map_err(|e| io_err(tmp.path(), e))?;
-        tmp.as_file().sync_all().map_err(|e| io_err(tmp.path(), e))?;
+        tmp.as_file()
+            .sync_all()
+            .map_err(|e| io_err(tmp.path(), e))?;
         match tmp.persist_noclobber(&path) {
             Ok(_) => {}
             Err(e) if e.error.kind() == ErrorKind::AlreadyExists => return Ok(()),
             Err(e) => return Err(io_err(&path, e.error)),
         }
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(dir, e))
     }
 
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
@@ -114,13 +124,25 @@ impl Store for LocalStore {
         for entry in walkdir::WalkDir::new(&start).follow_links(false) {
             let entry = match entry {
                 Ok(e) => e,
-                Err(e) if e.io_error().is_some_and(|io| io.kind() == ErrorKind::NotFound) => continue,
-                Err(e) => return Err(StoreError::Other(format!("listing {}: {e}", start.display()))),
+                Err(e)
+                    if e.io_error()
+                        .is_some_and(|io| io.kind() == ErrorKind::NotFound) =>
+                {
+                    continue;
+                }
+                Err(e) => {
+                    return Err(StoreError::Other(format!(
+                        "listing {}: {e}",
+                        start.display()
+                    )));
+                }
             };
             if !entry.file_type().is_file() {
                 continue;
             }
-            let Ok(rel) = entry.path().strip_prefix(&self.root) else { continue };
+            let Ok(rel) = entry.path().strip_prefix(&self.root) else {
+                continue;
+            };
             let Some(key) = rel.to_str() else { continue };
             if key.starts_with(prefix) && !key.starts_with(".tmp/") {
                 keys.push(key.to_owned());
@@ -146,7 +168,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalStore::open(dir.path().join("s")).unwrap();
         for bad in ["../x", "a/../../x", "/abs", ".tmp/x", "a b"] {
-            assert!(matches!(store.put(bad, b"v"), Err(StoreError::InvalidKey(_))), "{bad}");
+            assert!(
+                matches!(store.put(bad, b"v"), Err(StoreError::InvalidKey(_))),
+                "{bad}"
+            );
         }
     }
 }

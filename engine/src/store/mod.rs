@@ -38,7 +38,10 @@ pub enum StoreError {
     #[error("store call timed out after {0:?}")]
     Timeout(std::time::Duration),
     #[error("store I/O error on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("store error: {0}")]
     Other(String),
 }
@@ -89,7 +92,24 @@ pub trait Store: Send + Sync + fmt::Debug {
 pub fn check_key(key: &str) -> StoreResult<()> {
     let ok = !key.is_empty()
         && key.len() <= 512
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.+=/".contains(&b))
-        && key.split('/').all(|s| !s.is_empty() && s != "." && s != "..");
-    if ok { Ok(()) } else { Err(StoreError::InvalidKey(key.to_owned())) }
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.+=/".contains(&b))
+        && key
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != "..");
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidKey(key.to_owned()))
+    }
+}
+
+/// Opens the store the configuration names.
+pub fn open(config: &crate::config::StoreConfig) -> StoreResult<std::sync::Arc<dyn Store>> {
+    match config.backend {
+        crate::config::Backend::Local => {
+            Ok(std::sync::Arc::new(LocalStore::open(&config.local.path)?))
+        }
+    }
 }

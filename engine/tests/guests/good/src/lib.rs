@@ -11,11 +11,18 @@ struct Good;
 
 fn forward_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| std::panic::set_hook(Box::new(|p| host::log(Level::Error, &format!("policy panicked: {p}")))));
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|p| {
+            host::log(Level::Error, &format!("policy panicked: {p}"))
+        }))
+    });
 }
 
 fn decision(verdict: Verdict, reason: &str) -> Decision {
-    Decision { verdict, reason: reason.to_string() }
+    Decision {
+        verdict,
+        reason: reason.to_string(),
+    }
 }
 
 impl Guest for Good {
@@ -34,7 +41,8 @@ impl Guest for Good {
         forward_panics();
         let get = |n: &str| facts.iter().find(|f| f.name == n).map(|f| f.value.clone());
         let gpu = get("gpu.name").ok_or_else(|| PolicyError::MissingFact("gpu.name".into()))?;
-        let py = get("python.version").ok_or_else(|| PolicyError::MissingFact("python.version".into()))?;
+        let py = get("python.version")
+            .ok_or_else(|| PolicyError::MissingFact("python.version".into()))?;
         host::log(Level::Debug, "keyed");
         Ok(format!("test-v1;gpu={gpu};py={py}"))
     }
@@ -51,7 +59,9 @@ impl Guest for Good {
                     decision(Verdict::Skip, "lock file")
                 } else if name.ends_with(".json") {
                     match host::read_file(&e.path, 0, 4096) {
-                        Ok(bytes) if bytes.first() == Some(&b'{') && bytes.last() == Some(&b'}') => {
+                        Ok(bytes)
+                            if bytes.first() == Some(&b'{') && bytes.last() == Some(&b'}') =>
+                        {
                             decision(Verdict::Publish, "complete json")
                         }
                         Ok(_) => decision(Verdict::Skip, "truncated json"),
@@ -64,14 +74,20 @@ impl Guest for Good {
             .collect())
     }
 
-    fn retain(generations: Vec<GenerationSummary>, now: u64, limits: RetentionLimits) -> Result<Vec<String>, PolicyError> {
+    fn retain(
+        generations: Vec<GenerationSummary>,
+        now: u64,
+        limits: RetentionLimits,
+    ) -> Result<Vec<String>, PolicyError> {
         forward_panics();
         let keep = limits.max_generations.unwrap_or(2) as usize;
         Ok(generations
             .iter()
             .enumerate()
             .filter(|(i, g)| {
-                let too_old = limits.max_age_secs.is_some_and(|a| now.saturating_sub(g.created_at) > a);
+                let too_old = limits
+                    .max_age_secs
+                    .is_some_and(|a| now.saturating_sub(g.created_at) > a);
                 *i >= keep || (too_old && *i > 0)
             })
             .map(|(_, g)| g.id.clone())

@@ -13,7 +13,11 @@ struct Hostile;
 
 fn forward_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| std::panic::set_hook(Box::new(|p| host::log(Level::Error, &format!("policy panicked: {p}")))));
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|p| {
+            host::log(Level::Error, &format!("policy panicked: {p}"))
+        }))
+    });
 }
 
 fn spin() -> ! {
@@ -43,7 +47,11 @@ impl Guest for Hostile {
 
     fn compat_key(facts: Vec<Fact>) -> Result<String, PolicyError> {
         forward_panics();
-        let evil = facts.iter().find(|f| f.name == "evil").map(|f| f.value.as_str()).unwrap_or("");
+        let evil = facts
+            .iter()
+            .find(|f| f.name == "evil")
+            .map(|f| f.value.as_str())
+            .unwrap_or("");
         match evil {
             "loop" => spin(),
             "bomb" => {
@@ -71,7 +79,13 @@ impl Guest for Hostile {
     fn select(entries: Vec<FileEntry>) -> Result<Vec<Decision>, PolicyError> {
         forward_panics();
         if entries.first().is_some_and(|e| e.path == "short") {
-            return Ok(vec![Decision { verdict: Verdict::Publish, reason: "one too few".into() }; entries.len() - 1]);
+            return Ok(vec![
+                Decision {
+                    verdict: Verdict::Publish,
+                    reason: "one too few".into()
+                };
+                entries.len() - 1
+            ]);
         }
         Ok(entries
             .iter()
@@ -85,7 +99,9 @@ impl Guest for Hostile {
                     let mut total = 0u64;
                     loop {
                         match host::read_file(path, total, 1 << 20) {
-                            Ok(bytes) if bytes.is_empty() => break format!("eof after {total} bytes"),
+                            Ok(bytes) if bytes.is_empty() => {
+                                break format!("eof after {total} bytes");
+                            }
                             Ok(bytes) => total += bytes.len() as u64,
                             Err(msg) => break format!("refused after {total} bytes: {msg}"),
                         }
@@ -95,12 +111,19 @@ impl Guest for Hostile {
                 } else {
                     "fine".into()
                 };
-                Decision { verdict: Verdict::Skip, reason }
+                Decision {
+                    verdict: Verdict::Skip,
+                    reason,
+                }
             })
             .collect())
     }
 
-    fn retain(generations: Vec<GenerationSummary>, _now: u64, _limits: RetentionLimits) -> Result<Vec<String>, PolicyError> {
+    fn retain(
+        generations: Vec<GenerationSummary>,
+        _now: u64,
+        _limits: RetentionLimits,
+    ) -> Result<Vec<String>, PolicyError> {
         let mut ids: Vec<String> = generations.iter().map(|g| g.id.clone()).collect();
         ids.push("not-a-generation-we-gave-you".into());
         Ok(ids)

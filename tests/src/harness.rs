@@ -1,0 +1,79 @@
+//! A small scenario harness: a store, a policy and the default options, so tests read like
+//! "publish this root, install into that one".
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jitship::facts::Facts;
+use jitship::generation::Producer;
+use jitship::install::{InstallOptions, InstallReport};
+use jitship::policy::native::NativeRules;
+use jitship::publish::{HashCache, PublishError, PublishOptions, PublishReport};
+use jitship::store::{KeyLayout, Store};
+
+pub struct Scenario {
+    pub store: Arc<dyn Store>,
+    pub layout: KeyLayout,
+    pub policy: NativeRules,
+    pub facts: Facts,
+    pub pack_size: u64,
+}
+
+impl Scenario {
+    pub fn new(store: Arc<dyn Store>, kind: &str) -> Self {
+        let mut facts = Facts::new();
+        facts.set("gpu.name", "NVIDIA H100 80GB HBM3");
+        facts.set("python.version", "3.12.3");
+        Self {
+            store,
+            layout: KeyLayout::new("jitship").unwrap(),
+            policy: NativeRules::new(kind),
+            facts,
+            pack_size: 1 << 20,
+        }
+    }
+
+    pub fn publish_opts(&self, pod: &str) -> PublishOptions {
+        PublishOptions {
+            pack_size: self.pack_size,
+            producer: Producer {
+                host: "test-host".into(),
+                pod: Some(pod.into()),
+                jitship_version: "test".into(),
+            },
+            facts: self.facts.clone(),
+            max_head_attempts: 16,
+        }
+    }
+
+    pub fn publish(&self, root: &Path) -> Result<PublishReport, PublishError> {
+        jitship::publish::publish(
+            self.store.as_ref(),
+            &self.layout,
+            &self.policy,
+            root,
+            &self.publish_opts("pod-a"),
+            &mut HashCache::default(),
+        )
+    }
+
+    pub fn install(&self, root: &Path) -> InstallReport {
+        self.install_within(root, Duration::from_secs(60))
+    }
+
+    pub fn install_within(&self, root: &Path, deadline: Duration) -> InstallReport {
+        let opts = InstallOptions {
+            deadline,
+            ..InstallOptions::default()
+        };
+        jitship::install::install(
+            self.store.clone(),
+            &self.layout,
+            &self.policy,
+            root,
+            &self.facts,
+            &opts,
+        )
+    }
+}
