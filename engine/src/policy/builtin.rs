@@ -61,7 +61,11 @@ pub const BUILTINS: &[Builtin] = &[
 
 /// The embedded component for `kind`, if jitship ships one.
 pub fn lookup(kind: &str) -> Option<&'static [u8]> {
-    BUILTINS.iter().find(|b| b.kind == kind).map(|b| b.wasm).filter(|w| !w.is_empty())
+    BUILTINS
+        .iter()
+        .find(|b| b.kind == kind)
+        .map(|b| b.wasm)
+        .filter(|w| !w.is_empty())
 }
 
 /// The kinds jitship ships a policy for.
@@ -79,7 +83,11 @@ mod tests {
         for b in BUILTINS {
             assert!(seen.insert(b.kind), "{} listed twice", b.kind);
             // component-model binary: magic, then version 0x0d and layer 1
-            assert!(b.wasm.starts_with(b"\0asm\x0d\0\x01\0"), "{} is not a component: run policies/build-dist.sh", b.dist);
+            assert!(
+                b.wasm.starts_with(b"\0asm\x0d\0\x01\0"),
+                "{} is not a component: run policies/build-dist.sh",
+                b.dist
+            );
             assert_eq!(lookup(b.kind), Some(b.wasm));
         }
         assert_eq!(lookup("no-such-kind"), None);
