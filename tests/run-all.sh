@@ -17,6 +17,9 @@ rustup target add wasm32-unknown-unknown
 step "unit and end-to-end tests on the local store"
 cargo test --workspace --no-fail-fast
 
+step "third-party policy example: jitship policy build, check and test on examples/retention-policy"
+./examples/retention-policy/try.sh
+
 step "quickstart (the README's first command)"
 JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test
 
