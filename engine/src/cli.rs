@@ -511,12 +511,22 @@ struct Session {
 
 impl Session {
     fn open(settings: &SettingsArgs) -> Result<Self> {
-        let session = Self::open_store(settings)?;
+        let mut session = Self::open_store(settings)?;
         if session.config.caches.is_empty() {
             bail!(
                 "no cache roots configured: pass --cache KIND=ROOT (e.g. --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
+        // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
+        // [facts] and the --fact flags (already merged into it) on top.
+        let gathered = crate::facts::gather(&FactsConfig::from_process(
+            &session.config,
+            &Default::default(),
+        ));
+        for (name, why) in &gathered.missing {
+            tracing::debug!(fact = %name, "fact missing: {why}");
+        }
+        session.facts = gathered.facts;
         Ok(session)
     }
 
@@ -547,7 +557,21 @@ impl Session {
     /// The policy for a cache kind found in the store (gc): the configured one, or the kind's
     /// built-in policy when this host does not configure that kind.
     fn policy_for_kind(&self, kind: &str) -> Arc<dyn CachePolicy> {
-        self.policies.policy(kind)
+        if self.config.caches.iter().any(|c| c.kind == kind) {
+            return self.policies.policy(kind);
+        }
+        let mut config = self.config.clone();
+        config.caches = vec![CacheConfig {
+            kind: kind.to_owned(),
+            root: PathBuf::new(),
+            policy: None,
+        }];
+        match PolicySet::from_config(&config) {
+            Ok(set) => set.policy(kind),
+            // The set of the configured kinds answers with a disabled policy, whose retain fails:
+            // gc then keeps everything of that kind.
+            Err(_) => self.policies.policy(kind),
+        }
     }
 }
 

@@ -26,6 +26,34 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// The spec's bound on change-to-generation latency, past the settle window.
 const LATENCY_SLACK: Duration = Duration::from_secs(2);
 
+/// Every fact the built-in policies key on, as on an H100 worker: the watcher is tested with the
+/// real embedded policies, which refuse to publish under a key missing one.
+const WORKER_FACTS: &[&str] = &[
+    "model.id=test/model",
+    "model.revision=main",
+    "engine.config_digest=0123abcd",
+    "gpu.name=NVIDIA H100 80GB HBM3",
+    "gpu.arch=sm_90",
+    "gpu.cc=9.0",
+    "driver.version=550.54.15",
+    "driver.major=550",
+    "cuda.runtime=12.4",
+    "cuda.nvcc=12.4",
+    "cuda.home=/usr/local/cuda",
+    "python.version=3.12.3",
+    "python.site_packages=/opt/venv/lib/python3.12/site-packages",
+    "os.arch=x86_64",
+    "pkg.torch=2.9.0",
+    "pkg.triton=3.5.0",
+    "pkg.vllm=0.11.0",
+    "pkg.sglang=0.5.3",
+    "pkg.flashinfer_python=0.4.1",
+    "pkg.deep_gemm=2.1.0",
+    "pkg.tilelang=0.1.6",
+    "pkg.nvidia_cutlass_dsl=4.2.0",
+    "pkg.apache_tvm_ffi=0.1.0",
+];
+
 /// A running `jitship watch`; killed (by its pid) if a test fails before stopping it.
 struct Watcher {
     child: Option<Child>,
@@ -39,8 +67,7 @@ impl Watcher {
         cmd.arg("watch")
             .arg("--store")
             .arg(format!("local:{}", store.display()))
-            .arg("--fact")
-            .arg("model.id=test/model")
+            .args(WORKER_FACTS.iter().flat_map(|f| ["--fact", f]))
             .arg("--settle")
             .arg(format!("{}ms", settle.as_millis()))
             .args(["--min-interval", "0s", "--grace", "20s", "-v"])

@@ -60,7 +60,7 @@ fn run_for(b: &Backend) {
     };
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
-    let cache = format!("triton={}", root.display());
+    let cache = format!("kernels={}", root.display());
     let publish = [
         "publish",
         "--cache",
@@ -87,7 +87,7 @@ fn run_for(b: &Backend) {
     assert_eq!(gens[0]["is_head"], true);
     assert_eq!(gens[2]["id"], g1.as_str());
     assert_eq!(gens[0]["state"]["file_count"], 6 * 8);
-    assert_eq!(ls["compats"][0]["cache_kind"], "triton");
+    assert_eq!(ls["compats"][0]["cache_kind"], "kernels");
     let table = cli.expect(&["ls"], 0);
     assert!(
         table.contains("GENERATION") && table.contains(&g3[..12]),
