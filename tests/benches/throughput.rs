@@ -26,7 +26,10 @@ struct Run {
 /// holds in memory for its blake3 baseline.
 fn run(cmd: &mut Command) -> Run {
     let start = Instant::now();
-    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().expect("spawn");
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
     let status_path = format!("/proc/{}/status", child.id());
     let mut stdout = child.stdout.take().expect("stdout");
     let reader = std::thread::spawn(move || {
@@ -53,7 +56,11 @@ fn run(cmd: &mut Command) -> Run {
     let stdout = reader.join().unwrap_or_default();
     let code = status.code().expect("exited");
     assert!(code == 0 || code == 10, "{cmd:?} exited {code}: {stdout}");
-    Run { wall, max_rss_kib: peak_kib, stdout }
+    Run {
+        wall,
+        max_rss_kib: peak_kib,
+        stdout,
+    }
 }
 
 fn best_of<F: FnMut() -> Run>(n: usize, mut f: F) -> Run {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
+use jitship::store::testing::SlowPackGets;
 use jitship::store::{LocalStore, Store, StoreResult};
 use jitship_tests::fixtures::{self, digest};
 use jitship_tests::harness::Scenario;
@@ -291,40 +292,6 @@ fn malicious_manifests_are_refused_before_any_write() {
     }
 }
 
-/// A store whose gets take `delay`: a slow or hung Mooncake node.
-#[derive(Debug)]
-struct SlowStore {
-    inner: Arc<dyn Store>,
-    delay: Duration,
-}
-
-impl Store for SlowStore {
-    fn describe(&self) -> String {
-        "slow".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.inner.max_value_size()
-    }
-    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-        self.inner.put(key, value)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        if key.contains("/pack/") {
-            std::thread::sleep(self.delay);
-        }
-        self.inner.get(key)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
-        self.inner.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
-        self.inner.remove(key)
-    }
-    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.inner.list(prefix)
-    }
-}
-
 #[test]
 fn deadline_expiry_leaves_the_root_untouched() {
     let t = tempfile::tempdir().unwrap();
@@ -333,7 +300,8 @@ fn deadline_expiry_leaves_the_root_untouched() {
     let mut s = Scenario::new(local(t.path()), "triton");
     s.pack_size = 16 * 1024; // many packs, each slow to fetch
     s.publish(&src).unwrap();
-    s.store = Arc::new(SlowStore {
+    // A slow or hung store node: every pack read takes 300 ms.
+    s.store = Arc::new(SlowPackGets {
         inner: s.store.clone(),
         delay: Duration::from_millis(300),
     });
