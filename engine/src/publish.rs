@@ -578,23 +578,10 @@ fn commit_head(
                 };
                 tracing::info!(seq = seq + 1, generation = %above.0, "a head above ours does not include ours; merging onto it");
                 included.insert(above.0);
-                if let Some(other) = above.1 {
-                    let (files, packs, conflicts) = merge_files(
-                        &other.files,
-                        &other.packs,
-                        &candidate.files,
-                        &candidate.packs,
-                    );
-                    report.conflicts.extend(conflicts);
-                    report.merged.push(other.id());
-                    candidate.parent = Some(other.id());
-                    candidate.merged.push(generation);
-                    candidate.files = files;
-                    candidate.packs = packs;
-                    prune_packs(&mut candidate);
-                    if candidate.files == other.files {
-                        return Ok((other.id(), seq + 1));
-                    }
+                if let Some(other) = above.1
+                    && merge_onto(&mut candidate, &other, generation, report)
+                {
+                    return Ok((other.id(), seq + 1));
                 }
                 seq += 2;
                 continue;
@@ -628,23 +615,10 @@ fn commit_head(
             // Our candidate is unchanged and is written again (same id) at the next seq.
             tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
         }
-        if let Some(winner) = winner {
-            let (files, packs, conflicts) = merge_files(
-                &winner.files,
-                &winner.packs,
-                &candidate.files,
-                &candidate.packs,
-            );
-            report.conflicts.extend(conflicts);
-            report.merged.push(winner.id());
-            candidate.parent = Some(winner.id());
-            candidate.merged.push(generation);
-            candidate.files = files;
-            candidate.packs = packs;
-            prune_packs(&mut candidate);
-            if candidate.files == winner.files {
-                return Ok((winner.id(), seq));
-            }
+        if let Some(winner) = winner
+            && merge_onto(&mut candidate, &winner, generation, report)
+        {
+            return Ok((winner.id(), seq));
         }
         seq += 1;
     }
@@ -708,6 +682,27 @@ fn winner_manifest(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Rebuilds `candidate` (whose previous id was `ours`) on top of `base`, another publisher's
+/// generation: the union of both, `base` winning conflicting paths. True if the result holds
+/// nothing `base` lacks, so `base` itself is the answer.
+fn merge_onto(
+    candidate: &mut Manifest,
+    base: &Manifest,
+    ours: GenerationId,
+    report: &mut PublishReport,
+) -> bool {
+    let (files, packs, conflicts) =
+        merge_files(&base.files, &base.packs, &candidate.files, &candidate.packs);
+    report.conflicts.extend(conflicts);
+    report.merged.push(base.id());
+    candidate.parent = Some(base.id());
+    candidate.merged.push(ours);
+    candidate.files = files;
+    candidate.packs = packs;
+    prune_packs(candidate);
+    candidate.files == base.files
 }
 
 fn nonce() -> [u8; 32] {
