@@ -1,0 +1,443 @@
+//! The command-line definitions (clap) and how flags, JITSHIP_* env and the config file resolve
+//! into one `Config`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{self, Config};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "jitship",
+    version,
+    about = "Ship JIT and kernel caches of LLM inference workers between pods",
+    long_about = "jitship publishes the JIT and kernel caches of vLLM and SGLang workers (Triton, \
+TorchInductor, FlashInfer, DeepGEMM, CUDA, ...) as immutable, verified generations to a store \
+(Mooncake Store, or a local directory), and installs the matching generation in seconds when the \
+next worker starts.\n\nSettings come from flags, then JITSHIP_* environment variables, then the \
+config file (--config), then defaults. See examples/jitship.toml for every setting."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format on stderr.
+    #[arg(
+        long,
+        global = true,
+        env = "JITSHIP_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// More log detail (-v debug, -vv trace). RUST_LOG, when set, wins.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Publish each configured cache root as a new generation (only new files are uploaded).
+    Publish(PublishArgs),
+    /// Install the newest matching generation into each configured cache root.
+    ///
+    /// Exit codes: 0 installed, 10 already current, 11 miss (nothing published for this
+    /// worker's key, or evicted), 12 failed (the root was left as it was); with several caches the
+    /// most severe outcome wins. --best-effort exits 0 for all four.
+    Install(InstallArgs),
+    /// Watch the cache roots and publish complete new work as it appears (the sidecar).
+    ///
+    /// A root is published once it has been quiet for the settle window, at most once per minimum
+    /// interval, and (with --ready-url) only after the server answered 200 once. On SIGTERM or
+    /// SIGINT every root is published once more within the grace period. Exit codes: 0 stopped
+    /// cleanly (final publish done, or held by the readiness gate), 1 the final publish failed or
+    /// ran out of time, 130 a second signal cut it short.
+    Watch(WatchArgs),
+    /// Print the facts compatibility keys are built from, where each came from, and why each
+    /// missing one is missing.
+    ///
+    /// GPU and driver come from NVML (or nvidia-smi, or /proc/driver/nvidia/version), Python and
+    /// package versions from a bare interpreter and site-packages metadata (no import of torch).
+    /// Overrides win: the config's [facts], then --fact / JITSHIP_FACTS. A policy that needs a
+    /// missing fact refuses to produce a key: give it with --fact NAME=VALUE.
+    Facts(FactsArgs),
+    /// List compat keys and their generations: sizes, file counts, ages, pins.
+    Ls(LsArgs),
+    /// Show one generation: manifest, facts, producer, parent chain.
+    Inspect(InspectArgs),
+    /// Fetch and check every pack and every file hash of a generation (default: every generation
+    /// `ls` shows). Exit codes: 0 all good, 3 a problem was found (named on the output), 1 error.
+    Verify(VerifyArgs),
+    /// Pin a generation: retention never drops it (until `unpin`).
+    Pin(PinArgs),
+    /// Remove a pin.
+    Unpin(PinArgs),
+    /// Apply retention: remove dropped generations, their heads and the packs nothing retained
+    /// references. `--dry-run` shows what it would remove.
+    Gc(GcArgs),
+    /// Build, check and dry-run policy modules (for policy authors).
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Build a policy crate into a component jitship loads: cargo build for
+    /// wasm32-unknown-unknown (profile `policy`: small, reproducible), then componentize in-process.
+    /// Needs `rustup target add wasm32-unknown-unknown`; nothing else.
+    Build(PolicyBuildArgs),
+    /// Load a policy module the way jitship would and show what it is: contract version, info(),
+    /// imports (capabilities) and exports. Exits 1, with the reason, if jitship would refuse it.
+    Check(PolicyCheckArgs),
+    /// Dry-run a policy: its compatibility key for the given facts (or its refusal), its publish/skip
+    /// decisions with reasons for a cache root, and its retention decisions for a list of
+    /// generations. Nothing is published. Exits 1 if any call failed or refused.
+    Test(PolicyTestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyBuildArgs {
+    /// The policy crate's directory.
+    #[arg(default_value = ".", value_name = "PATH-TO-CRATE")]
+    pub path: PathBuf,
+
+    /// Where to write the component (default: ./<crate lib name>.wasm).
+    #[arg(short, long, value_name = "OUT.wasm")]
+    pub out: Option<PathBuf>,
+
+    /// Cargo target directory (default: the crate's own).
+    #[arg(long, value_name = "DIR")]
+    pub target_dir: Option<PathBuf>,
+
+    /// Refuse to update the crate's Cargo.lock (CI, reproducible builds).
+    #[arg(long)]
+    pub locked: bool,
+
+    /// Print {name, path, digest, sizes} as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The [policy] sandbox settings for author commands.
+#[derive(Debug, Args)]
+pub struct PolicySandboxArgs {
+    /// TOML config file: its [policy] section (fuel, deadline, memory, read budget, compile cache).
+    #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Compile in memory: neither read nor write the compiled-module cache (the default without
+    /// --config).
+    #[arg(long)]
+    pub no_compile_cache: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyCheckArgs {
+    /// The policy module (.wasm component).
+    #[arg(value_name = "FILE.wasm")]
+    pub file: PathBuf,
+
+    #[command(flatten)]
+    pub sandbox: PolicySandboxArgs,
+
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyTestArgs {
+    /// The policy module (.wasm component).
+    #[arg(value_name = "FILE.wasm")]
+    pub file: PathBuf,
+
+    /// A cache root to run select on (scanned as publish scans it).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+
+    /// A fact as NAME=VALUE (repeatable). Only these facts are given to the policy.
+    #[arg(long = "fact", value_name = "NAME=VALUE")]
+    pub facts: Vec<String>,
+
+    /// A JSON list of generations (newest first) to run retain on: [{"id", "compat_key",
+    /// "created_at", "size_bytes", "file_count", "pinned"}].
+    #[arg(long, value_name = "FILE.json")]
+    pub generations: Option<PathBuf>,
+
+    /// "Now" for retain, seconds since the Unix epoch (default: the current time).
+    #[arg(long, value_name = "SECS")]
+    pub now: Option<u64>,
+
+    /// Retention quota handed to retain: at most this many generations.
+    #[arg(long)]
+    pub max_generations: Option<u32>,
+
+    /// Retention quota handed to retain: at most this many bytes, e.g. "20 GiB".
+    #[arg(long)]
+    pub max_bytes: Option<bytesize::ByteSize>,
+
+    /// Retention quota handed to retain: drop generations older than this, e.g. "7d".
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_age: Option<Duration>,
+
+    #[command(flatten)]
+    pub sandbox: PolicySandboxArgs,
+
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Settings plus `--json`, for the operator commands.
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+
+    /// Print JSON on stdout (for scripts) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Generation id (64 hex digits, or a unique prefix of at least 8 as `ls` prints).
+    pub generation: String,
+
+    /// Also list every file.
+    #[arg(long)]
+    pub files: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Generation id or unique prefix; all generations when omitted.
+    pub generation: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PinArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Generation id or unique prefix.
+    pub generation: String,
+
+    /// Why (recorded in the pin; `pin` only).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Show what would be removed; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Generations to keep per compat key (overrides retention.max_generations).
+    #[arg(long, value_name = "N")]
+    pub keep: Option<u32>,
+
+    /// Bytes to keep per compat key, e.g. "20 GiB" (overrides retention.max_bytes).
+    #[arg(long)]
+    pub max_bytes: Option<bytesize::ByteSize>,
+
+    /// Drop generations older than this, e.g. "14d" (overrides retention.max_age).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_age: Option<Duration>,
+
+    /// Remove a dropped generation only once superseded this long ago, e.g. "1h" (overrides
+    /// retention.grace). Keep it above the install deadline.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
+}
+
+/// Where the store is, which caches, and the facts keys are built from.
+#[derive(Debug, Args)]
+pub struct SettingsArgs {
+    /// TOML config file (see examples/jitship.toml).
+    #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Store to use: local:DIR, mooncake (the [store.mooncake] settings) or mooncake:HOST:PORT.
+    #[arg(long, env = "JITSHIP_STORE", value_name = "STORE")]
+    pub store: Option<String>,
+
+    /// Key namespace inside the store.
+    #[arg(long, env = "JITSHIP_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// A cache root as KIND=ROOT (repeatable; env: comma-separated). Overrides the config's root
+    /// for that kind.
+    #[arg(
+        long = "cache",
+        env = "JITSHIP_CACHES",
+        value_name = "KIND=ROOT",
+        value_delimiter = ','
+    )]
+    pub caches: Vec<String>,
+
+    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
+    #[arg(
+        long = "fact",
+        env = "JITSHIP_FACTS",
+        value_name = "NAME=VALUE",
+        value_delimiter = ';'
+    )]
+    pub facts: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+
+    /// Largest pack object, e.g. "64 MiB".
+    #[arg(long, env = "JITSHIP_PACK_SIZE")]
+    pub pack_size: Option<bytesize::ByteSize>,
+
+    /// Pod name recorded as the producer.
+    #[arg(long, env = "POD_NAME")]
+    pub pod: Option<String>,
+
+    /// Print the reports as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+
+    /// Bound on the whole install, e.g. "60s"; past it the roots are left as they were.
+    #[arg(long, env = "JITSHIP_DEADLINE", value_parser = humantime::parse_duration)]
+    pub deadline: Option<Duration>,
+
+    /// Write the JSON report to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+
+    /// Print the JSON report on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Exit 0 whatever the outcome (for init containers that must never block a pod).
+    #[arg(long, env = "JITSHIP_BEST_EFFORT")]
+    pub best_effort: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+
+    /// Quiet time after the last change before a root is published [default: 5s].
+    #[arg(long, env = "JITSHIP_SETTLE", value_parser = humantime::parse_duration)]
+    pub settle: Option<Duration>,
+
+    /// Full rescan of every root this often, the fallback for lost file events [default: 60s].
+    #[arg(long, env = "JITSHIP_RESCAN_INTERVAL", value_parser = humantime::parse_duration)]
+    pub rescan_interval: Option<Duration>,
+
+    /// Least time between two publishes of one root [default: 30s].
+    #[arg(long, env = "JITSHIP_MIN_INTERVAL", value_parser = humantime::parse_duration)]
+    pub min_interval: Option<Duration>,
+
+    /// Publish only once this URL answered 200, e.g. http://127.0.0.1:8000/health.
+    #[arg(long, env = "JITSHIP_READY_URL", value_name = "URL")]
+    pub ready_url: Option<String>,
+
+    /// Bound on the final publish after SIGTERM/SIGINT [default: 20s].
+    #[arg(long, env = "JITSHIP_GRACE", value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
+
+    /// Serve Prometheus metrics (/metrics) and /healthz here, e.g. 0.0.0.0:9464.
+    #[arg(long, env = "JITSHIP_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Largest pack object, e.g. "64 MiB".
+    #[arg(long, env = "JITSHIP_PACK_SIZE")]
+    pub pack_size: Option<bytesize::ByteSize>,
+
+    /// Pod name recorded as the producer.
+    #[arg(long, env = "POD_NAME")]
+    pub pod: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct FactsArgs {
+    /// TOML config file: its [facts] overrides and [gather] settings.
+    #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
+    #[arg(
+        long = "fact",
+        env = "JITSHIP_FACTS",
+        value_name = "NAME=VALUE",
+        value_delimiter = ';'
+    )]
+    pub facts: Vec<String>,
+
+    /// The inference engine's Python interpreter (default: [gather] python, then python3 on PATH).
+    #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
+    /// Print {"facts", "sources", "missing"} as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl SettingsArgs {
+    /// The effective configuration: config file, then env and flags on top.
+    pub fn resolve(&self) -> Result<Config> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if let Some(store) = &self.store {
+            config::apply_store_arg(&mut config.store, store)?;
+        }
+        if let Some(ns) = &self.namespace {
+            config.store.namespace = ns.clone();
+        }
+        for arg in &self.caches {
+            let cache = config::parse_cache_arg(arg)?;
+            match config.caches.iter_mut().find(|c| c.kind == cache.kind) {
+                Some(existing) => existing.root = cache.root,
+                None => config.caches.push(cache),
+            }
+        }
+        for arg in &self.facts {
+            let (k, v) = config::parse_fact_arg(arg)?;
+            config.facts.insert(k, v);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}

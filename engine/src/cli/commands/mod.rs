@@ -1,0 +1,5 @@
+//! One function per command; each returns the process exit code.
+
+pub(crate) mod policy;
+pub(crate) mod store;
+pub(crate) mod worker;

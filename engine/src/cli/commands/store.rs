@@ -1,0 +1,368 @@
+//! The store commands: ls, inspect, verify, pin, unpin, gc.
+
+use anyhow::{Context, Result, bail};
+
+use crate::cli::args::{GcArgs, InspectArgs, LsArgs, PinArgs, VerifyArgs};
+use crate::cli::render::{age, now, short, spinner, table};
+use crate::cli::session::Session;
+use crate::generation::GenerationId;
+use crate::inspect::{self, ManifestState};
+
+pub(crate) fn resolve_generation(session: &Session, text: &str) -> Result<GenerationId> {
+    Ok(inspect::resolve(
+        session.store.as_ref(),
+        &session.layout,
+        text,
+    )?)
+}
+
+pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let survey = inspect::survey(session.store.as_ref(), &session.layout)
+        .with_context(|| format!("reading {}", session.store.describe()))?;
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&survey)?);
+        return Ok(0);
+    }
+    if survey.compats.is_empty() {
+        println!(
+            "no generations in namespace {:?} of {}",
+            survey.namespace,
+            session.store.describe()
+        );
+        return Ok(0);
+    }
+    for c in &survey.compats {
+        println!(
+            "{} {}  compat id {}",
+            c.cache_kind.as_deref().unwrap_or("?"),
+            c.compat_key.as_deref().unwrap_or("(no readable manifest)"),
+            short(&c.compat_id)
+        );
+        let rows: Vec<Vec<String>> = c
+            .generations
+            .iter()
+            .map(|g| {
+                let seqs = g
+                    .seqs
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let mut flags = Vec::new();
+                if g.is_head {
+                    flags.push("head".to_owned());
+                }
+                if g.pinned {
+                    flags.push("pinned".to_owned());
+                }
+                match &g.state {
+                    ManifestState::Present(s) => vec![
+                        short(&g.id),
+                        seqs,
+                        s.file_count.to_string(),
+                        bytesize::ByteSize(s.size_bytes).to_string(),
+                        s.packs.len().to_string(),
+                        age(s.created_at),
+                        flags.join(" "),
+                    ],
+                    ManifestState::Missing | ManifestState::Corrupt { .. } => {
+                        flags.push(
+                            if matches!(g.state, ManifestState::Missing) {
+                                "manifest-missing"
+                            } else {
+                                "manifest-corrupt"
+                            }
+                            .to_owned(),
+                        );
+                        vec![
+                            short(&g.id),
+                            seqs,
+                            "-".into(),
+                            "-".into(),
+                            "-".into(),
+                            age(g.head_written_at),
+                            flags.join(" "),
+                        ]
+                    }
+                }
+            })
+            .collect();
+        table(
+            &["  GENERATION", "HEAD", "FILES", "SIZE", "PACKS", "AGE", ""],
+            &rows
+                .into_iter()
+                .map(|mut r| {
+                    r[0] = format!("  {}", r[0]);
+                    r
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+    Ok(0)
+}
+
+pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let id = resolve_generation(&session, &args.generation)?;
+    let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id)?;
+    if !args.files {
+        i.files.clear();
+    }
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&i)?);
+        return Ok(0);
+    }
+    println!("generation  {}", i.id);
+    println!("cache       {} (compat id {})", i.cache_kind, i.compat_id);
+    println!("compat key  {}", i.compat_key);
+    println!(
+        "created     {} ago by {}{} (jitship {})",
+        age(i.created_at),
+        i.producer.host,
+        i.producer
+            .pod
+            .as_ref()
+            .map(|p| format!(", pod {p}"))
+            .unwrap_or_default(),
+        i.producer.jitship_version
+    );
+    println!(
+        "policy      {} {} ({})",
+        i.policy.name, i.policy.version, i.policy.digest
+    );
+    println!(
+        "content     {} files, {}, in {} packs ({})",
+        i.file_count,
+        bytesize::ByteSize(i.size_bytes),
+        i.pack_count,
+        bytesize::ByteSize(i.packed_bytes)
+    );
+    let heads = if i.heads.is_empty() {
+        "none (not reachable from a head)".to_owned()
+    } else {
+        format!(
+            "{}{}",
+            i.heads
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            if i.is_head { " (the newest)" } else { "" }
+        )
+    };
+    println!("heads       {heads}");
+    match &i.pinned {
+        Some(p) => println!(
+            "pinned      {} ago by {}{}",
+            age(p.pinned_at),
+            p.by,
+            p.reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        None => println!("pinned      no"),
+    }
+    println!("facts");
+    for (k, v) in &i.facts {
+        println!("  {k} = {v}");
+    }
+    if !i.merged.is_empty() {
+        println!("merged (publishers that lost a head race)");
+        for m in &i.merged {
+            println!("  {m}");
+        }
+    }
+    println!("parent chain");
+    if i.parent_chain.is_empty() {
+        println!("  (none: first generation of its chain)");
+    }
+    for link in &i.parent_chain {
+        match (link.created_at, link.file_count) {
+            (Some(c), Some(n)) => println!("  {}  {n} files, {} ago", link.id, age(c)),
+            _ => println!("  {}  (manifest gone: collected or evicted)", link.id),
+        }
+    }
+    if args.files {
+        println!("files");
+        for f in &i.files {
+            println!(
+                "  {}  {:>10}  {}",
+                short(&f.blake3),
+                bytesize::ByteSize(f.size).to_string(),
+                f.path
+            );
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let store = session.store.as_ref();
+    let ids: Vec<GenerationId> = match &args.generation {
+        Some(g) => vec![resolve_generation(&session, g)?],
+        None => {
+            let survey = inspect::survey(store, &session.layout)?;
+            let mut ids: Vec<GenerationId> = survey.generations().map(|(_, g)| g.id).collect();
+            ids.dedup();
+            ids
+        }
+    };
+    let mut results = Vec::new();
+    for id in &ids {
+        let bar = spinner(format!("verifying {}", short(id)));
+        let v = inspect::verify(store, &session.layout, id);
+        bar.finish_and_clear();
+        let v = v.with_context(|| format!("verifying {id}"))?;
+        if !args.common.json {
+            if v.ok {
+                println!(
+                    "{}: ok ({} files, {} packs, {})",
+                    v.generation,
+                    v.files_checked,
+                    v.packs_fetched,
+                    bytesize::ByteSize(v.bytes_fetched)
+                );
+            } else {
+                println!("{}: {} problem(s)", v.generation, v.problems.len());
+                for p in &v.problems {
+                    println!("  {p}");
+                }
+            }
+        }
+        results.push(v);
+    }
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else if ids.is_empty() {
+        println!("no generations to verify");
+    }
+    Ok(if results.iter().all(|v| v.ok) { 0 } else { 3 })
+}
+
+pub(crate) fn run_pin(args: PinArgs, pin: bool) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let store = session.store.as_ref();
+    let id = resolve_generation(&session, &args.generation)?;
+    if pin {
+        if crate::catalog::fetch_manifest(store, &session.layout, &id)?.is_none() {
+            bail!(
+                "generation {id} is not in the store (collected or evicted); run `jitship ls` to see what is"
+            );
+        }
+        let record = crate::catalog::pin(store, &session.layout, &id, args.reason.clone())?;
+        if args.common.json {
+            println!("{}", serde_json::to_string_pretty(&record)?);
+        } else {
+            println!("pinned {id}: gc will not drop it until `jitship unpin`");
+        }
+    } else {
+        let removed = crate::catalog::unpin(store, &session.layout, &id)?;
+        if args.common.json {
+            println!(
+                "{}",
+                serde_json::json!({ "generation": id, "was_pinned": removed })
+            );
+        } else if removed {
+            println!("unpinned {id}: retention applies to it again");
+        } else {
+            println!("{id} was not pinned");
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.settings)?;
+    let retention = &session.config.retention;
+    let mut limits = retention.limits();
+    if let Some(n) = args.keep {
+        if n == 0 {
+            bail!("--keep must be at least 1 (the newest generation is always kept)");
+        }
+        limits.max_generations = Some(n);
+    }
+    if let Some(b) = args.max_bytes {
+        limits.max_bytes = Some(b.as_u64());
+    }
+    if let Some(a) = args.max_age {
+        limits.max_age_secs = Some(a.as_secs());
+    }
+    let opts = crate::gc::GcOptions {
+        now: now(),
+        grace: args.grace.unwrap_or(retention.grace),
+        limits,
+        dry_run: args.dry_run,
+        lease_wait: retention.lease_wait,
+        lease_rounds: crate::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
+    };
+    let policy_for = |kind: &str| session.policy_for_kind(kind);
+    let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policy_for, &opts)
+        .with_context(|| format!("gc of {}", session.store.describe()))?;
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let rows: Vec<Vec<String>> = report
+            .decisions
+            .iter()
+            .map(|d| {
+                vec![
+                    d.cache_kind.clone().unwrap_or_else(|| "?".into()),
+                    short(&d.generation),
+                    serde_json::to_value(d.verdict)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    bytesize::ByteSize(d.size_bytes).to_string(),
+                    d.reason.clone(),
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            table(&["KIND", "GENERATION", "VERDICT", "SIZE", "WHY"], &rows);
+        }
+        for e in &report.policy_errors {
+            println!("policy error: {e}");
+        }
+        let verb = if report.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        println!(
+            "{verb} {} head records, {} manifests, {} packs ({}); {} packs kept because a retained generation shares them",
+            report.heads.len(),
+            report.manifests.len(),
+            report.packs.len(),
+            bytesize::ByteSize(report.pack_bytes),
+            report.packs_shared
+        );
+        if report.dry_run {
+            for h in &report.heads {
+                println!("  head      {h}");
+            }
+            for m in &report.manifests {
+                println!("  manifest  {m}");
+            }
+            for p in &report.packs {
+                println!("  pack      {p}");
+            }
+        }
+        if let Some(j) = report.resumed_journal {
+            println!("finished the interrupted gc run of journal {j}");
+        }
+        for e in &report.errors {
+            println!("could not remove {e}");
+        }
+    }
+    if !report.errors.is_empty() {
+        eprintln!(
+            "error: {} keys could not be removed; run gc again (it resumes from its journal)",
+            report.errors.len()
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}

@@ -1,0 +1,200 @@
+//! How reports print for a person: summaries, tables, ages, spinners.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use crate::install::{InstallOutcome, InstallReport};
+use crate::publish::{PublishOutcome, PublishReport};
+
+pub(crate) fn spinner(message: String) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        tracing::info!("{message}");
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner().with_message(message);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+pub(crate) fn print_publish(r: &PublishReport) {
+    let what = match &r.outcome {
+        PublishOutcome::Published { generation, seq } => {
+            format!("published generation {generation} (head {seq})")
+        }
+        PublishOutcome::Unchanged { generation } => {
+            format!("unchanged: generation {generation} already holds every file")
+        }
+        PublishOutcome::Empty => "nothing to publish yet".into(),
+    };
+    println!("{}: {what}", r.cache_kind);
+    println!(
+        "  {} files selected, {} new, {} hashed; uploaded {} in {} packs, {} already stored; {} ms",
+        r.files_selected,
+        r.files_new,
+        r.files_hashed,
+        bytesize::ByteSize(r.bytes_uploaded),
+        r.packs_uploaded,
+        bytesize::ByteSize(r.bytes_deduplicated),
+        r.duration_ms
+    );
+    for (reason, n) in &r.skipped {
+        println!("  skipped {n}: {reason}");
+    }
+    for c in &r.conflicts {
+        println!(
+            "  conflict: {} differs from the published copy (kept the published one)",
+            c.path
+        );
+    }
+}
+
+pub(crate) fn print_install(r: &InstallReport) {
+    let outcome = serde_json::to_value(r.outcome)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    println!("{}: {outcome}: {}", r.cache_kind, r.detail);
+    if r.outcome == InstallOutcome::Installed {
+        println!(
+            "  {} files ({}) into {}, {} already present; fetched {} packs ({}); {} ms",
+            r.files_installed,
+            bytesize::ByteSize(r.bytes_installed),
+            r.root.display(),
+            r.files_already_present,
+            r.packs_fetched,
+            bytesize::ByteSize(r.bytes_fetched),
+            r.duration_ms
+        );
+    }
+    for c in &r.conflicts {
+        println!("  left alone: {c}");
+    }
+}
+
+pub(crate) fn now() -> u64 {
+    crate::publish::now_secs()
+}
+
+/// "45s", "12m", "3h", "5d" ago.
+pub(crate) fn age(then: u64) -> String {
+    let s = now().saturating_sub(then);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+pub(crate) fn short(id: &impl std::fmt::Display) -> String {
+    id.to_string().chars().take(12).collect()
+}
+
+/// Prints rows as left-aligned columns under a header.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+pub(crate) fn print_call_cost<T>(call: &crate::author::Call<T>) -> String {
+    match (call.fuel_used, call.wall_us) {
+        (Some(fuel), Some(us)) => format!("(fuel {fuel}, {:.2} ms)", us as f64 / 1000.0),
+        _ => String::new(),
+    }
+}
+
+pub(crate) fn print_policy_logs<T>(call: &crate::author::Call<T>) {
+    for l in &call.logs {
+        println!("    log [{}] {}", l.level, l.message);
+    }
+}
+
+pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
+    println!(
+        "policy {} {} (cache kind {:?}, contract {}, blake3 {})",
+        r.policy.name, r.policy.version, r.policy.cache_kind, r.contract, r.digest
+    );
+    match (&r.compat_key.value, &r.compat_key.error) {
+        (Some(key), _) => {
+            println!("compat key: {key} {}", print_call_cost(&r.compat_key));
+            if let Some(id) = &r.compat_id {
+                println!("  compat id {id}");
+            }
+        }
+        (None, Some(e)) => println!(
+            "compat key: REFUSED: {e} {}",
+            print_call_cost(&r.compat_key)
+        ),
+        (None, None) => {}
+    }
+    print_policy_logs(&r.compat_key);
+    if let Some(s) = &r.select {
+        match &s.call.error {
+            Some(e) => println!(
+                "select on {}: FAILED: {e} {}",
+                s.root.display(),
+                print_call_cost(&s.call)
+            ),
+            None => println!(
+                "select on {}: {} to publish ({}), {} skipped {}",
+                s.root.display(),
+                s.publish_files,
+                bytesize::ByteSize(s.publish_bytes),
+                s.skip_files,
+                print_call_cost(&s.call)
+            ),
+        }
+        for d in s.call.value.iter().flatten() {
+            let verdict = match d.verdict {
+                crate::policy::Verdict::Publish => "publish",
+                crate::policy::Verdict::Skip => "skip   ",
+            };
+            println!("  {verdict} {}  ({})", d.path, d.reason);
+        }
+        for (path, why) in &s.never_offered {
+            println!("  never   {path}  ({why}; not offered to the policy)");
+        }
+        print_policy_logs(&s.call);
+    }
+    if let Some(t) = &r.retain {
+        match (&t.call.value, &t.call.error) {
+            (Some(drop), _) => {
+                println!(
+                    "retain over {} generations: drop {}, keep {} {}",
+                    t.generations,
+                    drop.len(),
+                    t.keep.len(),
+                    print_call_cost(&t.call)
+                );
+                for id in drop {
+                    println!("  drop {id}");
+                }
+                for id in &t.keep {
+                    println!("  keep {id}");
+                }
+            }
+            (None, Some(e)) => println!("retain: FAILED: {e} {}", print_call_cost(&t.call)),
+            (None, None) => {}
+        }
+        print_policy_logs(&t.call);
+    }
+}
