@@ -63,8 +63,17 @@ pub enum Command {
     /// Install the newest matching generation into each configured cache root.
     ///
     /// Exit codes: 0 installed, 10 already current, 11 miss (nothing published for this
-    /// worker's key, or evicted), 12 failed (the root was left as it was); with several caches the
-    /// most severe outcome wins. --best-effort exits 0 for all four.
+    /// worker's key, or evicted), 12 failed (the root was left as it was), 13 conflict (files of
+    /// the generation are on disk with other content and were left alone: only partly
+    /// installed); with several caches the most severe outcome wins. --best-effort exits 0 for all.
+    ///
+    /// Nothing outside a root is ever written or removed: every operation goes through a
+    /// descriptor of the root opened once and follows no link (a root that is itself a symlink is
+    /// resolved once, at the start). A SIGKILL (which nothing can catch) can leave: some of the
+    /// generation's files in the root, each complete and verified, with marker files (those an
+    /// engine finds the others through) only once everything they mark is in; and a
+    /// `.jitship-staging-*` directory beside the root. The next install removes the staging and
+    /// completes the generation.
     Install(InstallArgs),
     /// Watch the cache roots and publish complete new work as it appears (the sidecar).
     ///
@@ -361,6 +370,11 @@ pub struct InstallArgs {
     /// Exit 0 whatever the outcome (for init containers that must never block a pod).
     #[arg(long, env = "JITSHIP_BEST_EFFORT")]
     pub best_effort: bool,
+
+    /// Test hook: pause this long before each file moved into a root, so the test suite can
+    /// SIGKILL an install mid-commit. Not for production use.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    pub test_commit_pause: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -610,6 +624,13 @@ fn run_publish(args: PublishArgs) -> Result<i32> {
     let mut failed = false;
     let mut reports: Vec<PublishReport> = Vec::new();
     for cache in &session.config.caches {
+        // `watch` waits for a root that does not exist yet; a one-off publish of one is a mistake
+        // (a typo, an unmounted volume) and must not read as "unchanged".
+        if let Err(e) = crate::publish::check_root_exists(&cache.root) {
+            failed = true;
+            eprintln!("{}: publish failed: {e}", cache.kind);
+            continue;
+        }
         let policy = session.policy(cache);
         let bar = spinner(format!(
             "publishing {} from {}",
@@ -784,6 +805,7 @@ fn run_install(args: InstallArgs) -> Result<i32> {
     let session = Session::open(&args.settings)?;
     let opts = InstallOptions {
         deadline: args.deadline.unwrap_or(session.config.install.deadline),
+        commit_pause: args.test_commit_pause.unwrap_or_default(),
         ..InstallOptions::default()
     };
     let mut reports: Vec<InstallReport> = Vec::new();
@@ -833,7 +855,10 @@ fn print_install(r: &InstallReport) {
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
     println!("{}: {outcome}: {}", r.cache_kind, r.detail);
-    if r.outcome == InstallOutcome::Installed {
+    if matches!(
+        r.outcome,
+        InstallOutcome::Installed | InstallOutcome::Conflict
+    ) {
         println!(
             "  {} files ({}) into {}, {} already present; fetched {} packs ({}); {} ms",
             r.files_installed,
@@ -1237,13 +1262,23 @@ fn run_gc(args: GcArgs) -> Result<i32> {
         for e in &report.policy_errors {
             println!("policy error: {e}");
         }
+        for u in &report.unreadable {
+            println!(
+                "cannot read {u}; keeping every generation of that compat id and removing no pack \
+                 this run (run gc with a jitship that reads it, or remove that generation)"
+            );
+        }
         let verb = if report.dry_run {
             "would remove"
         } else {
             "removed"
         };
+        let unknown = match report.packs_unknown_size {
+            0 => String::new(),
+            n => format!(" and {n} packs of unknown size"),
+        };
         println!(
-            "{verb} {} head records, {} manifests, {} packs ({}); {} packs kept because a retained generation shares them",
+            "{verb} {} head records, {} manifests, {} packs ({}{unknown}); {} packs kept because a retained generation shares them",
             report.heads.len(),
             report.manifests.len(),
             report.packs.len(),
