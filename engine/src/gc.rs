@@ -8,7 +8,12 @@
 //! - a generation the policy drops is kept while it was superseded less than `grace` ago: an install
 //!   that read the previous head just before a publish may still be fetching its packs. `grace`
 //!   must exceed the install deadline plus clock skew between hosts (default 1 h);
-//! - a head whose manifest is gone (evicted) is dropped once superseded for `grace`.
+//! - a head whose manifest is gone (evicted) is dropped once superseded for `grace`;
+//! - gc fails closed on what it cannot read: a manifest it cannot decode (corrupt, or written by a
+//!   newer jitship with fields this one does not know) keeps every generation of its compat id,
+//!   and no pack at all is removed in that run (such a generation may reference any pack, and
+//!   packs are shared across compat ids); the report names it (`unreadable`). A head record it
+//!   cannot decode stops gc with an error naming the key.
 //!
 //! Removing (never in `--dry-run`), in an order a reader can never half-see:
 //! 1. a head floor per compat id whose heads are removed (`catalog::FloorRecord`): heads below it
@@ -114,6 +119,13 @@ pub struct GcReport {
     pub packs_shared: u64,
     /// Keys gc failed to remove (it goes on; the next run retries them through the journal).
     pub errors: Vec<String>,
+    /// Generations whose manifest this jitship cannot decode (corrupt, or written by a newer
+    /// jitship). gc fails closed on them: every generation of their compat id is kept, and no
+    /// pack at all is removed this run, since such a generation may reference any pack. The packs
+    /// this run would have removed stay in its journal for a later run.
+    pub unreadable: Vec<String>,
+    /// Packs removed whose size the store could not tell (not counted in `pack_bytes`).
+    pub packs_unknown_size: u64,
 }
 
 struct Plan {
@@ -148,6 +160,14 @@ pub fn collect(
         known: HashSet::new(),
     };
     let mut dropped_packs: HashMap<ContentHash, u64> = HashMap::new();
+    for (c, g) in survey.generations() {
+        if let ManifestState::Corrupt { error } = &g.state {
+            report.unreadable.push(format!(
+                "compat id {} generation {}: {error}",
+                c.compat_id, g.id
+            ));
+        }
+    }
     for compat in &survey.compats {
         decide_compat(
             compat,
@@ -215,7 +235,13 @@ pub fn collect(
             plan.manifests.insert(id);
         }
     }
-    if let Some(keys) = list_or_none(store, &layout.packs_prefix())? {
+    // Orphan packs are found only when every generation could be read (see `unreadable`).
+    let packs_listing = if report.unreadable.is_empty() {
+        list_or_none(store, &layout.packs_prefix())?
+    } else {
+        None
+    };
+    if let Some(keys) = packs_listing {
         for key in keys {
             let Some(id) = key
                 .strip_prefix(&layout.packs_prefix())
@@ -256,6 +282,16 @@ pub fn collect(
     if previous.is_some() && !resume_keys.is_empty() {
         report.resumed_journal = previous.as_ref().map(|j| j.seq);
     }
+    // Failing closed: with a generation nobody here can read, no pack is removed this run; the
+    // ones planned go into the journal (not marked done), so a later run reconsiders them.
+    let deferred_packs: Vec<ContentHash> = if report.unreadable.is_empty() {
+        vec![]
+    } else {
+        std::mem::take(&mut packs)
+            .into_iter()
+            .map(|p| p.0)
+            .collect()
+    };
     let nothing = report.heads.is_empty()
         && report.manifests.is_empty()
         && resumed_manifests.is_empty()
@@ -277,7 +313,11 @@ pub fn collect(
         store,
         layout,
         journal_keys,
-        packs.iter().map(|p| p.0).collect(),
+        packs
+            .iter()
+            .map(|p| p.0)
+            .chain(deferred_packs.iter().copied())
+            .collect(),
     )?;
     report.journal = Some(journal.seq);
     let heads = report.heads.clone();
@@ -294,19 +334,37 @@ pub fn collect(
     for compat in catalog::compat_ids(store, layout)? {
         if let Some(head) = catalog::newest_head(store, layout, &compat)?
             && !plan.known.contains(&head.generation)
-            && let Some(m) = fetch_if_decodable(store, layout, &head.generation)?
         {
-            spared.extend(m.packs.iter().map(|p| p.id));
+            match catalog::fetch_manifest(store, layout, &head.generation) {
+                Ok(Some(m)) => spared.extend(m.packs.iter().map(|p| p.id)),
+                Ok(None) => {}
+                // A generation published meanwhile that this jitship cannot read (a newer
+                // jitship's): it may reference any pack, so none is removed.
+                Err(CatalogError::Manifest { source, .. }) => {
+                    report.unreadable.push(format!(
+                        "compat id {compat} generation {} (published during this gc): {source}",
+                        head.generation
+                    ));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
+    }
+    if !report.unreadable.is_empty() {
+        packs.clear();
     }
     let mut pack_keys = Vec::new();
     let mut size_of: HashMap<String, (ContentHash, u64)> = HashMap::new();
-    for (id, size) in packs {
+    for (id, mut size) in packs {
         if spared.contains(&id) {
             report.packs_shared += 1;
             continue;
         }
         let key = layout.pack(&id);
+        // Orphans found by listing and packs of a resumed journal come without a size.
+        if size == 0 {
+            size = store.size(&key).ok().flatten().unwrap_or(0);
+        }
         size_of.insert(key.clone(), (id, size));
         pack_keys.push(key);
     }
@@ -314,9 +372,12 @@ pub fn collect(
         if let Some(&(id, size)) = size_of.get(&key) {
             report.packs.push(id);
             report.pack_bytes += size;
+            if size == 0 {
+                report.packs_unknown_size += 1;
+            }
         }
     }
-    if report.errors.is_empty() {
+    if report.errors.is_empty() && report.unreadable.is_empty() {
         catalog::mark_gc_done(store, layout, journal.seq)?;
     }
     Ok(report)
@@ -331,6 +392,10 @@ fn decide_compat(
     report: &mut GcReport,
 ) {
     let grace = opts.grace.as_secs();
+    let unreadable = compat
+        .generations
+        .iter()
+        .any(|g| matches!(g.state, ManifestState::Corrupt { .. }));
     let summaries: Vec<GenerationSummary> = compat
         .generations
         .iter()
@@ -372,14 +437,17 @@ fn decide_compat(
         let past_grace = superseded_for.is_some_and(|s| s >= grace);
         let (verdict, reason) = if g.is_head {
             (Verdict::Keep, "newest: the head installs read".to_owned())
+        } else if unreadable {
+            (
+                Verdict::Keep,
+                "its compat id has a manifest this jitship cannot decode: keeping everything"
+                    .to_owned(),
+            )
         } else if g.pinned {
             (Verdict::Keep, "pinned".to_owned())
         } else if !matches!(g.state, ManifestState::Present(_)) {
             if past_grace {
-                (
-                    Verdict::Drop,
-                    "manifest missing or corrupt (head is dead)".to_owned(),
-                )
+                (Verdict::Drop, "manifest missing (head is dead)".to_owned())
             } else {
                 (
                     Verdict::Keep,

@@ -1,19 +1,34 @@
 //! Installing the newest generation for this worker into a cache root.
 //!
-//! head -> manifest (validated: relative, normalized paths; regular files only) -> diff with disk
-//! -> fetch the packs holding missing files -> write them into a staging directory while hashing
-//! -> verify every file's blake3 -> move into place. Invariant 2: nothing unverified ever enters
-//! the root, and a failed or timed-out install leaves the root exactly as it was.
+//! head -> manifest (validated: relative, normalized paths; regular files only; the compat id and
+//! kind it was found under) -> diff with disk -> fetch the packs holding missing files -> write
+//! them into a staging directory while hashing -> verify every file's blake3 -> move into place,
+//! markers last. Invariant 2: nothing unverified ever enters the root, nothing outside it is ever
+//! created, changed or removed, and a failed or timed-out install leaves the root as it was.
+//!
+//! Every operation inside the root and inside staging goes through `confined`: one descriptor of
+//! each, opened once, and no link followed below it (`openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS)`), so swapping a directory of the root for a link while an install runs
+//! cannot redirect a write or a removal. The root's own path is the operator's: a root that is
+//! itself a symlink is resolved once, at the start (logged), and everything after goes through
+//! the descriptor of what it pointed to then.
 //!
 //! Staging lives beside the root (same filesystem, so the final moves are renames) or, when the root
 //! is a mount point of its own, in a `.jitship-staging-*` directory inside it that scans ignore.
 //! A file lock beside the root serializes installers on one pod (invariant 5); the second one waits,
 //! then finds the files present and reports already-current.
+//!
+//! The commit moves non-marker files first, then the files the policy marks as markers (those the
+//! engine finds the others through), so an engine never sees a marker before what it marks. A
+//! SIGKILL during the commit (nothing can catch it) leaves some of the new files in the root, each
+//! complete and verified, and markers only once all the files they mark are in; the staging
+//! directory stays behind. The next install removes that staging and moves in what is missing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
 use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -22,10 +37,15 @@ use serde::Serialize;
 
 use crate::catalog::{self, CatalogError};
 use crate::facts::Facts;
-use crate::generation::{CompatId, ContentHash, FileRecord, GenerationId, Manifest, hash_file};
+use crate::generation::{
+    CompatId, ContentHash, FileRecord, GenerationId, Manifest, hash_open_file,
+};
 use crate::policy::CachePolicy;
 use crate::scan::STAGING_PREFIX;
 use crate::store::{KeyLayout, Store, StoreError};
+
+pub mod confined;
+use confined::{Confined, Kind};
 
 #[derive(Debug, Clone)]
 pub struct InstallOptions {
@@ -33,6 +53,9 @@ pub struct InstallOptions {
     pub deadline: Duration,
     /// How many older heads to try when the newest generation is incomplete in the store.
     pub fallback_depth: usize,
+    /// Test hook (hidden flag `--test-commit-pause`): a pause before each file moved into the
+    /// root, so a test can SIGKILL the real binary mid-commit. Zero otherwise.
+    pub commit_pause: Duration,
 }
 
 impl Default for InstallOptions {
@@ -40,6 +63,7 @@ impl Default for InstallOptions {
         Self {
             deadline: Duration::from_secs(60),
             fallback_depth: 3,
+            commit_pause: Duration::ZERO,
         }
     }
 }
@@ -51,6 +75,9 @@ pub enum InstallOutcome {
     AlreadyCurrent,
     Miss,
     Failed,
+    /// Files of the generation are present with other content (left alone): the generation is
+    /// only partly installed.
+    Conflict,
 }
 
 impl InstallOutcome {
@@ -61,6 +88,7 @@ impl InstallOutcome {
             Self::AlreadyCurrent => 10,
             Self::Miss => 11,
             Self::Failed => 12,
+            Self::Conflict => 13,
         }
     }
 
@@ -70,7 +98,8 @@ impl InstallOutcome {
             Self::AlreadyCurrent => 0,
             Self::Installed => 1,
             Self::Miss => 2,
-            Self::Failed => 3,
+            Self::Conflict => 3,
+            Self::Failed => 4,
         }
     }
 }
@@ -128,6 +157,19 @@ pub enum InstallError {
     Deadline(Duration),
     #[error("cancelled at the deadline")]
     Cancelled,
+    #[error(
+        "head for compat id {head} ({kind}) points at generation {generation} of compat id \
+         {manifest_compat} ({manifest_kind}): refusing a generation of another cache"
+    )]
+    CrossCompat {
+        head: CompatId,
+        kind: String,
+        generation: GenerationId,
+        manifest_compat: CompatId,
+        manifest_kind: String,
+    },
+    #[error("{0}: the cache root must be a directory (or not exist yet)")]
+    RootNotDir(PathBuf),
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> InstallError + 'a {
@@ -193,6 +235,7 @@ pub fn install(
         deadline: started + opts.deadline,
         gate: gate.clone(),
         fallback_depth: opts.fallback_depth,
+        commit_pause: opts.commit_pause,
         report: report.clone(),
     };
     std::thread::spawn(move || {
@@ -205,13 +248,15 @@ pub fn install(
         Ok(r) => r,
         Err(_) => {
             if gate.cancel_unless_committing() {
+                // The job may still be writing (a store call can block); it writes only through
+                // the staging descriptor, so once the directory is unlinked it cannot add to it.
                 let staging = gate
                     .staging
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .take();
                 if let Some(dir) = staging {
-                    let _ = fs::remove_dir_all(dir);
+                    remove_staging(&dir);
                 }
                 report.detail = InstallError::Deadline(opts.deadline).to_string();
                 report.duration_ms = started.elapsed().as_millis() as u64;
@@ -286,13 +331,79 @@ struct Job {
     deadline: Instant,
     gate: Arc<CommitGate>,
     fallback_depth: usize,
+    commit_pause: Duration,
     report: InstallReport,
 }
 
-/// What to write: a file of the manifest and where it goes in staging.
+/// What to write: a file of the manifest and where it goes in staging (relative to the staging
+/// directory's descriptor).
 struct Pending<'m> {
     record: &'m FileRecord,
-    staged: PathBuf,
+    staged: String,
+}
+
+/// The root, resolved once at the start of an install.
+struct Target {
+    /// The directory holding the root, open (its path is the operator's, made canonical).
+    parent: Confined,
+    /// The root's name in `parent`.
+    name: String,
+    /// The root, open; `None` if it does not exist yet.
+    dir: Option<Confined>,
+}
+
+impl Target {
+    fn path(&self) -> PathBuf {
+        self.parent.path().join(&self.name)
+    }
+}
+
+/// Resolves the configured root once: a root that is a symlink is followed now (and logged) and
+/// never again; the parent directory is created if missing. Everything after this goes through
+/// the descriptors opened here.
+fn resolve_root(configured: &Path) -> Result<Target, InstallError> {
+    let absolute = std::path::absolute(configured).map_err(io("resolve", configured))?;
+    let resolved = match fs::symlink_metadata(&absolute) {
+        Ok(m) if m.file_type().is_symlink() => {
+            let target = fs::canonicalize(&absolute)
+                .map_err(io("resolve the symlink (its target must exist)", &absolute))?;
+            tracing::info!(
+                root = %absolute.display(),
+                target = %target.display(),
+                "the cache root is a symlink: installing into its target, resolved once now"
+            );
+            target
+        }
+        _ => absolute,
+    };
+    let (Some(parent), Some(name)) = (
+        resolved.parent(),
+        resolved.file_name().and_then(|n| n.to_str()),
+    ) else {
+        return Err(InstallError::RootNotDir(resolved));
+    };
+    fs::create_dir_all(parent).map_err(io("create", parent))?;
+    let parent_path = fs::canonicalize(parent).map_err(io("resolve", parent))?;
+    let parent = Confined::open(&parent_path).map_err(io("open", &parent_path))?;
+    let dir = match parent.open_dir(name) {
+        Ok(d) => Some(d),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+            return Err(InstallError::RootNotDir(parent_path.join(name)));
+        }
+        Err(e) => {
+            return Err(InstallError::Io {
+                op: "open",
+                path: parent_path.join(name),
+                source: e,
+            });
+        }
+    };
+    Ok(Target {
+        parent,
+        name: name.to_owned(),
+        dir,
+    })
 }
 
 impl Job {
@@ -324,39 +435,63 @@ impl Job {
         self.report.files_in_generation = manifest.files.len() as u64;
         self.check_time()?;
 
-        let parent = self
-            .root
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("/"));
-        fs::create_dir_all(&parent).map_err(io("create", &parent))?;
-        let _lock = self.lock(&parent)?;
+        // The lock is taken before the root is opened: a concurrent installer may be renaming a
+        // whole tree into place.
+        let (parent_path, name) = {
+            let t = resolve_root(&self.root)?;
+            (t.parent.path().to_owned(), t.name)
+        };
+        let _lock = self.lock(&parent_path, &name)?;
         self.check_time()?;
+        let target = resolve_root(&parent_path.join(&name))?;
 
-        let (todo, conflicts, present) = diff_with_disk(&self.root, &manifest)?;
+        let (todo, conflicts, present) = diff_with_disk(target.dir.as_ref(), &manifest)?;
         self.report.conflicts = conflicts;
         self.report.files_already_present = present;
         if todo.is_empty() {
-            return Ok((
-                InstallOutcome::AlreadyCurrent,
-                format!("generation {} already on disk", manifest.id()),
-            ));
+            return Ok(self.outcome(&manifest));
         }
 
-        let staging = self.staging_dir(&parent)?;
-        *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging.clone());
-        let result = self.fetch_and_commit(&manifest, &todo, &staging);
-        let _ = fs::remove_dir_all(&staging);
+        let (staging_path, staging) = self.staging_dir(&target)?;
+        *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging_path.clone());
+        let result = self.fetch_and_commit(&manifest, &todo, &staging, &target);
+        drop(staging);
+        remove_staging(&staging_path);
         result?;
+        Ok(self.outcome(&manifest))
+    }
+
+    /// What the install achieved: conflicts mean the generation is not fully on disk, whatever
+    /// else was moved in.
+    fn outcome(&self, manifest: &Manifest) -> (InstallOutcome, String) {
+        let id = manifest.id();
         let n = self.report.files_installed;
-        Ok((
-            InstallOutcome::Installed,
-            format!("installed {n} files of generation {}", manifest.id()),
-        ))
+        if !self.report.conflicts.is_empty() {
+            (
+                InstallOutcome::Conflict,
+                format!(
+                    "generation {id} is only partly installed: {} of its {} files are on disk with \
+                     other content or blocked (left alone); {n} installed now",
+                    self.report.conflicts.len(),
+                    manifest.files.len()
+                ),
+            )
+        } else if n == 0 {
+            (
+                InstallOutcome::AlreadyCurrent,
+                format!("generation {id} already on disk"),
+            )
+        } else {
+            (
+                InstallOutcome::Installed,
+                format!("installed {n} files of generation {id}"),
+            )
+        }
     }
 
     /// The newest generation among `head` and a few older ones whose manifest and packs are all
-    /// in the store right now.
+    /// in the store right now. A manifest of another compat id or kind than the head it was found
+    /// under is refused: installing it would put another cache's files into this root.
     fn pick_complete(
         &self,
         head: &crate::generation::HeadRecord,
@@ -372,6 +507,15 @@ impl Job {
         for h in candidates {
             self.check_time()?;
             match catalog::fetch_manifest(store, &self.layout, &h.generation)? {
+                Some(m) if m.compat_id != self.compat || m.cache_kind != self.report.cache_kind => {
+                    return Err(InstallError::CrossCompat {
+                        head: self.compat,
+                        kind: self.report.cache_kind.clone(),
+                        generation: h.generation,
+                        manifest_compat: m.compat_id,
+                        manifest_kind: m.cache_kind,
+                    });
+                }
                 Some(m) if catalog::packs_present(store, &self.layout, &m)? => return Ok(Some(m)),
                 Some(_) => {
                     tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one")
@@ -384,12 +528,7 @@ impl Job {
         Ok(None)
     }
 
-    fn lock(&self, parent: &Path) -> Result<File, InstallError> {
-        let name = self
-            .root
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "root".into());
+    fn lock(&self, parent: &Path, name: &str) -> Result<File, InstallError> {
         let path = parent.join(format!(".{name}.jitship.lock"));
         let file = File::options()
             .create(true)
@@ -415,56 +554,73 @@ impl Job {
         }
     }
 
-    /// A fresh staging directory on the root's filesystem; stale ones from crashed installs
+    /// A fresh staging directory on the root's filesystem, open; stale ones from crashed installs
     /// (we hold the lock, so nobody else is using them) are removed first.
-    fn staging_dir(&self, parent: &Path) -> Result<PathBuf, InstallError> {
-        let name = self
-            .root
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let beside = format!("{STAGING_PREFIX}{name}-");
+    fn staging_dir(&self, target: &Target) -> Result<(PathBuf, Confined), InstallError> {
+        let parent = target.parent.path();
+        let root = target.path();
+        let beside = format!("{STAGING_PREFIX}{}-", target.name);
         remove_stale(parent, &beside);
-        remove_stale(&self.root, STAGING_PREFIX);
-        let same_fs = match (fs::metadata(parent), fs::metadata(&self.root)) {
-            (Ok(p), Ok(r)) => p.dev() == r.dev(),
-            _ => true,
+        let same_fs = match &target.dir {
+            Some(dir) => {
+                let (root_dev, _, _) = dir.stat().map_err(io("stat", &root))?;
+                let (parent_dev, _, _) = target.parent.stat().map_err(io("stat", parent))?;
+                root_dev == parent_dev
+            }
+            None => true,
         };
         let (dir, prefix) = if same_fs {
-            (parent, beside)
+            (parent.to_owned(), beside)
         } else {
-            (self.root.as_path(), STAGING_PREFIX.to_owned())
+            remove_stale(&root, STAGING_PREFIX);
+            (root, STAGING_PREFIX.to_owned())
         };
         let staging = tempfile::Builder::new()
             .prefix(&prefix)
-            .tempdir_in(dir)
-            .map_err(io("create staging in", dir))?;
-        Ok(staging.keep())
+            .tempdir_in(&dir)
+            .map_err(io("create staging in", &dir))?
+            .keep();
+        let opened = Confined::open(&staging).map_err(io("open", &staging));
+        match opened {
+            Ok(c) => Ok((staging, c)),
+            Err(e) => {
+                remove_staging(&staging);
+                Err(e)
+            }
+        }
     }
 
     fn fetch_and_commit(
         &mut self,
         manifest: &Manifest,
         todo: &[&FileRecord],
-        staging: &Path,
+        staging: &Confined,
+        target: &Target,
     ) -> Result<(), InstallError> {
-        let tree = staging.join("tree");
         let pending: Vec<Pending> = todo
             .iter()
             .map(|r| Pending {
                 record: r,
-                staged: r.path.to_path(&tree),
+                staged: format!("{STAGED_TREE}/{}", r.path),
             })
             .collect();
-        self.write_staging(manifest, &pending, &tree)?;
+        self.write_staging(manifest, &pending, staging)?;
         self.check_time()?;
-        sync_filesystem(staging);
+        // The bytes are durable before any name appears in the root; losing the renames to a
+        // crash only loses the install (staging is cleaned by the next one).
+        staging
+            .sync_filesystem()
+            .map_err(io("flush the file system of", staging.path()))?;
         if !self.gate.enter_commit() {
             return Err(InstallError::Cancelled);
         }
-        // The bytes are durable before any name appears in the root; losing the renames to a
-        // crash only loses the install (staging is cleaned by the next one).
-        commit(&self.root, &tree, &pending, &mut self.report)
+        commit(
+            target,
+            staging,
+            &pending,
+            self.commit_pause,
+            &mut self.report,
+        )
     }
 
     /// Streams the needed packs (one in flight while the previous one is written) and writes
@@ -475,9 +631,9 @@ impl Job {
         &mut self,
         manifest: &Manifest,
         pending: &[Pending],
-        tree: &Path,
+        staging: &Confined,
     ) -> Result<(), InstallError> {
-        let mut writer = StagingWriter::new(tree)?;
+        let mut writer = StagingWriter::new(staging)?;
         // Which pending files need which pack, in pack order.
         let mut by_pack: BTreeMap<u32, Vec<(usize, u64, u64, u64)>> = BTreeMap::new();
         for (i, p) in pending.iter().enumerate() {
@@ -549,11 +705,16 @@ impl Job {
     }
 }
 
+/// The directory inside staging that holds the files, laid out as in the root (so a root that
+/// does not exist yet receives it in one rename).
+const STAGED_TREE: &str = "tree";
+
 /// Writes staged files: a single-piece file (nearly all of them) is checked in memory and written
 /// in one go; a file spread over several packs is written piece by piece and checked once the
-/// last piece is in.
-struct StagingWriter {
-    created_dirs: HashSet<PathBuf>,
+/// last piece is in. Everything goes through the staging directory's descriptor.
+struct StagingWriter<'s> {
+    staging: &'s Confined,
+    created_dirs: HashSet<String>,
     unfinished: HashMap<usize, Unfinished>,
 }
 
@@ -564,20 +725,25 @@ struct Unfinished {
     in_order: bool,
 }
 
-impl StagingWriter {
-    fn new(tree: &Path) -> Result<Self, InstallError> {
-        fs::create_dir_all(tree).map_err(io("create", tree))?;
+impl<'s> StagingWriter<'s> {
+    fn new(staging: &'s Confined) -> Result<Self, InstallError> {
+        staging
+            .mkdir(STAGED_TREE, 0o777)
+            .map_err(io("create", &staging.display(STAGED_TREE)))?;
         Ok(Self {
-            created_dirs: HashSet::from([tree.to_owned()]),
+            staging,
+            created_dirs: HashSet::from([STAGED_TREE.to_owned()]),
             unfinished: HashMap::new(),
         })
     }
 
-    fn ensure_parent(&mut self, path: &Path) -> Result<(), InstallError> {
-        if let Some(dir) = path.parent()
+    fn ensure_parent(&mut self, staged: &str) -> Result<(), InstallError> {
+        if let Some((dir, _)) = staged.rsplit_once('/')
             && !self.created_dirs.contains(dir)
         {
-            fs::create_dir_all(dir).map_err(io("create", dir))?;
+            self.staging
+                .mkdir_all(dir, 0o777)
+                .map_err(io("create", &self.staging.display(dir)))?;
             self.created_dirs.insert(dir.to_owned());
         }
         Ok(())
@@ -593,9 +759,13 @@ impl StagingWriter {
             });
         }
         self.ensure_parent(&p.staged)?;
-        let mut file = File::create_new(&p.staged).map_err(io("create", &p.staged))?;
-        file.write_all(bytes).map_err(io("write", &p.staged))?;
-        finish_file(&file, p)
+        let shown = self.staging.display(&p.staged);
+        let mut file = self
+            .staging
+            .create_new(&p.staged, 0o600)
+            .map_err(io("create", &shown))?;
+        file.write_all(bytes).map_err(io("write", &shown))?;
+        finish_file(&file, p, &shown)
     }
 
     fn write_piece(
@@ -606,14 +776,13 @@ impl StagingWriter {
         bytes: &[u8],
     ) -> Result<(), InstallError> {
         self.ensure_parent(&p.staged)?;
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p.staged)
-            .map_err(io("create", &p.staged))?;
+        let shown = self.staging.display(&p.staged);
+        let file = self
+            .staging
+            .open_write(&p.staged, 0o600)
+            .map_err(io("create", &shown))?;
         file.write_all_at(bytes, offset)
-            .map_err(io("write", &p.staged))?;
+            .map_err(io("write", &shown))?;
         let state = self.unfinished.entry(fi).or_insert_with(|| Unfinished {
             hasher: blake3::Hasher::new(),
             hashed: 0,
@@ -634,7 +803,11 @@ impl StagingWriter {
         let actual = if state.in_order {
             state.hasher.finalize().into()
         } else {
-            hash_file(&p.staged).map_err(io("read", &p.staged))?.0
+            let mut f = self
+                .staging
+                .open_read(&p.staged)
+                .map_err(io("read", &shown))?;
+            hash_open_file(&mut f).map_err(io("read", &shown))?.0
         };
         if actual != p.record.blake3 {
             return Err(InstallError::Corrupt {
@@ -643,167 +816,214 @@ impl StagingWriter {
                 actual,
             });
         }
-        finish_file(&file, p)
+        finish_file(&file, p, &shown)
     }
 }
 
 /// Gives a verified staged file the manifest's mode and times.
-fn finish_file(file: &File, p: &Pending) -> Result<(), InstallError> {
+fn finish_file(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
     let mtime = UNIX_EPOCH
         + Duration::new(
             p.record.mtime_s.max(0) as u64,
             p.record.mtime_ns.min(999_999_999),
         );
     file.set_times(FileTimes::new().set_modified(mtime).set_accessed(mtime))
-        .map_err(io("set times on", &p.staged))?;
+        .map_err(io("set times on", shown))?;
     file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777))
-        .map_err(io("chmod", &p.staged))
+        .map_err(io("chmod", shown))
 }
 
 /// Files of the manifest missing on disk; paths present with other content (left alone); and how
 /// many are present already. A path whose parent on disk is a link or a file is a conflict too:
-/// the install never writes through a link.
+/// the install never writes through a link. A root that does not exist yet needs every file.
 fn diff_with_disk<'m>(
-    root: &Path,
+    root: Option<&Confined>,
     manifest: &'m Manifest,
 ) -> Result<(Vec<&'m FileRecord>, Vec<String>, u64), InstallError> {
+    let Some(root) = root else {
+        return Ok((manifest.files.iter().collect(), vec![], 0));
+    };
     let mut todo = Vec::new();
     let mut conflicts = Vec::new();
     let mut present = 0;
-    let mut dir_ok: HashMap<String, bool> = HashMap::new();
+    let mut dir_ok: HashMap<&str, bool> = HashMap::new();
     for f in &manifest.files {
+        // Top down, so a link or file in a parent is seen before anything below it is looked up.
         let blocked = f.path.ancestors().any(|d| {
-            *dir_ok.entry(d.to_owned()).or_insert_with(|| {
-                match fs::symlink_metadata(root.join(d)) {
-                    Ok(m) => m.is_dir(),
-                    Err(_) => true,
-                }
-            }) == false
+            !*dir_ok.entry(d).or_insert_with(|| match root.entry(d) {
+                Ok(Some(e)) => e.kind == Kind::Dir,
+                Ok(None) => true,
+                Err(_) => false,
+            })
         });
         if blocked {
             conflicts.push(format!("{}: a parent on disk is not a directory", f.path));
             continue;
         }
-        let dest = f.path.to_path(root);
-        match fs::symlink_metadata(&dest) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => todo.push(f),
-            Err(e) => {
-                return Err(InstallError::Io {
-                    op: "stat",
-                    path: dest,
-                    source: e,
-                });
-            }
+        let rel = f.path.as_str();
+        let shown = || root.display(rel);
+        match root.entry(rel).map_err(io("stat", &shown()))? {
+            None => todo.push(f),
             // Same size and the exact mtime an install sets: the file is ours; skip rehashing it.
-            Ok(m)
-                if m.is_file()
-                    && m.len() == f.size
-                    && m.mtime() == f.mtime_s
-                    && m.mtime_nsec() == i64::from(f.mtime_ns) =>
+            Some(e)
+                if e.kind == Kind::File
+                    && e.size == f.size
+                    && e.mtime_s == f.mtime_s
+                    && e.mtime_ns == i64::from(f.mtime_ns) =>
             {
                 present += 1;
             }
-            Ok(m) if m.is_file() && m.len() == f.size => {
-                let (h, _) = hash_file(&dest).map_err(io("read", &dest))?;
+            Some(e) if e.kind == Kind::File && e.size == f.size => {
+                let mut file = root.open_read(rel).map_err(io("read", &shown()))?;
+                let (h, _) = hash_open_file(&mut file).map_err(io("read", &shown()))?;
                 if h == f.blake3 {
                     present += 1;
                 } else {
                     conflicts.push(format!("{}: present with other content", f.path));
                 }
             }
-            Ok(_) => conflicts.push(format!("{}: present with another size or type", f.path)),
+            Some(_) => conflicts.push(format!("{}: present with another size or type", f.path)),
         }
     }
     Ok((todo, conflicts, present))
 }
 
-/// Moves verified files into the root. A root that does not exist yet arrives in one rename;
-/// otherwise file by file with RENAME_NOREPLACE (never over a file that appeared meanwhile). On
-/// an error, what was moved and created is taken back out, so the root is as it was.
+/// Moves verified files into the root: non-marker files first, then markers, so the engine never
+/// finds a marker before what it marks. A root that does not exist yet, or is an empty directory,
+/// receives the whole tree in one rename; otherwise file by file with RENAME_NOREPLACE (never over
+/// a file that appeared meanwhile), each through a descriptor of its directory reached beneath the
+/// root's without following a link. On an error, what was moved and created is taken back out
+/// through the same descriptors, so the root is as it was.
 fn commit(
-    root: &Path,
-    tree: &Path,
+    target: &Target,
+    staging: &Confined,
     pending: &[Pending],
+    pause: Duration,
     report: &mut InstallReport,
 ) -> Result<(), InstallError> {
+    let root_path = target.path();
     let bytes: u64 = pending.iter().map(|p| p.record.size).sum();
-    // A root that does not exist, or exists empty, receives the whole tree in one rename (rename(2)
-    // replaces an empty directory). If that fails (a mount point, a file appeared), go file by file.
-    let root_is_empty_dir = fs::read_dir(root).is_ok_and(|mut d| d.next().is_none());
-    if fs::symlink_metadata(root).is_err() || root_is_empty_dir {
-        let old_mode = fs::metadata(root).ok().map(|m| m.permissions());
-        match fs::rename(tree, root) {
+    let root_is_empty = match &target.dir {
+        None => true,
+        Some(dir) => dir.is_empty().map_err(io("read", &root_path))?,
+    };
+    if root_is_empty {
+        let old_mode = match &target.dir {
+            Some(dir) => Some(dir.stat().map_err(io("stat", &root_path))?.2),
+            None => None,
+        };
+        // rename(2) replaces an empty directory and nothing else (a link or a file fails).
+        match confined::rename_dir_over_empty(
+            staging.fd(),
+            STAGED_TREE,
+            target.parent.fd(),
+            &target.name,
+        ) {
             Ok(()) => {
+                // The tree took the empty root's place: give it the root's permissions.
                 if let Some(mode) = old_mode {
-                    fs::set_permissions(root, mode).map_err(io("chmod", root))?;
+                    let dir = target
+                        .parent
+                        .open_dir(&target.name)
+                        .map_err(io("open", &root_path))?;
+                    confined::chmod(dir.fd(), mode).map_err(io("chmod", &root_path))?;
                 }
                 report.files_installed = pending.len() as u64;
                 report.bytes_installed = bytes;
                 return Ok(());
             }
-            Err(e) if !root_is_empty_dir => {
+            Err(e) if target.dir.is_none() => {
                 return Err(InstallError::Io {
                     op: "rename into",
-                    path: root.into(),
+                    path: root_path,
                     source: e,
                 });
             }
+            // The root is a mount point, or a file appeared in it: go file by file.
             Err(_) => {}
         }
     }
-    let mut moved: Vec<PathBuf> = Vec::new();
-    let mut created_dirs: Vec<PathBuf> = Vec::new();
-    let result = (|| {
-        for p in pending {
-            for d in p.record.path.ancestors() {
-                let dir = root.join(d);
-                match fs::symlink_metadata(&dir) {
-                    Ok(m) if m.is_dir() => {}
-                    Ok(_) => {
-                        return Err(InstallError::Io {
-                            op: "install under",
-                            path: dir,
-                            source: std::io::Error::other(
-                                "not a directory (changed during the install)",
-                            ),
-                        });
-                    }
-                    Err(_) => {
-                        fs::create_dir(&dir).map_err(io("create", &dir))?;
-                        created_dirs.push(dir);
-                    }
-                }
+    let root = target.dir.as_ref().expect("an existing root");
+    raise_open_file_limit();
+    let mut dirs = DirCache::new(root).map_err(io("open", &root_path))?;
+    let mut moved: Vec<(Arc<OwnedFd>, &str, u64, u64)> = Vec::new();
+    let ordered = pending
+        .iter()
+        .filter(|p| !p.record.marker)
+        .chain(pending.iter().filter(|p| p.record.marker));
+    let mut result = Ok(());
+    for p in ordered {
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        let rel = p.record.path.as_str();
+        let (dir, name) = match rel.rsplit_once('/') {
+            Some((dir, name)) => (dir, name),
+            None => ("", rel),
+        };
+        let parent = match dirs.get_or_create(dir) {
+            Ok(fd) => fd,
+            Err(e) => {
+                result = Err(InstallError::Io {
+                    op: "install under",
+                    path: root.display(dir),
+                    source: e,
+                });
+                break;
             }
-            let dest = p.record.path.to_path(root);
-            match rename_noreplace(&p.staged, &dest) {
-                Ok(()) => {
-                    moved.push(dest);
-                    report.files_installed += 1;
-                    report.bytes_installed += p.record.size;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    report.conflicts.push(format!(
-                        "{}: appeared during the install (left alone)",
-                        p.record.path
-                    ));
-                }
-                Err(e) => {
-                    return Err(InstallError::Io {
-                        op: "rename into",
-                        path: dest,
-                        source: e,
-                    });
-                }
+        };
+        let shown = staging.display(&p.staged);
+        let staged = staging
+            .parent_of(&p.staged)
+            .and_then(|(d, n)| Ok((confined::entry_at(d.as_fd(), n)?, d, n)));
+        let (identity, from_dir, from_name) = match staged {
+            Ok((Some(e), d, n)) => ((e.dev, e.ino), d, n),
+            Ok((None, ..)) => {
+                result = Err(InstallError::Io {
+                    op: "find staged",
+                    path: shown,
+                    source: std::io::ErrorKind::NotFound.into(),
+                });
+                break;
+            }
+            Err(e) => {
+                result = Err(InstallError::Io {
+                    op: "find staged",
+                    path: shown,
+                    source: e,
+                });
+                break;
+            }
+        };
+        match confined::rename_noreplace(from_dir.as_fd(), from_name, parent.as_fd(), name) {
+            Ok(()) => {
+                moved.push((parent, name, identity.0, identity.1));
+                report.files_installed += 1;
+                report.bytes_installed += p.record.size;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                report.conflicts.push(format!(
+                    "{}: appeared during the install (left alone)",
+                    p.record.path
+                ));
+            }
+            Err(e) => {
+                result = Err(InstallError::Io {
+                    op: "rename into",
+                    path: root.display(rel),
+                    source: e,
+                });
+                break;
             }
         }
-        Ok(())
-    })();
+    }
     if result.is_err() {
-        for f in moved.iter().rev() {
-            let _ = fs::remove_file(f);
+        // Only what this install put there: a file is removed if it is still the inode we moved.
+        for (dir, name, dev, ino) in moved.iter().rev() {
+            let _ = confined::remove_if_same(dir.as_fd(), name, *dev, *ino);
         }
-        for d in created_dirs.iter().rev() {
-            let _ = fs::remove_dir(d);
+        for (dir, name) in dirs.created.iter().rev() {
+            let _ = confined::remove_dir_at(dir.as_fd(), name);
         }
         report.files_installed = 0;
         report.bytes_installed = 0;
@@ -811,35 +1031,96 @@ fn commit(
     result
 }
 
-fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let from_c = CString::new(from.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    let to_c = CString::new(to.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    // std has no no-replace rename; renameat2(2) is the one atomic way to get it on Linux.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from_c.as_ptr(),
-            libc::AT_FDCWD,
-            to_c.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+/// Descriptors of the root's directories the commit writes into, each opened one component at a
+/// time from its parent's descriptor without following a link, and kept open so a rollback
+/// reaches exactly the directories the commit used even if a name was swapped meanwhile.
+struct DirCache<'r> {
+    open: HashMap<&'r str, Arc<OwnedFd>>,
+    /// Directories this commit created: (parent, name), top down.
+    created: Vec<(Arc<OwnedFd>, &'r str)>,
+}
+
+impl<'r> DirCache<'r> {
+    fn new(root: &Confined) -> std::io::Result<Self> {
+        Ok(Self {
+            open: HashMap::from([("", Arc::new(root.dir_fd("")?))]),
+            created: Vec::new(),
+        })
+    }
+
+    fn get_or_create(&mut self, dir: &'r str) -> std::io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.open.get(dir) {
+            return Ok(fd.clone());
+        }
+        let mut at = self.open[""].clone();
+        let components = dir.match_indices('/').map(|(i, _)| i).chain([dir.len()]);
+        let mut start = 0;
+        for end in components {
+            let sofar = &dir[..end];
+            let name = &dir[start..end];
+            start = end + 1;
+            if let Some(fd) = self.open.get(sofar) {
+                at = fd.clone();
+                continue;
+            }
+            let fd = match confined::open_dir_at(at.as_fd(), name) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    confined::mkdir_at(at.as_fd(), name, 0o777)?;
+                    self.created.push((at.clone(), name));
+                    confined::open_dir_at(at.as_fd(), name)?
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+                    return Err(std::io::Error::other(
+                        "not a directory (changed during the install)",
+                    ));
+                }
+                Err(e) => return Err(e),
+            };
+            let fd = Arc::new(fd);
+            self.open.insert(sofar, fd.clone());
+            at = fd;
+        }
+        Ok(at)
     }
 }
 
-/// Flushes the filesystem holding `path` so renamed files are never seen empty after a crash.
-fn sync_filesystem(path: &Path) {
-    if let Ok(f) = File::open(path) {
-        use std::os::fd::AsRawFd;
-        // One syncfs is far cheaper than an fsync per small file.
-        unsafe { libc::syncfs(f.as_raw_fd()) };
+/// The commit keeps one descriptor per directory it writes into, and a cache can have thousands:
+/// raise the soft limit on open files to the hard one, as file-heavy tools commonly do. (libc,
+/// because rustix's `process` feature is not otherwise built and this is one call.)
+fn raise_open_file_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+                && limit.rlim_cur < limit.rlim_max
+            {
+                limit.rlim_cur = limit.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+    });
+}
+
+/// Removes a staging directory (std's `remove_dir_all` never follows a link). A job still writing
+/// into it (after a deadline) can add an entry between the listing and the final rmdir; a few
+/// tries settle it, because once the directory is unlinked the job's writes through its
+/// descriptor fail.
+fn remove_staging(path: &Path) {
+    for _ in 0..100 {
+        match fs::remove_dir_all(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => return,
+        }
     }
+    tracing::warn!(staging = %path.display(), "could not remove the staging directory; the next install will");
 }
 
 fn remove_stale(dir: &Path, prefix: &str) {
@@ -850,5 +1131,163 @@ fn remove_stale(dir: &Path, prefix: &str) {
         if e.file_name().to_string_lossy().starts_with(prefix) {
             let _ = fs::remove_dir_all(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::generation::{Chunk, PackRef, RelPath};
+
+    #[derive(Debug, Clone, Copy)]
+    enum OnDisk {
+        Missing,
+        /// The same bytes, with other times (must be hashed).
+        Same,
+        /// The same bytes and the exact mtime an install sets.
+        Installed,
+        OtherContentSameSize,
+        OtherSize,
+        Directory,
+        /// A link to a file with the same bytes, outside the root: still never followed.
+        LinkToSame,
+    }
+
+    fn on_disk() -> impl Strategy<Value = OnDisk> {
+        prop_oneof![
+            Just(OnDisk::Missing),
+            Just(OnDisk::Same),
+            Just(OnDisk::Installed),
+            Just(OnDisk::OtherContentSameSize),
+            Just(OnDisk::OtherSize),
+            Just(OnDisk::Directory),
+            Just(OnDisk::LinkToSame),
+        ]
+    }
+
+    fn content(path: &str) -> Vec<u8> {
+        path.as_bytes().repeat(3)
+    }
+
+    fn manifest_of(paths: &[String]) -> Manifest {
+        let mut m = crate::generation::manifest_tests_sample();
+        m.packs = vec![PackRef {
+            id: ContentHash([1; 32]),
+            size: 1 << 20,
+        }];
+        m.files = paths
+            .iter()
+            .map(|p| FileRecord {
+                path: RelPath::parse(p).unwrap(),
+                size: content(p).len() as u64,
+                mode: 0o644,
+                mtime_s: 1_000_000,
+                mtime_ns: 5,
+                blake3: ContentHash::of(&content(p)),
+                chunks: vec![Chunk {
+                    pack: 0,
+                    offset: 0,
+                    len: content(p).len() as u64,
+                }],
+                marker: false,
+            })
+            .collect();
+        m.normalize();
+        m
+    }
+
+    proptest! {
+        /// Every file of the manifest lands in exactly one of todo / conflicts / present, by what
+        /// is on disk; a link (as the file, or as a directory above it) is never followed, even to
+        /// identical bytes; nothing is written.
+        #[test]
+        fn the_diff_classifies_every_file_and_follows_no_link(
+            files in proptest::collection::btree_map("([a-c]/)?[x-z]{1,2}", on_disk(), 1..16),
+            linked_dirs in proptest::collection::btree_set("[a-c]", 0..3),
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().join("root");
+            let outside = tmp.path().join("outside");
+            fs::create_dir_all(&root).unwrap();
+            fs::create_dir_all(&outside).unwrap();
+            // A file "a" and a directory "a/..." cannot both be in a manifest.
+            let files: BTreeMap<String, OnDisk> = files
+                .clone()
+                .into_iter()
+                .filter(|(p, _)| !files.keys().any(|q| q.starts_with(&format!("{p}/"))))
+                .collect();
+            let paths: Vec<String> = files.keys().cloned().collect();
+            let m = manifest_of(&paths);
+            for d in &linked_dirs {
+                fs::create_dir_all(outside.join(d)).unwrap();
+                symlink(outside.join(d), root.join(d)).unwrap();
+            }
+            for (p, state) in &files {
+                let dest = root.join(p);
+                let bytes = content(p);
+                // Under a linked directory, files exist (identical) only on the far side.
+                let dest = match p.split_once('/') {
+                    Some((d, _)) if linked_dirs.contains(d) => outside.join(p),
+                    _ => dest,
+                };
+                fs::create_dir_all(dest.parent().unwrap()).unwrap();
+                match state {
+                    OnDisk::Missing => {}
+                    OnDisk::Same => fs::write(&dest, &bytes).unwrap(),
+                    OnDisk::Installed => {
+                        fs::write(&dest, &bytes).unwrap();
+                        let t = UNIX_EPOCH + Duration::new(1_000_000, 5);
+                        File::options().write(true).open(&dest).unwrap().set_modified(t).unwrap();
+                    }
+                    OnDisk::OtherContentSameSize => {
+                        let mut b = bytes.clone();
+                        b[0] ^= 1;
+                        fs::write(&dest, b).unwrap();
+                    }
+                    OnDisk::OtherSize => fs::write(&dest, b"x").unwrap(),
+                    OnDisk::Directory => fs::create_dir(&dest).unwrap(),
+                    OnDisk::LinkToSame => {
+                        let far = outside.join(format!("{}.same", p.replace('/', "_")));
+                        fs::write(&far, &bytes).unwrap();
+                        symlink(&far, &dest).unwrap();
+                    }
+                }
+            }
+            let before = listing(tmp.path());
+            let dir = Confined::open(&root).unwrap();
+            let (todo, conflicts, present) = diff_with_disk(Some(&dir), &m).unwrap();
+            prop_assert_eq!(listing(tmp.path()), before, "the diff wrote something");
+            prop_assert_eq!(todo.len() + conflicts.len() + present as usize, m.files.len());
+            let todo: HashSet<&str> = todo.iter().map(|f| f.path.as_str()).collect();
+            let mut expect_todo = HashSet::new();
+            let mut expect_present = 0;
+            for (p, state) in &files {
+                let linked = p.split_once('/').is_some_and(|(d, _)| linked_dirs.contains(d));
+                match state {
+                    _ if linked => {}
+                    OnDisk::Missing => { expect_todo.insert(p.as_str()); }
+                    OnDisk::Same | OnDisk::Installed => expect_present += 1,
+                    _ => {}
+                }
+            }
+            prop_assert_eq!(todo, expect_todo);
+            prop_assert_eq!(present, expect_present);
+        }
+    }
+
+    fn listing(dir: &Path) -> Vec<(PathBuf, u64)> {
+        let mut v: Vec<_> = walkdir::WalkDir::new(dir)
+            .into_iter()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path().to_owned(), e.metadata().unwrap().len())
+            })
+            .collect();
+        v.sort();
+        v
     }
 }

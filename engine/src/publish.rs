@@ -111,6 +111,26 @@ pub enum PublishError {
         "gave up after {0} attempts to write a head: other publishers kept winning; retry later"
     )]
     Contention(u32),
+    #[error("cache root {0} does not exist: check the path (or the volume mount)")]
+    RootMissing(PathBuf),
+    #[error("cache root {0} is not a directory")]
+    RootNotDir(PathBuf),
+}
+
+/// For a one-off publish: the root must exist (`watch` instead waits for a missing root to
+/// appear, so `publish` itself treats a missing root as empty).
+pub fn check_root_exists(root: &Path) -> Result<(), PublishError> {
+    match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(PublishError::RootNotDir(root.into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(PublishError::RootMissing(root.into()))
+        }
+        Err(source) => Err(PublishError::Scan {
+            root: root.into(),
+            source,
+        }),
+    }
 }
 
 /// Remembers file hashes between publishes of one root (the watcher keeps one), keyed by path and
@@ -149,6 +169,10 @@ pub fn publish(
     let compat_key = policy.compat_key(&opts.facts).map_err(policy_err)?;
     let compat_id = CompatId::new(&kind, &compat_key);
 
+    // A file where the root should be is never a cache (a missing root is: not written yet).
+    if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
+        return Err(PublishError::RootNotDir(root.into()));
+    }
     let snap = scan::snapshot(root).map_err(|source| PublishError::Scan {
         root: root.into(),
         source,
@@ -166,6 +190,14 @@ pub fn publish(
     for (_, reason) in &snap.unpublishable {
         *skipped.entry((*reason).to_owned()).or_default() += 1;
     }
+    // Files the engine finds others through: recorded so an install moves them in last.
+    let markers: HashSet<&RelPath> = snap
+        .files
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| d.verdict == Verdict::Publish && d.marker)
+        .map(|(f, _)| &f.path)
+        .collect();
     let selected: Vec<&ScannedFile> = snap
         .files
         .iter()
@@ -296,6 +328,7 @@ pub fn publish(
                 Some((chunks, _)) => chunks.to_vec(),
                 None => located.get(h).cloned().unwrap_or_default(),
             },
+            marker: markers.contains(&f.path),
         })
         .collect();
 

@@ -568,3 +568,173 @@ fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
     assert!(has(&b, &b.layout.generation(&gens[0])) && has(&b, &b.layout.generation(&gens[2])));
     assert!(!has(&b, &b.layout.generation(&gens[1])));
 }
+
+fn run_gc_at(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, now: u64) -> GcReport {
+    let policy = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
+        std::sync::Arc::new(NativeRules::new(kind))
+    };
+    gc::collect(
+        store,
+        layout,
+        &policy,
+        &GcOptions {
+            now,
+            grace: Duration::from_secs(grace),
+            limits: RetentionLimits {
+                max_generations: Some(keep),
+                ..RetentionLimits::default()
+            },
+            dry_run: false,
+            lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
+            lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
+        },
+    )
+    .unwrap_or_else(|e| panic!("gc: {e}"))
+}
+
+/// Publishes `root` in a scratch namespace, copies its packs over, and makes `bytes_of(manifest)`
+/// (the manifest as some other writer would store it) head `seq` under its own id.
+fn plant_undecodable(
+    b: &Backend,
+    root: &Path,
+    tag: &str,
+    seq: u64,
+    bytes_of: impl Fn(&[u8]) -> (GenerationId, Vec<u8>),
+) -> (GenerationId, Vec<ContentHash>) {
+    let scratch = KeyLayout::new(&format!("{}-undecodable-{seq}", b.layout.namespace())).unwrap();
+    let r = flow::publish(b.store.as_ref(), &scratch, root, &flow::facts(tag), PACK).unwrap();
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!("publish: {:?}", r.outcome)
+    };
+    let s = b.store.as_ref();
+    let m = catalog::fetch_manifest(s, &scratch, &generation)
+        .unwrap()
+        .unwrap();
+    for p in &m.packs {
+        let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
+        s.put(&b.layout.pack(&p.id), &bytes).unwrap();
+    }
+    let (id, bytes) = bytes_of(&m.encode());
+    s.put(&b.layout.generation(&id), &bytes).unwrap();
+    let head = HeadRecord {
+        compat_id: m.compat_id,
+        seq,
+        generation: id,
+        written_at: now_secs(),
+        writer: "another jitship".into(),
+    };
+    s.put(&b.layout.head(&m.compat_id, seq), &head.encode())
+        .unwrap();
+    (id, m.packs.iter().map(|p| p.id).collect())
+}
+
+/// Issue 11: the newest generation's manifest is corrupt (bytes that do not hash to its id) and
+/// gc runs with no grace at all. Before, every pack it referenced was removed as an orphan. Now
+/// gc fails closed: nothing of that compat id is dropped, no pack at all is removed, and the
+/// report names the generation.
+#[test]
+fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace() {
+    for b in backends("a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace") {
+        let tmp = tempfile::tempdir().unwrap();
+        let tag = "gc-corrupt";
+        let r1 = tmp.path().join("r1");
+        triton_tree(&r1, 6, 1);
+        let (g1, s1, _) = publish(&b, &r1, tag);
+        let g1_packs = packs_of(&b, &g1);
+        let r2 = tmp.path().join("r2");
+        triton_tree(&r2, 8, 2);
+        let (corrupt, packs) = plant_undecodable(&b, &r2, tag, s1 + 1, |bytes| {
+            let id = GenerationId(ContentHash::of(bytes));
+            let mut flipped = bytes.to_vec();
+            flipped[bytes.len() / 2] ^= 0x20;
+            (id, flipped)
+        });
+        assert!(packs.len() >= 4, "[{}] {} packs", b.name, packs.len());
+        // Dry run first: it already names the problem and plans no pack removal.
+        let dry = run_gc(b.store.as_ref(), &b.layout, 1, 0, true);
+        assert!(dry.packs.is_empty(), "[{}] {:?}", b.name, dry.packs);
+        let r = run_gc(b.store.as_ref(), &b.layout, 1, 0, false);
+        assert!(
+            r.unreadable
+                .iter()
+                .any(|u| u.contains(&corrupt.to_string())),
+            "[{}] {:?}",
+            b.name,
+            r.unreadable
+        );
+        assert!(r.packs.is_empty(), "[{}] removed {:?}", b.name, r.packs);
+        assert_eq!(verdict(&r, &corrupt).0, Verdict::Keep, "[{}]", b.name);
+        assert_eq!(verdict(&r, &g1).0, Verdict::Keep, "[{}]", b.name);
+        for p in packs.iter().chain(&g1_packs) {
+            assert!(has(&b, &b.layout.pack(p)), "[{}] pack {p} removed", b.name);
+        }
+        assert!(has(&b, &b.layout.generation(&g1)), "[{}]", b.name);
+    }
+}
+
+/// Issue 11: the newest generation was written by a newer jitship (format 2, a field this one
+/// does not know), its packs are 2 h old and gc runs with the default grace (1 h). No pack it
+/// references is removed (before: all of them, while the report said "keep").
+#[test]
+fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace() {
+    for b in backends("a_newer_format_manifest_keeps_its_packs_under_the_default_grace") {
+        let tmp = tempfile::tempdir().unwrap();
+        let tag = "gc-newer";
+        let r1 = tmp.path().join("r1");
+        triton_tree(&r1, 5, 3);
+        let (g1, s1, _) = publish(&b, &r1, tag);
+        let r2 = tmp.path().join("r2");
+        triton_tree(&r2, 7, 4);
+        let (newer, packs) = plant_undecodable(&b, &r2, tag, s1 + 1, |bytes| {
+            let text = String::from_utf8(bytes.to_vec()).unwrap();
+            let text = text.replacen("\"format\":1", "\"format\":2", 1);
+            let text = format!("{},\"signatures\":[]}}", &text[..text.len() - 1]);
+            (
+                GenerationId(ContentHash::of(text.as_bytes())),
+                text.into_bytes(),
+            )
+        });
+        let two_hours_later = now_secs() + 2 * 3600;
+        let r = run_gc_at(b.store.as_ref(), &b.layout, 1, 3600, two_hours_later);
+        assert!(
+            r.unreadable
+                .iter()
+                .any(|u| u.contains(&newer.to_string()) && u.contains("format 2")),
+            "[{}] {:?}",
+            b.name,
+            r.unreadable
+        );
+        assert!(r.packs.is_empty(), "[{}] removed {:?}", b.name, r.packs);
+        for p in &packs {
+            assert!(has(&b, &b.layout.pack(p)), "[{}] pack {p} removed", b.name);
+        }
+        for p in packs_of(&b, &g1) {
+            assert!(has(&b, &b.layout.pack(&p)), "[{}] pack {p} removed", b.name);
+        }
+        assert!(has(&b, &b.layout.generation(&newer)), "[{}]", b.name);
+    }
+}
+
+/// The bytes of removed orphan packs (found by listing, so gc had no manifest size for them) are
+/// reported (before: "(0 B)").
+#[test]
+fn removed_orphan_packs_are_reported_with_their_bytes() {
+    for b in backends("removed_orphan_packs_are_reported_with_their_bytes") {
+        if !b.lists {
+            continue;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let r1 = tmp.path().join("r1");
+        triton_tree(&r1, 2, 5);
+        publish(&b, &r1, "gc-bytes");
+        let orphan = ContentHash::of(b"an orphan pack of a crashed publish");
+        b.store
+            .put(&b.layout.pack(&orphan), &bytes(7, 12_345))
+            .unwrap();
+        let r = run_gc_at(b.store.as_ref(), &b.layout, 5, 3600, now_secs() + 2 * 3600);
+        assert_eq!(r.packs, vec![orphan], "[{}]", b.name);
+        assert_eq!(r.pack_bytes, 12_345, "[{}]", b.name);
+        assert_eq!(r.packs_unknown_size, 0, "[{}]", b.name);
+        assert!(!has(&b, &b.layout.pack(&orphan)));
+    }
+}

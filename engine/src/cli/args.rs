@@ -51,8 +51,17 @@ pub enum Command {
     /// Install the newest matching generation into each configured cache root.
     ///
     /// Exit codes: 0 installed, 10 already current, 11 miss (nothing published for this
-    /// worker's key, or evicted), 12 failed (the root was left as it was); with several caches the
-    /// most severe outcome wins. --best-effort exits 0 for all four.
+    /// worker's key, or evicted), 12 failed (the root was left as it was), 13 conflict (files of
+    /// the generation are on disk with other content and were left alone: only partly
+    /// installed); with several caches the most severe outcome wins. --best-effort exits 0 for all.
+    ///
+    /// Nothing outside a root is ever written or removed: every operation goes through a
+    /// descriptor of the root opened once and follows no link (a root that is itself a symlink is
+    /// resolved once, at the start). A SIGKILL (which nothing can catch) can leave: some of the
+    /// generation's files in the root, each complete and verified, with marker files (those an
+    /// engine finds the others through) only once everything they mark is in; and a
+    /// `.jitship-staging-*` directory beside the root. The next install removes the staging and
+    /// completes the generation.
     Install(InstallArgs),
     /// Watch the cache roots and publish complete new work as it appears (the sidecar).
     ///
@@ -349,6 +358,11 @@ pub struct InstallArgs {
     /// Exit 0 whatever the outcome (for init containers that must never block a pod).
     #[arg(long, env = "JITSHIP_BEST_EFFORT")]
     pub best_effort: bool,
+
+    /// Test hook: pause this long before each file moved into a root, so the test suite can
+    /// SIGKILL an install mid-commit. Not for production use.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    pub test_commit_pause: Option<Duration>,
 }
 
 #[derive(Debug, Args)]

@@ -54,7 +54,10 @@ pub(crate) fn print_install(r: &InstallReport) {
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
     println!("{}: {outcome}: {}", r.cache_kind, r.detail);
-    if r.outcome == InstallOutcome::Installed {
+    if matches!(
+        r.outcome,
+        InstallOutcome::Installed | InstallOutcome::Conflict
+    ) {
         println!(
             "  {} files ({}) into {}, {} already present; fetched {} packs ({}); {} ms",
             r.files_installed,

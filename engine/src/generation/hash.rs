@@ -72,10 +72,14 @@ impl<'de> Deserialize<'de> for ContentHash {
 /// the size, and hashing many small files does not pay for a fresh buffer each time).
 /// Returns the hash and the number of bytes read.
 pub fn hash_file(path: &Path) -> std::io::Result<(ContentHash, u64)> {
+    hash_open_file(&mut std::fs::File::open(path)?)
+}
+
+/// `hash_file` for a file already open (opened beneath a directory descriptor, for example).
+pub fn hash_open_file(file: &mut std::fs::File) -> std::io::Result<(ContentHash, u64)> {
     thread_local! {
         static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 256 * 1024]);
     }
-    let mut file = std::fs::File::open(path)?;
     let mut hasher = blake3::Hasher::new();
     let mut total = 0u64;
     BUFFER.with_borrow_mut(|buf| {

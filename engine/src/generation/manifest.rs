@@ -101,6 +101,15 @@ pub struct FileRecord {
     pub blake3: ContentHash,
     /// Where the bytes live, in order; their lengths add up to `size`.
     pub chunks: Vec<Chunk>,
+    /// The engine finds other files through this one (Triton's `__grp__*.json`, `*.so.load_ok`,
+    /// vLLM's `model`), so an install moves it into the root after every other file. Absent
+    /// (false) in manifests written before markers existed, which therefore decode unchanged.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub marker: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,7 +181,21 @@ impl Manifest {
         if actual != expected {
             return Err(ManifestError::HashMismatch { expected, actual });
         }
-        let manifest: Manifest = serde_json::from_slice(bytes)?;
+        let manifest: Manifest = match serde_json::from_slice(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                // A newer jitship's manifest fails on its new fields before `format` is looked
+                // at; say so rather than "does not parse".
+                #[derive(Deserialize)]
+                struct FormatOnly {
+                    format: u32,
+                }
+                return Err(match serde_json::from_slice::<FormatOnly>(bytes) {
+                    Ok(f) if f.format != FORMAT_VERSION => ManifestError::Format(f.format),
+                    _ => ManifestError::Parse(e),
+                });
+            }
+        };
         if manifest.format != FORMAT_VERSION {
             return Err(ManifestError::Format(manifest.format));
         }
@@ -277,6 +300,7 @@ pub(crate) mod tests {
                         offset: 0,
                         len: 4,
                     }],
+                    marker: false,
                 },
                 FileRecord {
                     path: RelPath::parse("b").unwrap(),
@@ -286,6 +310,7 @@ pub(crate) mod tests {
                     mtime_ns: 6,
                     blake3: ContentHash::of(b""),
                     chunks: vec![],
+                    marker: true,
                 },
             ],
         };
@@ -315,5 +340,181 @@ pub(crate) mod tests {
             Manifest::decode(&pretty, id),
             Err(ManifestError::NotCanonical)
         ));
+    }
+}
+
+/// Property tests: `decode` is the gate for bytes from a store, so it must never panic, and
+/// whatever it accepts must be exactly what `encode` produces (no second spelling of a manifest).
+/// Cases default to proptest's 256; a long run: `PROPTEST_CASES=200000 cargo test -p jitship
+/// --lib generation::manifest::props` (see the report of issue 11 for the figures).
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::tests::sample;
+    use super::*;
+
+    /// Valid manifests of varied shape: files under a few directories, packs, chunks, markers.
+    fn manifests() -> impl Strategy<Value = Manifest> {
+        let file = (
+            "[a-c]{1,2}(/[a-c_.]{1,3}){0,2}",
+            0u64..64,
+            0u32..=0o777,
+            any::<bool>(),
+        );
+        (
+            proptest::collection::vec(file, 0..12),
+            1u64..200,
+            any::<u64>(),
+            "[ -~]{0,8}",
+        )
+            .prop_map(|(files, pack_size, created_at, key)| {
+                let mut m = sample();
+                m.compat_key = key;
+                m.compat_id = CompatId::new(&m.cache_kind, &m.compat_key);
+                m.created_at = created_at;
+                m.packs = vec![PackRef {
+                    id: ContentHash([9; 32]),
+                    size: pack_size + 64,
+                }];
+                m.files = files
+                    .into_iter()
+                    .filter_map(|(path, size, mode, marker)| {
+                        Some(FileRecord {
+                            path: RelPath::parse(&path).ok()?,
+                            size,
+                            mode,
+                            mtime_s: created_at as i64 >> 1,
+                            mtime_ns: 7,
+                            blake3: ContentHash::of(path.as_bytes()),
+                            chunks: if size == 0 {
+                                vec![]
+                            } else {
+                                vec![Chunk {
+                                    pack: 0,
+                                    offset: 0,
+                                    len: size,
+                                }]
+                            },
+                            marker,
+                        })
+                    })
+                    .collect();
+                m.normalize();
+                m.files.dedup_by(|a, b| a.path == b.path);
+                // A path cannot be both a file and the directory of another.
+                let dirs: std::collections::HashSet<String> = m
+                    .files
+                    .iter()
+                    .flat_map(|f| f.path.ancestors().map(str::to_owned).collect::<Vec<_>>())
+                    .collect();
+                m.files.retain(|f| !dirs.contains(f.path.as_str()));
+                m
+            })
+    }
+
+    /// Decodes `bytes` under their own id; anything accepted must re-encode to the same bytes.
+    fn check(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let id = GenerationId(ContentHash::of(bytes));
+        if let Ok(m) = Manifest::decode(bytes, id) {
+            prop_assert_eq!(m.encode(), bytes.to_vec());
+            prop_assert_eq!(m.id(), id);
+        }
+        Ok(())
+    }
+
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Flip(usize, u8),
+        Insert(usize, u8),
+        Delete(usize),
+        Splice(usize, String),
+    }
+
+    fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
+        let one = prop_oneof![
+            (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Flip(i, b)),
+            (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
+            any::<usize>().prop_map(Mutation::Delete),
+            // JSON-shaped edits: the interesting refusals (unknown fields, types, nesting).
+            (
+                any::<usize>(),
+                prop_oneof![
+                    Just(",\"extra\":1".to_owned()),
+                    Just("\"marker\":true,".to_owned()),
+                    Just("\"marker\":false,".to_owned()),
+                    Just("../".to_owned()),
+                    Just("null".to_owned()),
+                    Just(" ".to_owned()),
+                    Just("{}".to_owned()),
+                    Just("[]".to_owned()),
+                    Just("\\u0000".to_owned()),
+                    "[0-9]{1,20}",
+                ]
+            )
+                .prop_map(|(i, s)| Mutation::Splice(i, s)),
+        ];
+        proptest::collection::vec(one, 1..4)
+    }
+
+    fn apply(mut bytes: Vec<u8>, ms: &[Mutation]) -> Vec<u8> {
+        for m in ms {
+            let n = bytes.len().max(1);
+            match m {
+                Mutation::Flip(i, b) if !bytes.is_empty() => bytes[i % n] ^= b | 1,
+                Mutation::Insert(i, b) => bytes.insert(i % (bytes.len() + 1), *b),
+                Mutation::Delete(i) if !bytes.is_empty() => {
+                    bytes.remove(i % n);
+                }
+                Mutation::Splice(i, s) => {
+                    let at = i % (bytes.len() + 1);
+                    bytes.splice(at..at, s.bytes());
+                }
+                _ => {}
+            }
+        }
+        bytes
+    }
+
+    proptest! {
+        #[test]
+        fn valid_manifests_round_trip(m in manifests()) {
+            let bytes = m.encode();
+            prop_assert!(m.validate().is_ok());
+            prop_assert_eq!(Manifest::decode(&bytes, m.id()).unwrap(), m);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            check(&bytes)?;
+        }
+
+        #[test]
+        fn mutated_manifests_never_panic_and_never_decode_to_another_spelling(
+            m in manifests(),
+            ms in mutations(),
+        ) {
+            check(&apply(m.encode(), &ms))?;
+        }
+
+        #[test]
+        fn head_records_never_panic_and_what_decodes_re_decodes_equal(
+            bytes in proptest::collection::vec(any::<u8>(), 0..256),
+            ms in mutations(),
+        ) {
+            let valid = crate::generation::HeadRecord {
+                compat_id: CompatId::new("triton", "k"),
+                seq: 3,
+                generation: sample().id(),
+                written_at: 5,
+                writer: "h:1:abc".into(),
+            };
+            for candidate in [bytes, apply(valid.encode(), &ms)] {
+                if let Ok(h) = crate::generation::HeadRecord::decode(&candidate) {
+                    let again = crate::generation::HeadRecord::decode(&h.encode()).unwrap();
+                    prop_assert_eq!(again, h);
+                }
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@ mod pack;
 mod relpath;
 
 pub use compat::CompatId;
-pub use hash::{ContentHash, hash_file};
+pub use hash::{ContentHash, hash_file, hash_open_file};
 pub use head::HeadRecord;
 pub use manifest::{
     Chunk, FORMAT_VERSION, FileRecord, GenerationId, Manifest, ManifestError, PackRef, PolicyRef,
@@ -23,3 +23,6 @@ pub use manifest::{
 pub use merge::{Conflict, merge_files, prune_packs};
 pub use pack::{PackPlan, Piece, plan_packs};
 pub use relpath::{PathError, RelPath};
+
+#[cfg(test)]
+pub(crate) use manifest::tests::sample as manifest_tests_sample;

@@ -45,6 +45,9 @@ pub enum Verdict {
 pub struct Decision {
     pub verdict: Verdict,
     pub reason: String,
+    /// The engine finds other files through this one; an install commits it after the others.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub marker: bool,
 }
 
 impl Decision {
@@ -52,12 +55,14 @@ impl Decision {
         Self {
             verdict: Verdict::Publish,
             reason: reason.into(),
+            marker: false,
         }
     }
     pub fn skip(reason: impl Into<String>) -> Self {
         Self {
             verdict: Verdict::Skip,
             reason: reason.into(),
+            marker: false,
         }
     }
 }

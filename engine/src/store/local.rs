@@ -11,6 +11,10 @@ use super::{Store, StoreError, StoreResult, check_key};
 
 const TMP_DIR: &str = ".tmp";
 
+/// A temp file untouched this long belongs to a put that died (a put writes, fsyncs and links its
+/// temp file within one call, and every write refreshes its mtime): opening the store removes it.
+pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 #[derive(Debug)]
 pub struct LocalStore {
     root: PathBuf,
@@ -21,7 +25,41 @@ impl LocalStore {
     pub fn open(root: impl Into<PathBuf>) -> StoreResult<Self> {
         let root = root.into();
         fs::create_dir_all(root.join(TMP_DIR)).map_err(|e| io_err(&root, e))?;
-        Ok(Self { root })
+        let store = Self { root };
+        // Every command that writes (publish, gc) opens the store first, so killed puts never
+        // accumulate; failing to clean is not a reason to refuse the store.
+        if let Err(e) = store.remove_stale_temp(STALE_TEMP_AGE) {
+            tracing::warn!("cleaning {}: {e}", store.root.join(TMP_DIR).display());
+        }
+        Ok(store)
+    }
+
+    /// Removes temp files of puts that died (not modified for `older_than`); returns how many.
+    pub fn remove_stale_temp(&self, older_than: std::time::Duration) -> std::io::Result<u64> {
+        let dir = self.root.join(TMP_DIR);
+        let mut removed = 0;
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            let stale = meta
+                .modified()?
+                .elapsed()
+                .is_ok_and(|age| age >= older_than);
+            if meta.is_file() && stale {
+                match fs::remove_file(entry.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "removed temp files of interrupted puts from the local store"
+            );
+        }
+        Ok(removed)
     }
 
     pub fn root(&self) -> &Path {
@@ -124,6 +162,16 @@ impl Store for LocalStore {
         }
     }
 
+    fn size(&self, key: &str) -> StoreResult<Option<u64>> {
+        let path = self.path_of(key)?;
+        match fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(Some(m.len())),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path, e)),
+        }
+    }
+
     fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
         // Walk only the deepest directory the prefix names completely.
         let start = match prefix.rfind('/') {
@@ -171,6 +219,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalStore::open(dir.path()).unwrap();
         super::super::conformance::run_all(&store, "conformance-test").unwrap();
+    }
+
+    #[test]
+    fn stale_temp_files_of_killed_puts_are_removed_and_fresh_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let tmp = dir.path().join(TMP_DIR);
+        fs::write(tmp.join(".tmpOLD"), b"half a pack").unwrap();
+        fs::write(tmp.join(".tmpNEW"), b"a put in progress").unwrap();
+        let old = std::time::SystemTime::now() - STALE_TEMP_AGE - std::time::Duration::from_secs(5);
+        fs::File::options()
+            .write(true)
+            .open(tmp.join(".tmpOLD"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        store.put("ns/k", b"v").unwrap();
+        drop(store);
+        // Reopening (what the next publish or gc does) removes the stale one only.
+        let store = LocalStore::open(dir.path()).unwrap();
+        assert!(!tmp.join(".tmpOLD").exists());
+        assert!(tmp.join(".tmpNEW").exists());
+        assert_eq!(store.get("ns/k").unwrap().as_deref(), Some(&b"v"[..]));
     }
 
     #[test]

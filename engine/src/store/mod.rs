@@ -94,6 +94,13 @@ pub trait Store: Send + Sync + fmt::Debug {
         Err(StoreError::Unsupported("write times"))
     }
 
+    /// The size of the value under `key`, `None` if it is missing. Optional (gc reports the bytes
+    /// of orphans it found by listing with it).
+    fn size(&self, key: &str) -> StoreResult<Option<u64>> {
+        let _ = key;
+        Err(StoreError::Unsupported("value sizes"))
+    }
+
     fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
         items.iter().map(|(k, v)| self.put(k, v)).collect()
     }
@@ -214,6 +221,9 @@ pub mod testing {
         fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
             self.inner.modified(key)
         }
+        fn size(&self, key: &str) -> StoreResult<Option<u64>> {
+            self.inner.size(key)
+        }
     }
 
     impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -240,6 +250,9 @@ pub mod testing {
         }
         fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
             (**self).modified(key)
+        }
+        fn size(&self, key: &str) -> StoreResult<Option<u64>> {
+            (**self).size(key)
         }
         fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
             (**self).put_batch(items)

@@ -309,7 +309,9 @@ async fn bounded<F: std::future::Future>(
 fn error_kind(e: &PublishError) -> &'static str {
     match e {
         PublishError::Policy { .. } | PublishError::PolicyContract(..) => "policy",
-        PublishError::Scan { .. } => "scan",
+        PublishError::Scan { .. } | PublishError::RootMissing(_) | PublishError::RootNotDir(_) => {
+            "scan"
+        }
         PublishError::Read { .. } => "read",
         PublishError::Store(_) => "store",
         PublishError::Catalog(_) => "catalog",

@@ -326,13 +326,23 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         for e in &report.policy_errors {
             println!("policy error: {e}");
         }
+        for u in &report.unreadable {
+            println!(
+                "cannot read {u}; keeping every generation of that compat id and removing no pack \
+                 this run (run gc with a jitship that reads it, or remove that generation)"
+            );
+        }
         let verb = if report.dry_run {
             "would remove"
         } else {
             "removed"
         };
+        let unknown = match report.packs_unknown_size {
+            0 => String::new(),
+            n => format!(" and {n} packs of unknown size"),
+        };
         println!(
-            "{verb} {} head records, {} manifests, {} packs ({}); {} packs kept because a retained generation shares them",
+            "{verb} {} head records, {} manifests, {} packs ({}{unknown}); {} packs kept because a retained generation shares them",
             report.heads.len(),
             report.manifests.len(),
             report.packs.len(),

@@ -18,6 +18,13 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
     let mut failed = false;
     let mut reports: Vec<PublishReport> = Vec::new();
     for cache in &session.config.caches {
+        // `watch` waits for a root that does not exist yet; a one-off publish of one is a mistake
+        // (a typo, an unmounted volume) and must not read as "unchanged".
+        if let Err(e) = crate::publish::check_root_exists(&cache.root) {
+            failed = true;
+            eprintln!("{}: publish failed: {e}", cache.kind);
+            continue;
+        }
         let policy = session.policy(cache);
         let bar = spinner(format!(
             "publishing {} from {}",
@@ -160,6 +167,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     let session = Session::open(&args.settings)?;
     let opts = InstallOptions {
         deadline: args.deadline.unwrap_or(session.config.install.deadline),
+        commit_pause: args.test_commit_pause.unwrap_or_default(),
         ..InstallOptions::default()
     };
     let mut reports: Vec<InstallReport> = Vec::new();

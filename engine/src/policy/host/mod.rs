@@ -624,7 +624,12 @@ fn validate_decisions(
                 wit::Verdict::Publish => Verdict::Publish,
                 wit::Verdict::Skip => Verdict::Skip,
             };
-            Ok(Decision { verdict, reason: d.reason })
+            // Contract 1 has no marker flag; contract 2 (branch h10-contract) maps `traits.marker`.
+            Ok(Decision {
+                verdict,
+                reason: d.reason,
+                marker: false,
+            })
         })
         .collect()
 }
