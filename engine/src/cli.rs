@@ -20,6 +20,7 @@ use crate::policy::CachePolicy;
 use crate::policy::set::PolicySet;
 use crate::publish::{HashCache, PublishOptions, PublishOutcome, PublishReport};
 use crate::store::{KeyLayout, Store};
+use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -63,8 +64,9 @@ pub enum Command {
     /// Install the newest matching generation into each configured cache root.
     ///
     /// Exit codes: 0 installed, 10 already current, 11 miss (nothing published for this
-    /// worker's key, or evicted), 12 failed (the root was left as it was); with several caches the
-    /// most severe outcome wins. --best-effort exits 0 for all four.
+    /// worker's key, or evicted), 12 failed (the root was left as it was), 14 untrusted (with
+    /// [trust] mode required, no candidate generation was signed by a trusted key); with several
+    /// caches the most severe outcome wins. --best-effort exits 0 for all of them.
     Install(InstallArgs),
     /// Watch the cache roots and publish complete new work as it appears (the sidecar).
     ///
@@ -87,7 +89,9 @@ pub enum Command {
     /// Show one generation: manifest, facts, producer, parent chain.
     Inspect(InspectArgs),
     /// Fetch and check every pack and every file hash of a generation (default: every generation
-    /// `ls` shows). Exit codes: 0 all good, 3 a problem was found (named on the output), 1 error.
+    /// `ls` shows), and who signed its heads. Exit codes: 0 all good, 3 a problem was found
+    /// (named on the output; an untrusted head counts under trust mode warn or required), 1 error.
+    /// --repair removes the damaged packs it found, so the next publish uploads them again.
     Verify(VerifyArgs),
     /// Pin a generation: retention never drops it (until `unpin`).
     Pin(PinArgs),
@@ -99,6 +103,38 @@ pub enum Command {
     /// Build, check and dry-run policy modules (for policy authors).
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Signing keys for generations (see [trust] in examples/jitship.toml).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Make an ed25519 key pair: the private key goes to --out (PKCS#8 PEM, created 0600, never
+    /// overwritten, never printed), the public key to --out.pub and stdout. Give the private key
+    /// to publishers (trust.signing_key_file, --signing-key, JITSHIP_SIGNING_KEY_FILE) and the
+    /// public key to every host that installs (trust.trusted_keys).
+    Generate(KeyGenerateArgs),
+    /// Print the public key and key id of a private key file (for rotations and audits).
+    Public(KeyPublicArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeyGenerateArgs {
+    /// Where to write the private key.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// Where to write the public key [default: FILE.pub].
+    #[arg(long, value_name = "FILE")]
+    pub public_out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyPublicArgs {
+    /// The private key file.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -246,6 +282,11 @@ pub struct VerifyArgs {
 
     /// Generation id or unique prefix; all generations when omitted.
     pub generation: Option<String>,
+
+    /// Remove the packs found damaged (wrong size, or bytes that do not hash to the manifest's),
+    /// so the next publish uploads them again; installs fall back to older generations meanwhile.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Debug, Args)]
@@ -321,6 +362,24 @@ pub struct SettingsArgs {
         value_delimiter = ';'
     )]
     pub facts: Vec<String>,
+
+    /// Private key that signs the heads this host publishes (overrides trust.signing_key_file).
+    #[arg(long, env = "JITSHIP_SIGNING_KEY_FILE", value_name = "FILE")]
+    pub signing_key: Option<PathBuf>,
+
+    /// A trusted public key, `ed25519:<hex>` (repeatable; env: comma-separated). Added to
+    /// trust.trusted_keys.
+    #[arg(
+        long = "trusted-key",
+        env = "JITSHIP_TRUSTED_KEYS",
+        value_name = "KEY",
+        value_delimiter = ','
+    )]
+    pub trusted_keys: Vec<String>,
+
+    /// Trust mode (overrides trust.mode): required, warn or off.
+    #[arg(long, env = "JITSHIP_TRUST_MODE", value_name = "MODE")]
+    pub trust_mode: Option<config::TrustMode>,
 }
 
 #[derive(Debug, Args)]
@@ -468,6 +527,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Pin(args) => run_pin(args, true),
         Command::Unpin(args) => run_pin(args, false),
         Command::Gc(args) => run_gc(args),
+        Command::Key(cmd) => run_key(cmd),
     }
 }
 
@@ -495,6 +555,18 @@ impl SettingsArgs {
             let (k, v) = config::parse_fact_arg(arg)?;
             config.facts.insert(k, v);
         }
+        if let Some(path) = &self.signing_key {
+            config.trust.signing_key_file = Some(path.clone());
+        }
+        config.trust.trusted_keys.extend(
+            self.trusted_keys
+                .iter()
+                .filter(|k| !k.trim().is_empty())
+                .map(|k| k.trim().to_owned()),
+        );
+        if let Some(mode) = self.trust_mode {
+            config.trust.mode = Some(mode);
+        }
         config.validate()?;
         Ok(config)
     }
@@ -507,6 +579,7 @@ struct Session {
     layout: KeyLayout,
     facts: Facts,
     policies: PolicySet,
+    trust: Arc<TrustPolicy>,
 }
 
 impl Session {
@@ -541,12 +614,14 @@ impl Session {
         // A policy that fails to load disables its own kind (reported by publish/install through
         // the policy's errors); only an unusable wasm engine stops the command.
         let policies = PolicySet::from_config(&config)?;
+        let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
         Ok(Self {
             config,
             store,
             layout,
             facts,
             policies,
+            trust,
         })
     }
 
@@ -586,12 +661,35 @@ fn spinner(message: String) -> indicatif::ProgressBar {
 }
 
 impl Session {
+    /// The signing key (if configured) and the trust a publisher builds with.
+    fn publish_trust(&self) -> Result<PublishTrust> {
+        let signing_key = match &self.config.trust.signing_key_file {
+            Some(path) => {
+                let key = PublisherKey::load(path)?;
+                if self.trust.mode() != config::TrustMode::Off
+                    && !self.trust.trusted_key_ids().contains(&key.key_id())
+                {
+                    tracing::warn!(
+                        key_id = key.key_id(),
+                        "the signing key is not among this host's trusted keys: its own generations will not be parents of its next publishes"
+                    );
+                }
+                Some(Arc::new(key))
+            }
+            None => None,
+        };
+        Ok(PublishTrust {
+            signing_key,
+            policy: self.trust.clone(),
+        })
+    }
+
     fn publish_options(
         &self,
         pack_size: Option<bytesize::ByteSize>,
         pod: Option<&String>,
-    ) -> PublishOptions {
-        PublishOptions {
+    ) -> Result<PublishOptions> {
+        Ok(PublishOptions {
             pack_size: pack_size.unwrap_or(self.config.publish.pack_size).as_u64(),
             producer: Producer {
                 host: gethostname::gethostname().to_string_lossy().into_owned(),
@@ -600,13 +698,14 @@ impl Session {
             },
             facts: self.facts.clone(),
             max_head_attempts: 16,
-        }
+            trust: self.publish_trust()?,
+        })
     }
 }
 
 fn run_publish(args: PublishArgs) -> Result<i32> {
     let session = Session::open(&args.settings)?;
-    let opts = session.publish_options(args.pack_size, args.pod.as_ref());
+    let opts = session.publish_options(args.pack_size, args.pod.as_ref())?;
     let mut failed = false;
     let mut reports: Vec<PublishReport> = Vec::new();
     for cache in &session.config.caches {
@@ -646,9 +745,12 @@ fn run_publish(args: PublishArgs) -> Result<i32> {
 
 fn print_publish(r: &PublishReport) {
     let what = match &r.outcome {
-        PublishOutcome::Published { generation, seq } => {
-            format!("published generation {generation} (head {seq})")
-        }
+        PublishOutcome::Published { generation, seq } => format!(
+            "published generation {generation} (head {seq}, {})",
+            r.signed_by
+                .as_ref()
+                .map_or("unsigned".to_owned(), |k| format!("signed by {k}"))
+        ),
         PublishOutcome::Unchanged { generation } => {
             format!("unchanged: generation {generation} already holds every file")
         }
@@ -667,6 +769,9 @@ fn print_publish(r: &PublishReport) {
     );
     for (reason, n) in &r.skipped {
         println!("  skipped {n}: {reason}");
+    }
+    if let Some(parent) = &r.parent_signer {
+        println!("  built on a generation {parent}");
     }
     for c in &r.conflicts {
         println!(
@@ -715,7 +820,7 @@ fn run_watch(args: WatchArgs) -> Result<i32> {
         grace: wc.grace,
         metrics_addr: wc.metrics_addr,
         notify: true,
-        publish: session.publish_options(args.pack_size, args.pod.as_ref()),
+        publish: session.publish_options(args.pack_size, args.pod.as_ref())?,
     };
     let roots: Vec<WatchedRoot> = session
         .config
@@ -784,6 +889,7 @@ fn run_install(args: InstallArgs) -> Result<i32> {
     let session = Session::open(&args.settings)?;
     let opts = InstallOptions {
         deadline: args.deadline.unwrap_or(session.config.install.deadline),
+        trust: session.trust.clone(),
         ..InstallOptions::default()
     };
     let mut reports: Vec<InstallReport> = Vec::new();
@@ -929,7 +1035,7 @@ fn resolve_generation(session: &Session, text: &str) -> Result<GenerationId> {
 
 fn run_ls(args: LsArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.settings)?;
-    let survey = inspect::survey(session.store.as_ref(), &session.layout)
+    let survey = inspect::survey(session.store.as_ref(), &session.layout, &session.trust)
         .with_context(|| format!("reading {}", session.store.describe()))?;
     if args.common.json {
         println!("{}", serde_json::to_string_pretty(&survey)?);
@@ -967,6 +1073,15 @@ fn run_ls(args: LsArgs) -> Result<i32> {
                 if g.pinned {
                     flags.push("pinned".to_owned());
                 }
+                // The signer of its newest head.
+                let signed = g
+                    .signatures
+                    .first()
+                    .map(|s| match s.signer.key_id() {
+                        Some(k) => format!("{k} {}", s.signer.status()),
+                        None => s.signer.status().to_owned(),
+                    })
+                    .unwrap_or_default();
                 match &g.state {
                     ManifestState::Present(s) => vec![
                         short(&g.id),
@@ -975,6 +1090,7 @@ fn run_ls(args: LsArgs) -> Result<i32> {
                         bytesize::ByteSize(s.size_bytes).to_string(),
                         s.packs.len().to_string(),
                         age(s.created_at),
+                        signed,
                         flags.join(" "),
                     ],
                     ManifestState::Missing | ManifestState::Corrupt { .. } => {
@@ -993,6 +1109,7 @@ fn run_ls(args: LsArgs) -> Result<i32> {
                             "-".into(),
                             "-".into(),
                             age(g.head_written_at),
+                            signed,
                             flags.join(" "),
                         ]
                     }
@@ -1000,7 +1117,16 @@ fn run_ls(args: LsArgs) -> Result<i32> {
             })
             .collect();
         table(
-            &["  GENERATION", "HEAD", "FILES", "SIZE", "PACKS", "AGE", ""],
+            &[
+                "  GENERATION",
+                "HEAD",
+                "FILES",
+                "SIZE",
+                "PACKS",
+                "AGE",
+                "SIGNED",
+                "",
+            ],
             &rows
                 .into_iter()
                 .map(|mut r| {
@@ -1016,7 +1142,7 @@ fn run_ls(args: LsArgs) -> Result<i32> {
 fn run_inspect(args: InspectArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.settings)?;
     let id = resolve_generation(&session, &args.generation)?;
-    let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id)?;
+    let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id, &session.trust)?;
     if !args.files {
         i.files.clear();
     }
@@ -1063,6 +1189,9 @@ fn run_inspect(args: InspectArgs) -> Result<i32> {
         )
     };
     println!("heads       {heads}");
+    for s in &i.signatures {
+        println!("signed      head {}: {}", s.seq, s.signer);
+    }
     match &i.pinned {
         Some(p) => println!(
             "pinned      {} ago by {}{}",
@@ -1112,10 +1241,10 @@ fn run_inspect(args: InspectArgs) -> Result<i32> {
 fn run_verify(args: VerifyArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.settings)?;
     let store = session.store.as_ref();
+    let survey = inspect::survey(store, &session.layout, &session.trust)?;
     let ids: Vec<GenerationId> = match &args.generation {
         Some(g) => vec![resolve_generation(&session, g)?],
         None => {
-            let survey = inspect::survey(store, &session.layout)?;
             let mut ids: Vec<GenerationId> = survey.generations().map(|(_, g)| g.id).collect();
             ids.dedup();
             ids
@@ -1126,21 +1255,46 @@ fn run_verify(args: VerifyArgs) -> Result<i32> {
         let bar = spinner(format!("verifying {}", short(id)));
         let v = inspect::verify(store, &session.layout, id);
         bar.finish_and_clear();
-        let v = v.with_context(|| format!("verifying {id}"))?;
+        let mut v = v.with_context(|| format!("verifying {id}"))?;
+        for (_, g) in survey.generations().filter(|(_, g)| g.id == *id) {
+            v.signatures.extend(g.signatures.iter().cloned());
+            v.problems
+                .extend(inspect::signature_problems(g, &session.trust));
+        }
+        v.ok = v.problems.is_empty();
+        if args.repair {
+            v.repaired = inspect::repair(store, &session.layout, &v)
+                .with_context(|| format!("repairing {id}"))?;
+        }
         if !args.common.json {
+            let signed = v
+                .signatures
+                .iter()
+                .map(|s| format!("head {}: {}", s.seq, s.signer))
+                .collect::<Vec<_>>()
+                .join("; ");
             if v.ok {
                 println!(
-                    "{}: ok ({} files, {} packs, {})",
+                    "{}: ok ({} files, {} packs, {}; {signed})",
                     v.generation,
                     v.files_checked,
                     v.packs_fetched,
                     bytesize::ByteSize(v.bytes_fetched)
                 );
             } else {
-                println!("{}: {} problem(s)", v.generation, v.problems.len());
+                println!(
+                    "{}: {} problem(s) ({signed})",
+                    v.generation,
+                    v.problems.len()
+                );
                 for p in &v.problems {
                     println!("  {p}");
                 }
+            }
+            for pack in &v.repaired {
+                println!(
+                    "  removed damaged pack {pack}: the next publish of a root holding its files uploads it again"
+                );
             }
         }
         results.push(v);
@@ -1151,6 +1305,41 @@ fn run_verify(args: VerifyArgs) -> Result<i32> {
         println!("no generations to verify");
     }
     Ok(if results.iter().all(|v| v.ok) { 0 } else { 3 })
+}
+
+fn run_key(cmd: KeyCommand) -> Result<i32> {
+    match cmd {
+        KeyCommand::Generate(args) => {
+            let public_out = args.public_out.unwrap_or_else(|| {
+                let mut p = args.out.clone().into_os_string();
+                p.push(".pub");
+                PathBuf::from(p)
+            });
+            if public_out.exists() {
+                bail!(
+                    "{} exists already; jitship never overwrites a key (remove it, or pass --public-out)",
+                    public_out.display()
+                );
+            }
+            let key = PublisherKey::generate()?;
+            key.save(&args.out)?;
+            let public = crate::trust::public_key_text(&key.public_key());
+            crate::trust::write_new(&public_out, format!("{public}\n").as_bytes(), 0o644)?;
+            eprintln!(
+                "private key written to {} (mode 0600); public key to {}; key id {}",
+                args.out.display(),
+                public_out.display(),
+                key.key_id()
+            );
+            println!("{public}");
+        }
+        KeyCommand::Public(args) => {
+            let key = PublisherKey::load(&args.file)?;
+            eprintln!("key id {}", key.key_id());
+            println!("{}", crate::trust::public_key_text(&key.public_key()));
+        }
+    }
+    Ok(0)
 }
 
 fn run_pin(args: PinArgs, pin: bool) -> Result<i32> {

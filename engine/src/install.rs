@@ -9,6 +9,13 @@
 //! is a mount point of its own, in a `.jitship-staging-*` directory inside it that scans ignore.
 //! A file lock beside the root serializes installers on one pod (invariant 5); the second one waits,
 //! then finds the files present and reports already-current.
+//!
+//! Fallbacks: the newest head and up to `fallback_depth` older ones are candidates, newest first.
+//! A candidate is skipped when the trust refuses its head (`crate::trust`; under `required` an
+//! unsigned, untrusted or forged head), when its manifest or a pack is missing (evicted), and when
+//! a pack turns out corrupt or vanishes while it is fetched (checked in staging, before anything
+//! enters the root). The newest candidate left is installed; if every candidate was refused by
+//! the trust the outcome is `untrusted`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
@@ -26,13 +33,16 @@ use crate::generation::{CompatId, ContentHash, FileRecord, GenerationId, Manifes
 use crate::policy::CachePolicy;
 use crate::scan::STAGING_PREFIX;
 use crate::store::{KeyLayout, Store, StoreError};
+use crate::trust::{Signer, TrustPolicy};
 
 #[derive(Debug, Clone)]
 pub struct InstallOptions {
     /// Bound on the whole install, lock wait included.
     pub deadline: Duration,
-    /// How many older heads to try when the newest generation is incomplete in the store.
+    /// How many older heads to try when the newest generation is incomplete, corrupt or refused.
     pub fallback_depth: usize,
+    /// Which heads may be installed.
+    pub trust: Arc<TrustPolicy>,
 }
 
 impl Default for InstallOptions {
@@ -40,6 +50,7 @@ impl Default for InstallOptions {
         Self {
             deadline: Duration::from_secs(60),
             fallback_depth: 3,
+            trust: Arc::default(),
         }
     }
 }
@@ -51,6 +62,8 @@ pub enum InstallOutcome {
     AlreadyCurrent,
     Miss,
     Failed,
+    /// Every candidate generation was refused by the trust (unsigned, untrusted or forged).
+    Untrusted,
 }
 
 impl InstallOutcome {
@@ -61,6 +74,7 @@ impl InstallOutcome {
             Self::AlreadyCurrent => 10,
             Self::Miss => 11,
             Self::Failed => 12,
+            Self::Untrusted => 14,
         }
     }
 
@@ -70,7 +84,8 @@ impl InstallOutcome {
             Self::AlreadyCurrent => 0,
             Self::Installed => 1,
             Self::Miss => 2,
-            Self::Failed => 3,
+            Self::Untrusted => 3,
+            Self::Failed => 4,
         }
     }
 }
@@ -85,6 +100,14 @@ pub struct InstallReport {
     pub compat_key: Option<String>,
     pub compat_id: Option<CompatId>,
     pub generation: Option<GenerationId>,
+    /// Who signed the head of the installed generation.
+    pub signer: Option<Signer>,
+    /// Newer heads the trust refused (newest first).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedHead>,
+    /// Newer generations given up on because a pack was corrupt or vanished while fetched.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<String>,
     pub files_in_generation: u64,
     pub files_installed: u64,
     pub bytes_installed: u64,
@@ -94,6 +117,14 @@ pub struct InstallReport {
     pub packs_fetched: u64,
     pub bytes_fetched: u64,
     pub duration_ms: u64,
+}
+
+/// A head the trust did not admit.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedHead {
+    pub seq: u64,
+    pub generation: GenerationId,
+    pub signer: Signer,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +188,9 @@ pub fn install(
         compat_key: None,
         compat_id: None,
         generation: None,
+        signer: None,
+        refused: vec![],
+        damaged: vec![],
         files_in_generation: 0,
         files_installed: 0,
         bytes_installed: 0,
@@ -193,6 +227,7 @@ pub fn install(
         deadline: started + opts.deadline,
         gate: gate.clone(),
         fallback_depth: opts.fallback_depth,
+        trust: opts.trust.clone(),
         report: report.clone(),
     };
     std::thread::spawn(move || {
@@ -286,6 +321,7 @@ struct Job {
     deadline: Instant,
     gate: Arc<CommitGate>,
     fallback_depth: usize,
+    trust: Arc<TrustPolicy>,
     report: InstallReport,
 }
 
@@ -311,68 +347,169 @@ impl Job {
                 format!("no generation published yet for compat id {}", self.compat),
             ));
         };
-        let Some(manifest) = self.pick_complete(&head)? else {
-            return Ok((
-                InstallOutcome::Miss,
-                format!(
-                    "generation {} (and {} older) incomplete in the store: evicted or removed",
-                    head.generation, self.fallback_depth
-                ),
-            ));
-        };
-        self.report.generation = Some(manifest.id());
-        self.report.files_in_generation = manifest.files.len() as u64;
-        self.check_time()?;
-
-        let parent = self
-            .root
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("/"));
-        fs::create_dir_all(&parent).map_err(io("create", &parent))?;
-        let _lock = self.lock(&parent)?;
-        self.check_time()?;
-
-        let (todo, conflicts, present) = diff_with_disk(&self.root, &manifest)?;
-        self.report.conflicts = conflicts;
-        self.report.files_already_present = present;
-        if todo.is_empty() {
-            return Ok((
-                InstallOutcome::AlreadyCurrent,
-                format!("generation {} already on disk", manifest.id()),
-            ));
-        }
-
-        let staging = self.staging_dir(&parent)?;
-        *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging.clone());
-        let result = self.fetch_and_commit(&manifest, &todo, &staging);
-        let _ = fs::remove_dir_all(&staging);
-        result?;
-        let n = self.report.files_installed;
-        Ok((
-            InstallOutcome::Installed,
-            format!("installed {n} files of generation {}", manifest.id()),
-        ))
-    }
-
-    /// The newest generation among `head` and a few older ones whose manifest and packs are all
-    /// in the store right now.
-    fn pick_complete(
-        &self,
-        head: &crate::generation::HeadRecord,
-    ) -> Result<Option<Manifest>, InstallError> {
-        let store = self.store.as_ref();
-        let mut candidates = vec![head.clone()];
-        candidates.extend(catalog::older_heads(
-            store,
+        let mut heads = vec![head.clone()];
+        heads.extend(catalog::older_heads(
+            store.as_ref(),
             &self.layout,
-            head,
+            &head,
             self.fallback_depth,
         )?);
-        for h in candidates {
+        let mut next = 0;
+        let mut lock = None;
+        loop {
+            let Some(manifest) = self.pick_complete(&heads, &mut next)? else {
+                return Ok(self.nothing_installable(&head, heads.len()));
+            };
+            self.report.generation = Some(manifest.id());
+            self.report.files_in_generation = manifest.files.len() as u64;
             self.check_time()?;
+            let parent = self
+                .root
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("/"));
+            if lock.is_none() {
+                fs::create_dir_all(&parent).map_err(io("create", &parent))?;
+                lock = Some(self.lock(&parent)?);
+                self.check_time()?;
+            }
+            match self.install_generation(&manifest, &parent) {
+                // Found in staging, before anything entered the root: an older generation may
+                // not need that pack (a poisoned pack is never overwritten by a later put).
+                Err(
+                    e @ (InstallError::Corrupt { .. }
+                    | InstallError::PackSize { .. }
+                    | InstallError::PackVanished(_)),
+                ) => {
+                    tracing::warn!(generation = %manifest.id(), error = %e, "trying an older generation");
+                    self.report
+                        .damaged
+                        .push(format!("generation {}: {e}", manifest.id()));
+                    self.report.packs_fetched = 0;
+                    self.report.bytes_fetched = 0;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Installs `manifest` (the lock is held): what is missing on disk, through staging.
+    fn install_generation(
+        &mut self,
+        manifest: &Manifest,
+        parent: &Path,
+    ) -> Result<(InstallOutcome, String), InstallError> {
+        let (todo, conflicts, present) = diff_with_disk(&self.root, manifest)?;
+        self.report.conflicts = conflicts;
+        self.report.files_already_present = present;
+        let mut detail = if todo.is_empty() {
+            format!("generation {} already on disk", manifest.id())
+        } else {
+            let staging = self.staging_dir(parent)?;
+            *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging.clone());
+            let result = self.fetch_and_commit(manifest, &todo, &staging);
+            let _ = fs::remove_dir_all(&staging);
+            result?;
+            format!(
+                "installed {} files of generation {}",
+                self.report.files_installed,
+                manifest.id()
+            )
+        };
+        if let Some(signer) = &self.report.signer {
+            detail.push_str(&format!(" ({signer})"));
+        }
+        if !self.report.refused.is_empty() || !self.report.damaged.is_empty() {
+            detail.push_str(&format!(
+                "; passed over {} newer head(s): {}",
+                self.report.refused.len() + self.report.damaged.len(),
+                self.passed_over()
+            ));
+        }
+        let outcome = if todo.is_empty() {
+            InstallOutcome::AlreadyCurrent
+        } else {
+            InstallOutcome::Installed
+        };
+        Ok((outcome, detail))
+    }
+
+    fn passed_over(&self) -> String {
+        self.report
+            .refused
+            .iter()
+            .map(|r| format!("seq {} {}", r.seq, r.signer))
+            .chain(self.report.damaged.iter().cloned())
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The outcome when no candidate could be installed: `untrusted` if the trust refused every
+    /// one, else `miss`.
+    fn nothing_installable(
+        &self,
+        head: &crate::generation::HeadRecord,
+        candidates: usize,
+    ) -> (InstallOutcome, String) {
+        if self.report.refused.len() == candidates {
+            return (
+                InstallOutcome::Untrusted,
+                format!(
+                    "trust mode {} refused generation {} and the {} older head(s) tried: {}; \
+                     publish with a trusted signing key, or add the publisher's public key to \
+                     [trust] trusted_keys",
+                    self.trust.mode().as_str(),
+                    head.generation,
+                    candidates - 1,
+                    self.passed_over()
+                ),
+            );
+        }
+        let mut detail = format!(
+            "generation {} (and {} older) incomplete in the store: evicted, removed or corrupt",
+            head.generation,
+            candidates - 1
+        );
+        if !self.report.refused.is_empty() || !self.report.damaged.is_empty() {
+            detail.push_str(&format!(" ({})", self.passed_over()));
+        }
+        (InstallOutcome::Miss, detail)
+    }
+
+    /// The next candidate from `heads[*next..]` whose head the trust admits and whose manifest and
+    /// packs are all in the store right now; records refused heads in the report.
+    fn pick_complete(
+        &mut self,
+        heads: &[crate::generation::HeadRecord],
+        next: &mut usize,
+    ) -> Result<Option<Manifest>, InstallError> {
+        let store = self.store.clone();
+        let store = store.as_ref();
+        while let Some(h) = heads.get(*next) {
+            *next += 1;
+            self.check_time()?;
+            let signer = self.trust.judge(self.layout.namespace(), h);
+            if !self
+                .trust
+                .admits(&signer, &format_args!("generation {}", h.generation))
+            {
+                tracing::warn!(seq = h.seq, generation = %h.generation, "refused: {signer}");
+                self.report.refused.push(RefusedHead {
+                    seq: h.seq,
+                    generation: h.generation,
+                    signer,
+                });
+                continue;
+            }
             match catalog::fetch_manifest(store, &self.layout, &h.generation)? {
-                Some(m) if catalog::packs_present(store, &self.layout, &m)? => return Ok(Some(m)),
+                // The signature binds the head to its compat id; the manifest must agree.
+                Some(m) if m.compat_id != self.compat => {
+                    tracing::warn!(generation = %h.generation, "manifest belongs to compat id {}; skipping it", m.compat_id)
+                }
+                Some(m) if catalog::packs_present(store, &self.layout, &m)? => {
+                    self.report.signer = Some(signer);
+                    return Ok(Some(m));
+                }
                 Some(_) => {
                     tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one")
                 }
