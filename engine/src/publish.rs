@@ -823,6 +823,9 @@ mod tests {
     struct LosesFirstHead {
         inner: LocalStore,
         winner: Mutex<Option<GenerationId>>,
+        /// Signs the winner's head with this key (otherwise it keeps our signature, which then
+        /// no longer matches: a forged head).
+        resign: Mutex<Option<crate::trust::PublisherKey>>,
     }
 
     impl Store for LosesFirstHead {
@@ -839,6 +842,9 @@ mod tests {
                 let mut head = HeadRecord::decode(value).unwrap();
                 head.generation = winner;
                 head.writer = "the other publisher".into();
+                if let Some(k) = self.resign.lock().unwrap().as_ref() {
+                    k.sign("ns", &mut head);
+                }
                 self.inner.put(key, &head.encode())?;
             }
             self.inner.put(key, value)
@@ -1084,8 +1090,77 @@ mod tests {
         let store = LosesFirstHead {
             inner: LocalStore::open(dir.path().join("store")).unwrap(),
             winner: Mutex::new(None),
+            resign: Mutex::new(None),
         };
         (dir, store, KeyLayout::new("ns").unwrap())
+    }
+
+    /// Under `required`: a lost race merges a trusted winner and the head written after the merge
+    /// is signed; a winner whose signature does not match is written over, never merged.
+    #[test]
+    fn under_required_a_lost_race_merges_only_a_trusted_winner_and_signs_the_merged_head() {
+        use crate::trust::{PublisherKey, Signer, TrustPolicy};
+        use std::sync::Arc;
+        let key = PublisherKey::generate().unwrap();
+        let policy = TrustPolicy::new(crate::config::TrustMode::Required, &[key.public_key()]);
+        let mut o = opts();
+        o.trust = PublishTrust {
+            signing_key: Some(Arc::new(key.clone())),
+            policy: Arc::new(policy.clone()),
+        };
+        for trusted_winner in [true, false] {
+            let (dir, store, layout) = setup();
+            let winner =
+                other_publisher(&store, &layout, dir.path(), &[("w.bin", b"winner's")], true);
+            *store.winner.lock().unwrap() = Some(winner);
+            if trusted_winner {
+                *store.resign.lock().unwrap() = Some(key.clone());
+            }
+            let root = dir.path().join("ours");
+            tree(&root, &[("o.bin", b"ours")]);
+            let r = publish(
+                &store,
+                &layout,
+                &NativeRules::new("triton"),
+                &root,
+                &o,
+                &mut HashCache::default(),
+            )
+            .unwrap();
+            let PublishOutcome::Published { generation, seq } = r.outcome else {
+                panic!("{:?}", r.outcome)
+            };
+            assert_eq!(seq, 2, "wrote above the winner");
+            let m = catalog::fetch_manifest(&store, &layout, &generation)
+                .unwrap()
+                .unwrap();
+            let compat = m.compat_id;
+            let judge = |seq| {
+                policy.judge(
+                    "ns",
+                    &catalog::read_head(&store, &layout, &compat, seq)
+                        .unwrap()
+                        .unwrap(),
+                )
+            };
+            assert!(
+                matches!(judge(2), Signer::Trusted { .. }),
+                "our head is signed"
+            );
+            if trusted_winner {
+                assert!(matches!(judge(1), Signer::Trusted { .. }));
+                assert_eq!(r.merged, vec![winner]);
+                assert_eq!(paths(&m), vec!["o.bin", "w.bin"]);
+            } else {
+                assert!(matches!(judge(1), Signer::Forged { .. }));
+                assert!(r.merged.is_empty(), "{:?}", r.merged);
+                assert_eq!(
+                    paths(&m),
+                    vec!["o.bin"],
+                    "nothing of the forged head merged"
+                );
+            }
+        }
     }
 
     #[test]

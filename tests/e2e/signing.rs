@@ -23,7 +23,8 @@ use serde_json::Value;
 fn scenario(b: &Backend) -> Scenario {
     let mut s = Scenario::new(b.store.clone(), "kernels");
     s.layout = b.layout.clone();
-    s.pack_size = 16 << 10;
+    // Larger than any fixture file: no file spans two packs, so a poisoned pack damages only its own files.
+    s.pack_size = 64 << 10;
     s
 }
 
