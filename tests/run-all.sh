@@ -26,10 +26,10 @@ JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test
 step "Mooncake test cluster: Debian packages, pinned wheels, CUDA driver stub where no driver exists"
 ./tests/cluster/cluster.sh install
 
-step "store conformance, publish/install, fault drills, interop, concurrent publishers, gc and operator commands against a real Mooncake cluster"
+step "store conformance, publish/install, fault drills, interop, concurrent publishers, gc, operator commands and signed generations against a real Mooncake cluster"
 # Built outside the namespace: nothing can be downloaded from inside it.
 cargo test -p jitship-tests --no-run
 JITSHIP_REQUIRE_MOONCAKE=1 ./tests/cluster/cluster.sh run -- \
     cargo test --offline -p jitship-tests --no-fail-fast \
     --test mooncake_conformance --test mooncake_roundtrip --test mooncake_interop --test mooncake_drills \
-    --test concurrent_publish --test gc --test operator_commands
+    --test concurrent_publish --test gc --test operator_commands --test signing

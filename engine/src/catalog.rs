@@ -637,6 +637,7 @@ mod tests {
             generation: GenerationId(ContentHash([seq as u8; 32])),
             written_at: seq,
             writer: "t".into(),
+            signature: None,
         }
     }
 

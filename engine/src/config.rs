@@ -42,6 +42,61 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub watch: WatchConfig,
     pub retention: RetentionConfig,
+    pub trust: TrustConfig,
+}
+
+/// `[trust]`: which publishers' generations are installed and built on, and this publisher's key
+/// (see `crate::trust` and the README's threat model).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrustConfig {
+    /// `required`, `warn` or `off`. Unset: `required` once a trusted key is configured, else `off`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<TrustMode>,
+    /// Trusted public keys, `ed25519:<64 hex digits>` as `jitship key generate` prints them.
+    /// Several at once during a key rotation.
+    pub trusted_keys: Vec<String>,
+    /// Files holding one trusted public key each (that form, or a PEM `PUBLIC KEY`), e.g. a
+    /// mounted ConfigMap.
+    pub trusted_key_files: Vec<PathBuf>,
+    /// This publisher's private key (PKCS#8 PEM, as `jitship key generate` writes it). Publish and
+    /// watch sign every head they write with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signing_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TrustMode {
+    /// Signatures are shown but not checked before use.
+    Off,
+    /// Unsigned or untrusted generations are used, with a warning.
+    Warn,
+    /// Only generations signed by a trusted key are installed or built on.
+    Required,
+}
+
+impl TrustMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Warn => "warn",
+            Self::Required => "required",
+        }
+    }
+}
+
+impl TrustConfig {
+    /// The mode in force: the configured one, else `required` when trusted keys are configured.
+    pub fn effective_mode(&self) -> TrustMode {
+        self.mode.unwrap_or(
+            if self.trusted_keys.is_empty() && self.trusted_key_files.is_empty() {
+                TrustMode::Off
+            } else {
+                TrustMode::Required
+            },
+        )
+    }
 }
 
 /// Quotas handed to the retention policy, per compat key, and gc's safety margin.
@@ -541,6 +596,18 @@ impl Config {
             value: self.store.namespace.clone(),
             hint: "use letters, digits and - _ . + = /".into(),
         })?;
+        if self.trust.effective_mode() == TrustMode::Required
+            && self.trust.trusted_keys.is_empty()
+            && self.trust.trusted_key_files.is_empty()
+        {
+            return Err(ConfigError::Invalid {
+                what: "trust.mode",
+                value: "required".into(),
+                hint: "required needs at least one key in trust.trusted_keys or \
+                       trust.trusted_key_files (or --trusted-key); `jitship key generate` makes one"
+                    .into(),
+            });
+        }
         if self.publish.pack_size.as_u64() < 4096 {
             return Err(ConfigError::Invalid {
                 what: "publish.pack_size",
@@ -749,6 +816,27 @@ mod tests {
         let config = Config::parse(&toml, path).unwrap();
         assert_eq!(config.store.backend, Backend::Mooncake);
         assert_eq!(config.watch.metrics_addr.unwrap().port(), 9464);
+        assert_eq!(config.trust.effective_mode(), TrustMode::Required);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn trust_is_off_until_a_key_is_configured_and_required_needs_a_key() {
+        let config = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(config.trust.effective_mode(), TrustMode::Off);
+        let config = Config::parse(
+            "[trust]\ntrusted_keys = ['ed25519:00']\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(config.trust.effective_mode(), TrustMode::Required);
+        let config = Config::parse("[trust]\nmode = 'required'\n", Path::new("x.toml")).unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("jitship key generate"), "{err}");
+        let err = Config::parse("[trust]\nmode = 'strict'\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("strict"), "{err}");
     }
 
     #[test]

@@ -150,7 +150,8 @@ pub fn collect(
         dry_run: opts.dry_run,
         ..GcReport::default()
     };
-    let survey = inspect::survey(store, layout)?;
+    // Retention is about what is stored, not who signed it: signatures are not judged here.
+    let survey = inspect::survey(store, layout, &crate::trust::TrustPolicy::default())?;
     let mut plan = Plan {
         heads: vec![],
         manifests: BTreeSet::new(),

@@ -1,7 +1,9 @@
 //! What the store holds, for operators and for gc: every compat id (from the compat index, plus
 //! listing where the store can), its heads and generations with sizes, ages and pins; one
 //! generation in detail with its parent chain; and verification of generations against their
-//! manifests (every pack fetched, every file hash checked). Works on stores without listing.
+//! manifests (every pack fetched, every file hash checked), and `repair`, which removes packs
+//! whose bytes do not match so the next publish uploads them again. Who signed each head is judged
+//! with the caller's `TrustPolicy`. Works on stores without listing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -12,6 +14,7 @@ use crate::generation::{
     CompatId, ContentHash, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef, Producer,
 };
 use crate::store::{KeyLayout, Store, StoreError};
+use crate::trust::{Signer, TrustPolicy};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
@@ -41,7 +44,16 @@ pub struct GenerationView {
     pub superseded_at: Option<u64>,
     pub is_head: bool,
     pub pinned: bool,
+    /// Who signed each head pointing at it, newest first.
+    pub signatures: Vec<SeqSigner>,
     pub state: ManifestState,
+}
+
+/// Who signed the head at `seq`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeqSigner {
+    pub seq: u64,
+    pub signer: Signer,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -119,10 +131,15 @@ impl Survey {
 }
 
 /// Walks every compat id, its heads and their manifests. Reads heads and manifests only (no packs).
-pub fn survey(store: &dyn Store, layout: &KeyLayout) -> Result<Survey, InspectError> {
+/// Signatures are judged with `trust` (only shown: nothing here depends on them).
+pub fn survey(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    trust: &TrustPolicy,
+) -> Result<Survey, InspectError> {
     let mut compats = Vec::new();
     for compat in catalog::compat_ids(store, layout)? {
-        compats.push(survey_compat(store, layout, &compat)?);
+        compats.push(survey_compat(store, layout, &compat, trust)?);
     }
     Ok(Survey {
         namespace: layout.namespace().to_owned(),
@@ -134,6 +151,7 @@ pub fn survey_compat(
     store: &dyn Store,
     layout: &KeyLayout,
     compat: &CompatId,
+    trust: &TrustPolicy,
 ) -> Result<CompatView, InspectError> {
     let (floor, heads) = catalog::all_heads(store, layout, compat)?;
     let mut view = CompatView {
@@ -148,10 +166,15 @@ pub fn survey_compat(
     let mut newer: Option<&HeadRecord> = None;
     for (i, h) in heads.iter().enumerate() {
         let superseded_at = newer.map(|n| n.written_at);
+        let signed = SeqSigner {
+            seq: h.seq,
+            signer: trust.judge(layout.namespace(), h),
+        };
         match by_id.get(&h.generation) {
             Some(&idx) => {
                 let g = &mut view.generations[idx];
                 g.seqs.push(h.seq);
+                g.signatures.push(signed);
                 // The oldest supersession counts: an install may have read it from then on.
                 if let Some(s) = superseded_at {
                     g.superseded_at = Some(g.superseded_at.map_or(s, |x| x.min(s)));
@@ -180,6 +203,7 @@ pub fn survey_compat(
                     superseded_at,
                     is_head: i == 0,
                     pinned: catalog::is_pinned(store, layout, &h.generation)?,
+                    signatures: vec![signed],
                     state,
                 });
             }
@@ -203,7 +227,7 @@ pub fn resolve(
         return Err(InspectError::BadId(text.to_owned()));
     }
     let prefix = text.to_ascii_lowercase();
-    let survey = survey(store, layout)?;
+    let survey = survey(store, layout, &TrustPolicy::default())?;
     let mut found: Vec<GenerationId> = survey
         .generations()
         .map(|(_, g)| g.id)
@@ -243,6 +267,8 @@ pub struct Inspection {
     pub pinned: Option<catalog::PinRecord>,
     /// Head seqs pointing at this generation.
     pub heads: Vec<u64>,
+    /// Who signed each of those heads.
+    pub signatures: Vec<SeqSigner>,
     pub is_head: bool,
     pub merged: Vec<GenerationId>,
     /// Parent, grandparent, ... as far as manifests remain (at most `MAX_CHAIN`).
@@ -271,10 +297,11 @@ pub fn inspect(
     store: &dyn Store,
     layout: &KeyLayout,
     id: &GenerationId,
+    trust: &TrustPolicy,
 ) -> Result<Inspection, InspectError> {
     let manifest = catalog::fetch_manifest(store, layout, id)?
         .ok_or_else(|| InspectError::NotFound(id.to_string()))?;
-    let view = survey_compat(store, layout, &manifest.compat_id)?;
+    let view = survey_compat(store, layout, &manifest.compat_id, trust)?;
     let mine = view.generations.iter().find(|g| g.id == *id);
     let mut parent_chain = Vec::new();
     let mut next = manifest.parent;
@@ -318,6 +345,7 @@ pub fn inspect(
         pack_count: manifest.packs.len() as u64,
         pinned: catalog::pin_record(store, layout, id)?,
         heads: mine.map(|g| g.seqs.clone()).unwrap_or_default(),
+        signatures: mine.map(|g| g.signatures.clone()).unwrap_or_default(),
         is_head: mine.is_some_and(|g| g.is_head),
         merged: manifest.merged.clone(),
         parent_chain,
@@ -355,6 +383,13 @@ pub enum Problem {
         path: String,
         expected: ContentHash,
         actual: ContentHash,
+        /// The packs holding its bytes (one of them is damaged).
+        packs: Vec<ContentHash>,
+    },
+    /// The trust in force refuses the head at `seq` (see `signature_problems`).
+    Untrusted {
+        seq: u64,
+        signer: Signer,
     },
 }
 
@@ -372,10 +407,12 @@ impl std::fmt::Display for Problem {
                 f,
                 "pack {pack} is {actual} bytes, the manifest says {expected}"
             ),
+            Self::Untrusted { seq, signer } => write!(f, "head {seq} is {signer}"),
             Self::FileCorrupt {
                 path,
                 expected,
                 actual,
+                ..
             } => write!(
                 f,
                 "file {path}: content hashes to {actual}, the manifest says {expected}"
@@ -392,6 +429,11 @@ pub struct Verification {
     pub packs_fetched: u64,
     pub bytes_fetched: u64,
     pub problems: Vec<Problem>,
+    /// Who signed the heads pointing at it (filled by the caller, from a survey).
+    pub signatures: Vec<SeqSigner>,
+    /// Damaged packs removed by `repair`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub repaired: Vec<ContentHash>,
 }
 
 /// Fetches every pack of `id` (one at a time: memory stays at one pack plus the hashers) and
@@ -409,6 +451,8 @@ pub fn verify(
         packs_fetched: 0,
         bytes_fetched: 0,
         problems: vec![],
+        signatures: vec![],
+        repaired: vec![],
     };
     let manifest = match catalog::fetch_manifest(store, layout, id) {
         Ok(Some(m)) => m,
@@ -485,10 +529,17 @@ pub fn verify(
         v.files_checked += 1;
         let actual: ContentHash = hashers[fi].0.finalize().into();
         if actual != f.blake3 {
+            let mut packs: Vec<ContentHash> = f
+                .chunks
+                .iter()
+                .map(|c| manifest.packs[c.pack as usize].id)
+                .collect();
+            packs.dedup();
             v.problems.push(Problem::FileCorrupt {
                 path: f.path.to_string(),
                 expected: f.blake3,
                 actual,
+                packs,
             });
         }
     }
@@ -524,4 +575,53 @@ fn fetch_pack(
         return Ok(None);
     }
     Ok(Some(bytes))
+}
+
+/// `Untrusted` problems for the heads of `g` that `trust` refuses (none under mode `off`).
+pub fn signature_problems(g: &GenerationView, trust: &TrustPolicy) -> Vec<Problem> {
+    if trust.mode() == crate::config::TrustMode::Off {
+        return vec![];
+    }
+    g.signatures
+        .iter()
+        .filter(|s| !matches!(s.signer, Signer::Trusted { .. }))
+        .map(|s| Problem::Untrusted {
+            seq: s.seq,
+            signer: s.signer.clone(),
+        })
+        .collect()
+}
+
+/// Removes the packs `v` found damaged (wrong size, or holding a file whose bytes do not hash to
+/// the manifest's). Puts never overwrite, so a poisoned or torn pack would otherwise stay forever;
+/// once removed, the next publish of a root holding those files uploads the pack again (a parent
+/// whose packs are gone is used without their files), and installs fall back meanwhile. Returns
+/// the packs removed. Missing packs and manifests are left to gc and the next publish.
+pub fn repair(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    v: &Verification,
+) -> Result<Vec<ContentHash>, InspectError> {
+    let mut damaged: Vec<ContentHash> = Vec::new();
+    for p in &v.problems {
+        match p {
+            Problem::PackSize { pack, .. } => damaged.push(*pack),
+            Problem::FileCorrupt { packs, .. } => damaged.extend(packs),
+            _ => {}
+        }
+    }
+    damaged.sort();
+    damaged.dedup();
+    let mut removed = Vec::new();
+    for pack in damaged {
+        // Mooncake refuses to remove a key read in the last seconds (verify just read it).
+        if catalog::remove_waiting_out_leases(
+            store,
+            &layout.pack(&pack),
+            std::time::Duration::from_secs(30),
+        )? {
+            removed.push(pack);
+        }
+    }
+    Ok(removed)
 }

@@ -23,6 +23,13 @@
 //! SIGKILL during the commit (nothing can catch it) leaves some of the new files in the root, each
 //! complete and verified, and markers only once all the files they mark are in; the staging
 //! directory stays behind. The next install removes that staging and moves in what is missing.
+//!
+//! Fallbacks: the newest head and up to `fallback_depth` older ones are candidates, newest first.
+//! A candidate is skipped when the trust refuses its head (`crate::trust`; under `required` an
+//! unsigned, untrusted or forged head), when its manifest or a pack is missing (evicted), and when
+//! a pack turns out corrupt or vanishes while it is fetched (checked in staging, before anything
+//! enters the root). The newest candidate left is installed; if every candidate was refused by
+//! the trust the outcome is `untrusted`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
@@ -43,6 +50,7 @@ use crate::generation::{
 use crate::policy::CachePolicy;
 use crate::scan::STAGING_PREFIX;
 use crate::store::{KeyLayout, Store, StoreError};
+use crate::trust::{Signer, TrustPolicy};
 
 pub mod confined;
 use confined::{Confined, Kind};
@@ -51,11 +59,13 @@ use confined::{Confined, Kind};
 pub struct InstallOptions {
     /// Bound on the whole install, lock wait included.
     pub deadline: Duration,
-    /// How many older heads to try when the newest generation is incomplete in the store.
+    /// How many older heads to try when the newest generation is incomplete, corrupt or refused.
     pub fallback_depth: usize,
     /// Test hook (hidden flag `--test-commit-pause`): a pause before each file moved into the
     /// root, so a test can SIGKILL the real binary mid-commit. Zero otherwise.
     pub commit_pause: Duration,
+    /// Which heads may be installed.
+    pub trust: Arc<TrustPolicy>,
 }
 
 impl Default for InstallOptions {
@@ -64,6 +74,7 @@ impl Default for InstallOptions {
             deadline: Duration::from_secs(60),
             fallback_depth: 3,
             commit_pause: Duration::ZERO,
+            trust: Arc::default(),
         }
     }
 }
@@ -78,6 +89,8 @@ pub enum InstallOutcome {
     /// Files of the generation are present with other content (left alone): the generation is
     /// only partly installed.
     Conflict,
+    /// Every candidate generation was refused by the trust (unsigned, untrusted or forged).
+    Untrusted,
 }
 
 impl InstallOutcome {
@@ -89,6 +102,7 @@ impl InstallOutcome {
             Self::Miss => 11,
             Self::Failed => 12,
             Self::Conflict => 13,
+            Self::Untrusted => 14,
         }
     }
 
@@ -99,7 +113,8 @@ impl InstallOutcome {
             Self::Installed => 1,
             Self::Miss => 2,
             Self::Conflict => 3,
-            Self::Failed => 4,
+            Self::Untrusted => 4,
+            Self::Failed => 5,
         }
     }
 }
@@ -114,6 +129,14 @@ pub struct InstallReport {
     pub compat_key: Option<String>,
     pub compat_id: Option<CompatId>,
     pub generation: Option<GenerationId>,
+    /// Who signed the head of the installed generation.
+    pub signer: Option<Signer>,
+    /// Newer heads the trust refused (newest first).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedHead>,
+    /// Newer generations given up on because a pack was corrupt or vanished while fetched.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<String>,
     pub files_in_generation: u64,
     pub files_installed: u64,
     pub bytes_installed: u64,
@@ -123,6 +146,14 @@ pub struct InstallReport {
     pub packs_fetched: u64,
     pub bytes_fetched: u64,
     pub duration_ms: u64,
+}
+
+/// A head the trust did not admit.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedHead {
+    pub seq: u64,
+    pub generation: GenerationId,
+    pub signer: Signer,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +230,9 @@ pub fn install(
         compat_key: None,
         compat_id: None,
         generation: None,
+        signer: None,
+        refused: vec![],
+        damaged: vec![],
         files_in_generation: 0,
         files_installed: 0,
         bytes_installed: 0,
@@ -236,6 +270,7 @@ pub fn install(
         gate: gate.clone(),
         fallback_depth: opts.fallback_depth,
         commit_pause: opts.commit_pause,
+        trust: opts.trust.clone(),
         report: report.clone(),
     };
     std::thread::spawn(move || {
@@ -332,6 +367,7 @@ struct Job {
     gate: Arc<CommitGate>,
     fallback_depth: usize,
     commit_pause: Duration,
+    trust: Arc<TrustPolicy>,
     report: InstallReport,
 }
 
@@ -422,43 +458,85 @@ impl Job {
                 format!("no generation published yet for compat id {}", self.compat),
             ));
         };
-        let Some(manifest) = self.pick_complete(&head)? else {
-            return Ok((
-                InstallOutcome::Miss,
-                format!(
-                    "generation {} (and {} older) incomplete in the store: evicted or removed",
-                    head.generation, self.fallback_depth
-                ),
-            ));
-        };
-        self.report.generation = Some(manifest.id());
-        self.report.files_in_generation = manifest.files.len() as u64;
-        self.check_time()?;
+        let mut heads = vec![head.clone()];
+        heads.extend(catalog::older_heads(
+            store.as_ref(),
+            &self.layout,
+            &head,
+            self.fallback_depth,
+        )?);
+        let mut next = 0;
+        // The lock (taken once, before the root is opened: a concurrent installer may be renaming
+        // a whole tree into place) and where the root lives.
+        let mut locked: Option<(File, PathBuf, String)> = None;
+        loop {
+            let Some(manifest) = self.pick_complete(&heads, &mut next)? else {
+                return Ok(self.nothing_installable(&head, heads.len()));
+            };
+            self.report.generation = Some(manifest.id());
+            self.report.files_in_generation = manifest.files.len() as u64;
+            self.check_time()?;
+            if locked.is_none() {
+                let (parent_path, name) = {
+                    let t = resolve_root(&self.root)?;
+                    (t.parent.path().to_owned(), t.name)
+                };
+                let lock = self.lock(&parent_path, &name)?;
+                locked = Some((lock, parent_path, name));
+                self.check_time()?;
+            }
+            let (_, parent_path, name) = locked.as_ref().expect("locked above");
+            let target = resolve_root(&parent_path.join(name))?;
+            match self.install_generation(&manifest, &target) {
+                // Found in staging, before anything entered the root: an older generation may
+                // not need that pack (a poisoned pack is never overwritten by a later put).
+                Err(
+                    e @ (InstallError::Corrupt { .. }
+                    | InstallError::PackSize { .. }
+                    | InstallError::PackVanished(_)),
+                ) => {
+                    tracing::warn!(generation = %manifest.id(), error = %e, "trying an older generation");
+                    self.report
+                        .damaged
+                        .push(format!("generation {}: {e}", manifest.id()));
+                    self.report.packs_fetched = 0;
+                    self.report.bytes_fetched = 0;
+                }
+                other => return other,
+            }
+        }
+    }
 
-        // The lock is taken before the root is opened: a concurrent installer may be renaming a
-        // whole tree into place.
-        let (parent_path, name) = {
-            let t = resolve_root(&self.root)?;
-            (t.parent.path().to_owned(), t.name)
-        };
-        let _lock = self.lock(&parent_path, &name)?;
-        self.check_time()?;
-        let target = resolve_root(&parent_path.join(&name))?;
-
-        let (todo, conflicts, present) = diff_with_disk(target.dir.as_ref(), &manifest)?;
+    /// Installs `manifest` (the lock is held): what is missing on disk, through staging.
+    fn install_generation(
+        &mut self,
+        manifest: &Manifest,
+        target: &Target,
+    ) -> Result<(InstallOutcome, String), InstallError> {
+        let (todo, conflicts, present) = diff_with_disk(target.dir.as_ref(), manifest)?;
         self.report.conflicts = conflicts;
         self.report.files_already_present = present;
-        if todo.is_empty() {
-            return Ok(self.outcome(&manifest));
+        if !todo.is_empty() {
+            let (staging_path, staging) = self.staging_dir(target)?;
+            *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(staging_path.clone());
+            let result = self.fetch_and_commit(manifest, &todo, &staging, target);
+            drop(staging);
+            remove_staging(&staging_path);
+            result?;
         }
-
-        let (staging_path, staging) = self.staging_dir(&target)?;
-        *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging_path.clone());
-        let result = self.fetch_and_commit(&manifest, &todo, &staging, &target);
-        drop(staging);
-        remove_staging(&staging_path);
-        result?;
-        Ok(self.outcome(&manifest))
+        let (outcome, mut detail) = self.outcome(manifest);
+        if let Some(signer) = &self.report.signer {
+            detail.push_str(&format!(" ({signer})"));
+        }
+        if !self.report.refused.is_empty() || !self.report.damaged.is_empty() {
+            detail.push_str(&format!(
+                "; passed over {} newer head(s): {}",
+                self.report.refused.len() + self.report.damaged.len(),
+                self.passed_over()
+            ));
+        }
+        Ok((outcome, detail))
     }
 
     /// What the install achieved: conflicts mean the generation is not fully on disk, whatever
@@ -489,23 +567,73 @@ impl Job {
         }
     }
 
-    /// The newest generation among `head` and a few older ones whose manifest and packs are all
-    /// in the store right now. A manifest of another compat id or kind than the head it was found
-    /// under is refused: installing it would put another cache's files into this root.
-    fn pick_complete(
+    fn passed_over(&self) -> String {
+        self.report
+            .refused
+            .iter()
+            .map(|r| format!("seq {} {}", r.seq, r.signer))
+            .chain(self.report.damaged.iter().cloned())
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The outcome when no candidate could be installed: `untrusted` if the trust refused every
+    /// one, else `miss`.
+    fn nothing_installable(
         &self,
         head: &crate::generation::HeadRecord,
+        candidates: usize,
+    ) -> (InstallOutcome, String) {
+        if self.report.refused.len() == candidates {
+            return (
+                InstallOutcome::Untrusted,
+                format!(
+                    "trust mode {} refused generation {} and the {} older head(s) tried: {}; \
+                     publish with a trusted signing key, or add the publisher's public key to \
+                     [trust] trusted_keys",
+                    self.trust.mode().as_str(),
+                    head.generation,
+                    candidates - 1,
+                    self.passed_over()
+                ),
+            );
+        }
+        let mut detail = format!(
+            "generation {} (and {} older) incomplete in the store: evicted, removed or corrupt",
+            head.generation,
+            candidates - 1
+        );
+        if !self.report.refused.is_empty() || !self.report.damaged.is_empty() {
+            detail.push_str(&format!(" ({})", self.passed_over()));
+        }
+        (InstallOutcome::Miss, detail)
+    }
+
+    /// The next candidate from `heads[*next..]` whose head the trust admits and whose manifest and
+    /// packs are all in the store right now; records refused heads in the report.
+    fn pick_complete(
+        &mut self,
+        heads: &[crate::generation::HeadRecord],
+        next: &mut usize,
     ) -> Result<Option<Manifest>, InstallError> {
-        let store = self.store.as_ref();
-        let mut candidates = vec![head.clone()];
-        candidates.extend(catalog::older_heads(
-            store,
-            &self.layout,
-            head,
-            self.fallback_depth,
-        )?);
-        for h in candidates {
+        let store = self.store.clone();
+        let store = store.as_ref();
+        while let Some(h) = heads.get(*next) {
+            *next += 1;
             self.check_time()?;
+            let signer = self.trust.judge(self.layout.namespace(), h);
+            if !self
+                .trust
+                .admits(&signer, &format_args!("generation {}", h.generation))
+            {
+                tracing::warn!(seq = h.seq, generation = %h.generation, "refused: {signer}");
+                self.report.refused.push(RefusedHead {
+                    seq: h.seq,
+                    generation: h.generation,
+                    signer,
+                });
+                continue;
+            }
             match catalog::fetch_manifest(store, &self.layout, &h.generation)? {
                 Some(m) if m.compat_id != self.compat || m.cache_kind != self.report.cache_kind => {
                     return Err(InstallError::CrossCompat {
@@ -516,7 +644,10 @@ impl Job {
                         manifest_kind: m.cache_kind,
                     });
                 }
-                Some(m) if catalog::packs_present(store, &self.layout, &m)? => return Ok(Some(m)),
+                Some(m) if catalog::packs_present(store, &self.layout, &m)? => {
+                    self.report.signer = Some(signer);
+                    return Ok(Some(m));
+                }
                 Some(_) => {
                     tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one")
                 }

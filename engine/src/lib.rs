@@ -15,4 +15,5 @@ pub mod policy;
 pub mod publish;
 pub mod scan;
 pub mod store;
+pub mod trust;
 pub mod watch;

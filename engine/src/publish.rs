@@ -18,6 +18,11 @@
 //!
 //! A head whose manifest is missing or corrupt is not a parent (a fresh chain starts above it);
 //! a parent whose packs were evicted or collected is used without the files they held.
+//!
+//! Signing (`crate::trust`): every head this publisher writes is signed with its key, including the
+//! heads it writes after merging a lost head race. A head its trust does not admit (unsigned,
+//! untrusted or forged, under `required`) is never a parent and never merged: the publish builds on
+//! the newest admitted head below it and writes its signed head above the refused one.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
@@ -38,6 +43,7 @@ use crate::generation::{
 use crate::policy::{CachePolicy, PolicyError, Verdict};
 use crate::scan::{self, ScannedFile};
 use crate::store::{KeyLayout, Store, StoreError};
+use crate::trust::PublishTrust;
 
 #[derive(Debug, Clone)]
 pub struct PublishOptions {
@@ -46,6 +52,8 @@ pub struct PublishOptions {
     pub facts: Facts,
     /// Head seqs to try before giving up when other publishers keep winning.
     pub max_head_attempts: u32,
+    /// The key heads are signed with, and which heads may be built on and merged.
+    pub trust: PublishTrust,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -81,6 +89,10 @@ pub struct PublishReport {
     pub conflicts: Vec<Conflict>,
     /// Generations of other publishers merged in because they won a head seq first.
     pub merged: Vec<GenerationId>,
+    /// Key id of the key the new head was signed with (None: unsigned).
+    pub signed_by: Option<String>,
+    /// Who signed the head this publish built on (None: no parent).
+    pub parent_signer: Option<crate::trust::Signer>,
     /// Time spent hashing files, and reading and uploading packs (where a publish's time goes).
     pub hash_ms: u64,
     pub upload_ms: u64,
@@ -111,6 +123,12 @@ pub enum PublishError {
         "gave up after {0} attempts to write a head: other publishers kept winning; retry later"
     )]
     Contention(u32),
+    #[error(
+        "trust mode is required but no signing key is configured: set trust.signing_key_file, \
+         --signing-key or JITSHIP_SIGNING_KEY_FILE (make a key with `jitship key generate`), or \
+         every generation this publisher writes would be refused"
+    )]
+    NoSigningKey,
     #[error("cache root {0} does not exist: check the path (or the volume mount)")]
     RootMissing(PathBuf),
     #[error("cache root {0} is not a directory")]
@@ -161,6 +179,11 @@ pub fn publish(
     hashes: &mut HashCache,
 ) -> Result<PublishReport, PublishError> {
     let started = Instant::now();
+    if opts.trust.policy.mode() == crate::config::TrustMode::Required
+        && opts.trust.signing_key.is_none()
+    {
+        return Err(PublishError::NoSigningKey);
+    }
     let kind = policy.info().cache_kind.clone();
     let policy_err = |source| PublishError::Policy {
         policy: policy.info().name.clone(),
@@ -227,12 +250,24 @@ pub fn publish(
         packs_reused: 0,
         conflicts: vec![],
         merged: vec![],
+        signed_by: None,
+        parent_signer: None,
         hash_ms: 0,
         upload_ms: 0,
         duration_ms: 0,
     };
 
-    let head = catalog::newest_head(store, layout, &compat_id)?;
+    let newest = catalog::newest_head(store, layout, &compat_id)?;
+    // Under `required`, a head this publisher's trust refuses is no parent: build on the newest
+    // admitted one below it, and publish even if nothing is new, so a signed head covers it.
+    let head = match &newest {
+        Some(h) => admitted_base(store, layout, h, &opts.trust)?,
+        None => None,
+    };
+    let covers_refused_head = newest.as_ref().map(|h| h.seq) != head.as_ref().map(|h| h.seq);
+    report.parent_signer = head
+        .as_ref()
+        .map(|h| opts.trust.policy.judge(layout.namespace(), h));
     // A head whose manifest was evicted (or is corrupt) is no parent: this publish starts a fresh
     // chain above it. A parent with evicted packs is used without the files those packs held
     // (they are uploaded again from this root if it has them), so one lost pack cannot make every
@@ -256,7 +291,7 @@ pub fn publish(
         .filter(|(f, _)| !parent_paths.contains_key(&f.path))
         .collect();
     report.files_new = new_files.len() as u64;
-    if new_files.is_empty() && !parent_damaged {
+    if new_files.is_empty() && !parent_damaged && !(covers_refused_head && parent.is_some()) {
         report.conflicts = local
             .iter()
             .filter_map(|(f, h)| {
@@ -368,13 +403,43 @@ pub fn publish(
         store,
         layout,
         candidate,
-        head.map_or(1, |h| h.seq + 1),
+        newest.map_or(1, |h| h.seq + 1),
         opts,
         &mut report,
     )?;
     report.outcome = PublishOutcome::Published { generation, seq };
+    report.signed_by = opts
+        .trust
+        .signing_key
+        .as_ref()
+        .map(|k| k.key_id().to_owned());
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// `newest`, or if the trust refuses it the newest admitted head below it (None: start a fresh chain).
+fn admitted_base(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    newest: &HeadRecord,
+    trust: &PublishTrust,
+) -> Result<Option<HeadRecord>, PublishError> {
+    if trust.admits(layout.namespace(), newest) {
+        return Ok(Some(newest.clone()));
+    }
+    // Bounded: a store flooded with refused heads costs a publish a fresh chain, not a long walk.
+    const MAX_REFUSED: usize = 64;
+    let below = catalog::older_heads(store, layout, newest, MAX_REFUSED)?;
+    let base = below
+        .into_iter()
+        .find(|h| trust.admits(layout.namespace(), h));
+    tracing::warn!(
+        seq = newest.seq,
+        generation = %newest.generation,
+        base = ?base.as_ref().map(|h| h.seq),
+        "the newest head is not trusted: building on the newest trusted head below it and writing above it"
+    );
+    Ok(base)
 }
 
 /// The manifest of `id` as a parent, and whether it had to be repaired: `None` if it is missing or
@@ -574,13 +639,18 @@ fn commit_head(
         let bytes = candidate.encode();
         let generation = candidate.id();
         store.put(&layout.generation(&generation), &bytes)?;
-        let record = HeadRecord {
+        let mut record = HeadRecord {
             compat_id: candidate.compat_id,
             seq,
             generation,
             written_at: now_secs(),
             writer: writer.clone(),
+            signature: None,
         };
+        if let Some(key) = &opts.trust.signing_key {
+            key.sign(layout.namespace(), &mut record);
+        }
+        let admits = |h: &HeadRecord| opts.trust.admits(layout.namespace(), h);
         let Some(stored) = put_and_read_back(store, layout, &record)? else {
             // Nobody's head is readable at this seq even after retries (evicted at once): write
             // above it; the check below merges it if it shows up after all.
@@ -591,21 +661,24 @@ fn commit_head(
             seq += 1;
             continue;
         };
-        if stored == record || stored.generation == generation {
+        // Another publisher of the same generation counts as ours only if its head is admitted.
+        if stored == record || (stored.generation == generation && admits(&stored)) {
             included.insert(generation);
             // Won. A head below ours that we never merged (its put was in flight when we read its
             // seq back) would be superseded without its files: merge it and write the next seq.
             let below = seq - 1;
             let missed = if below > base_seq {
+                // A refused head below needs no merging: ours supersedes it.
                 catalog::read_head(store, layout, &candidate.compat_id, below)?
-                    .filter(|h| !included.contains(&h.generation))
+                    .filter(|h| !included.contains(&h.generation) && admits(h))
             } else {
                 None
             };
             let Some(missed) = missed else {
                 // And a head above ours written by someone who did not see ours (our put was the
                 // one in flight): merge onto it and write above it.
-                let Some(above) = head_above_without(store, layout, &candidate, seq, generation)?
+                let Some(above) =
+                    head_above_without(store, layout, &candidate, seq, generation, &opts.trust)?
                 else {
                     return Ok((generation, seq));
                 };
@@ -643,7 +716,12 @@ fn commit_head(
         // Another publisher won this seq: build on its generation (the union of both).
         tracing::info!(seq, winner = %stored.generation, "another publisher won the head; merging");
         included.insert(stored.generation);
-        let winner = winner_manifest(store, layout, &stored.generation)?;
+        let winner = if admits(&stored) {
+            winner_manifest(store, layout, &stored.generation)?
+        } else {
+            tracing::warn!(seq, winner = %stored.generation, "the head that won this seq is not trusted; not merging it, writing above it");
+            None
+        };
         if winner.is_none() {
             // Our candidate is unchanged and is written again (same id) at the next seq.
             tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
@@ -659,17 +737,22 @@ fn commit_head(
 }
 
 /// The head at `seq + 1` if it exists and its generation neither builds on nor merged `ours`
-/// (with its manifest, when readable).
+/// (with its manifest, when readable and the head is admitted by `trust`: a refused head above
+/// ours is written over, never merged).
 fn head_above_without(
     store: &dyn Store,
     layout: &KeyLayout,
     candidate: &Manifest,
     seq: u64,
     ours: GenerationId,
+    trust: &PublishTrust,
 ) -> Result<Option<(GenerationId, Option<Manifest>)>, PublishError> {
     let Some(above) = catalog::read_head(store, layout, &candidate.compat_id, seq + 1)? else {
         return Ok(None);
     };
+    if !trust.admits(layout.namespace(), &above) {
+        return Ok(Some((above.generation, None)));
+    }
     let manifest = winner_manifest(store, layout, &above.generation)?;
     let includes_ours = manifest
         .as_ref()
@@ -773,6 +856,9 @@ mod tests {
     struct LosesFirstHead {
         inner: LocalStore,
         winner: Mutex<Option<GenerationId>>,
+        /// Signs the winner's head with this key (otherwise it keeps our signature, which then
+        /// no longer matches: a forged head).
+        resign: Mutex<Option<crate::trust::PublisherKey>>,
     }
 
     impl Store for LosesFirstHead {
@@ -789,6 +875,9 @@ mod tests {
                 let mut head = HeadRecord::decode(value).unwrap();
                 head.generation = winner;
                 head.writer = "the other publisher".into();
+                if let Some(k) = self.resign.lock().unwrap().as_ref() {
+                    k.sign("ns", &mut head);
+                }
                 self.inner.put(key, &head.encode())?;
             }
             self.inner.put(key, value)
@@ -969,6 +1058,7 @@ mod tests {
             },
             facts,
             max_head_attempts: 4,
+            trust: Default::default(),
         }
     }
 
@@ -1033,8 +1123,77 @@ mod tests {
         let store = LosesFirstHead {
             inner: LocalStore::open(dir.path().join("store")).unwrap(),
             winner: Mutex::new(None),
+            resign: Mutex::new(None),
         };
         (dir, store, KeyLayout::new("ns").unwrap())
+    }
+
+    /// Under `required`: a lost race merges a trusted winner and the head written after the merge
+    /// is signed; a winner whose signature does not match is written over, never merged.
+    #[test]
+    fn under_required_a_lost_race_merges_only_a_trusted_winner_and_signs_the_merged_head() {
+        use crate::trust::{PublisherKey, Signer, TrustPolicy};
+        use std::sync::Arc;
+        let key = PublisherKey::generate().unwrap();
+        let policy = TrustPolicy::new(crate::config::TrustMode::Required, &[key.public_key()]);
+        let mut o = opts();
+        o.trust = PublishTrust {
+            signing_key: Some(Arc::new(key.clone())),
+            policy: Arc::new(policy.clone()),
+        };
+        for trusted_winner in [true, false] {
+            let (dir, store, layout) = setup();
+            let winner =
+                other_publisher(&store, &layout, dir.path(), &[("w.bin", b"winner's")], true);
+            *store.winner.lock().unwrap() = Some(winner);
+            if trusted_winner {
+                *store.resign.lock().unwrap() = Some(key.clone());
+            }
+            let root = dir.path().join("ours");
+            tree(&root, &[("o.bin", b"ours")]);
+            let r = publish(
+                &store,
+                &layout,
+                &NativeRules::new("triton"),
+                &root,
+                &o,
+                &mut HashCache::default(),
+            )
+            .unwrap();
+            let PublishOutcome::Published { generation, seq } = r.outcome else {
+                panic!("{:?}", r.outcome)
+            };
+            assert_eq!(seq, 2, "wrote above the winner");
+            let m = catalog::fetch_manifest(&store, &layout, &generation)
+                .unwrap()
+                .unwrap();
+            let compat = m.compat_id;
+            let judge = |seq| {
+                policy.judge(
+                    "ns",
+                    &catalog::read_head(&store, &layout, &compat, seq)
+                        .unwrap()
+                        .unwrap(),
+                )
+            };
+            assert!(
+                matches!(judge(2), Signer::Trusted { .. }),
+                "our head is signed"
+            );
+            if trusted_winner {
+                assert!(matches!(judge(1), Signer::Trusted { .. }));
+                assert_eq!(r.merged, vec![winner]);
+                assert_eq!(paths(&m), vec!["o.bin", "w.bin"]);
+            } else {
+                assert!(matches!(judge(1), Signer::Forged { .. }));
+                assert!(r.merged.is_empty(), "{:?}", r.merged);
+                assert_eq!(
+                    paths(&m),
+                    vec!["o.bin"],
+                    "nothing of the forged head merged"
+                );
+            }
+        }
     }
 
     #[test]

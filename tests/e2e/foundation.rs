@@ -192,6 +192,7 @@ fn plant(s: &Scenario, manifest_json: &str) {
         generation: id,
         written_at: 0,
         writer: "evil".into(),
+        signature: None,
     };
     s.store
         .put(&s.layout.head(&compat, 1), &head.encode())

@@ -56,6 +56,7 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
         generation,
         written_at: now_secs(),
         writer: "graft".into(),
+        signature: None,
     };
     assert!(
         !s.exists(&b.layout.head(&m.compat_id, seq)).unwrap(),
@@ -437,7 +438,8 @@ fn pins_floors_and_an_interrupted_gc() {
             "[{}]",
             b.name
         );
-        let survey = jitship::inspect::survey_compat(s, &b.layout, &compat).unwrap();
+        let survey =
+            jitship::inspect::survey_compat(s, &b.layout, &compat, &Default::default()).unwrap();
         let ids: Vec<_> = survey.generations.iter().map(|g| g.id).collect();
         assert_eq!(ids, vec![gens[3].0, gens[1].0], "[{}] ls after gc", b.name);
 

@@ -128,6 +128,7 @@ pub mod flow {
             },
             facts: facts.clone(),
             max_head_attempts: 8,
+            trust: Default::default(),
         }
     }
 

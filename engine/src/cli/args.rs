@@ -53,7 +53,9 @@ pub enum Command {
     /// Exit codes: 0 installed, 10 already current, 11 miss (nothing published for this
     /// worker's key, or evicted), 12 failed (the root was left as it was), 13 conflict (files of
     /// the generation are on disk with other content and were left alone: only partly
-    /// installed); with several caches the most severe outcome wins. --best-effort exits 0 for all.
+    /// installed), 14 untrusted (with [trust] mode required, no candidate generation was signed by
+    /// a trusted key); with several caches the most severe outcome wins. --best-effort exits 0 for
+    /// all of them.
     ///
     /// Nothing outside a root is ever written or removed: every operation goes through a
     /// descriptor of the root opened once and follows no link (a root that is itself a symlink is
@@ -84,7 +86,9 @@ pub enum Command {
     /// Show one generation: manifest, facts, producer, parent chain.
     Inspect(InspectArgs),
     /// Fetch and check every pack and every file hash of a generation (default: every generation
-    /// `ls` shows). Exit codes: 0 all good, 3 a problem was found (named on the output), 1 error.
+    /// `ls` shows), and who signed its heads. Exit codes: 0 all good, 3 a problem was found
+    /// (named on the output; an untrusted head counts under trust mode warn or required), 1 error.
+    /// --repair removes the damaged packs it found, so the next publish uploads them again.
     Verify(VerifyArgs),
     /// Pin a generation: retention never drops it (until `unpin`).
     Pin(PinArgs),
@@ -96,6 +100,38 @@ pub enum Command {
     /// Build, check and dry-run policy modules (for policy authors).
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Signing keys for generations (see [trust] in examples/jitship.toml).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Make an ed25519 key pair: the private key goes to --out (PKCS#8 PEM, created 0600, never
+    /// overwritten, never printed), the public key to --out.pub and stdout. Give the private key
+    /// to publishers (trust.signing_key_file, --signing-key, JITSHIP_SIGNING_KEY_FILE) and the
+    /// public key to every host that installs (trust.trusted_keys).
+    Generate(KeyGenerateArgs),
+    /// Print the public key and key id of a private key file (for rotations and audits).
+    Public(KeyPublicArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeyGenerateArgs {
+    /// Where to write the private key.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// Where to write the public key [default: FILE.pub].
+    #[arg(long, value_name = "FILE")]
+    pub public_out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyPublicArgs {
+    /// The private key file.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -243,6 +279,11 @@ pub struct VerifyArgs {
 
     /// Generation id or unique prefix; all generations when omitted.
     pub generation: Option<String>,
+
+    /// Remove the packs found damaged (wrong size, or bytes that do not hash to the manifest's),
+    /// so the next publish uploads them again; installs fall back to older generations meanwhile.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Debug, Args)]
@@ -318,6 +359,24 @@ pub struct SettingsArgs {
         value_delimiter = ';'
     )]
     pub facts: Vec<String>,
+
+    /// Private key that signs the heads this host publishes (overrides trust.signing_key_file).
+    #[arg(long, env = "JITSHIP_SIGNING_KEY_FILE", value_name = "FILE")]
+    pub signing_key: Option<PathBuf>,
+
+    /// A trusted public key, `ed25519:<hex>` (repeatable; env: comma-separated). Added to
+    /// trust.trusted_keys.
+    #[arg(
+        long = "trusted-key",
+        env = "JITSHIP_TRUSTED_KEYS",
+        value_name = "KEY",
+        value_delimiter = ','
+    )]
+    pub trusted_keys: Vec<String>,
+
+    /// Trust mode (overrides trust.mode): required, warn or off.
+    #[arg(long, env = "JITSHIP_TRUST_MODE", value_name = "MODE")]
+    pub trust_mode: Option<config::TrustMode>,
 }
 
 #[derive(Debug, Args)]
@@ -450,6 +509,18 @@ impl SettingsArgs {
         for arg in &self.facts {
             let (k, v) = config::parse_fact_arg(arg)?;
             config.facts.insert(k, v);
+        }
+        if let Some(path) = &self.signing_key {
+            config.trust.signing_key_file = Some(path.clone());
+        }
+        config.trust.trusted_keys.extend(
+            self.trusted_keys
+                .iter()
+                .filter(|k| !k.trim().is_empty())
+                .map(|k| k.trim().to_owned()),
+        );
+        if let Some(mode) = self.trust_mode {
+            config.trust.mode = Some(mode);
         }
         config.validate()?;
         Ok(config)

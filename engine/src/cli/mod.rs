@@ -61,5 +61,6 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Pin(args) => commands::store::run_pin(args, true),
         Command::Unpin(args) => commands::store::run_pin(args, false),
         Command::Gc(args) => commands::store::run_gc(args),
+        Command::Key(cmd) => commands::key::run_key(cmd),
     }
 }

@@ -18,9 +18,12 @@ pub(crate) fn spinner(message: String) -> indicatif::ProgressBar {
 
 pub(crate) fn print_publish(r: &PublishReport) {
     let what = match &r.outcome {
-        PublishOutcome::Published { generation, seq } => {
-            format!("published generation {generation} (head {seq})")
-        }
+        PublishOutcome::Published { generation, seq } => format!(
+            "published generation {generation} (head {seq}, {})",
+            r.signed_by
+                .as_ref()
+                .map_or("unsigned".to_owned(), |k| format!("signed by {k}"))
+        ),
         PublishOutcome::Unchanged { generation } => {
             format!("unchanged: generation {generation} already holds every file")
         }
@@ -39,6 +42,9 @@ pub(crate) fn print_publish(r: &PublishReport) {
     );
     for (reason, n) in &r.skipped {
         println!("  skipped {n}: {reason}");
+    }
+    if let Some(parent) = &r.parent_signer {
+        println!("  built on a generation {parent}");
     }
     for c in &r.conflicts {
         println!(

@@ -13,6 +13,7 @@ use crate::policy::CachePolicy;
 use crate::policy::set::PolicySet;
 use crate::publish::PublishOptions;
 use crate::store::{KeyLayout, Store};
+use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 
 /// The store, key layout, facts and per-cache policies one command works with.
 pub(crate) struct Session {
@@ -21,6 +22,7 @@ pub(crate) struct Session {
     pub(crate) layout: KeyLayout,
     pub(crate) facts: Facts,
     pub(crate) policies: PolicySet,
+    pub(crate) trust: Arc<TrustPolicy>,
 }
 
 impl Session {
@@ -55,12 +57,14 @@ impl Session {
         // A policy that fails to load disables its own kind (reported by publish/install through
         // the policy's errors); only an unusable wasm engine stops the command.
         let policies = PolicySet::from_config(&config)?;
+        let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
         Ok(Self {
             config,
             store,
             layout,
             facts,
             policies,
+            trust,
         })
     }
 
@@ -90,12 +94,35 @@ impl Session {
 }
 
 impl Session {
+    /// The signing key (if configured) and the trust a publisher builds with.
+    fn publish_trust(&self) -> Result<PublishTrust> {
+        let signing_key = match &self.config.trust.signing_key_file {
+            Some(path) => {
+                let key = PublisherKey::load(path)?;
+                if self.trust.mode() != crate::config::TrustMode::Off
+                    && !self.trust.trusted_key_ids().contains(&key.key_id())
+                {
+                    tracing::warn!(
+                        key_id = key.key_id(),
+                        "the signing key is not among this host's trusted keys: its own generations will not be parents of its next publishes"
+                    );
+                }
+                Some(Arc::new(key))
+            }
+            None => None,
+        };
+        Ok(PublishTrust {
+            signing_key,
+            policy: self.trust.clone(),
+        })
+    }
+
     pub(crate) fn publish_options(
         &self,
         pack_size: Option<bytesize::ByteSize>,
         pod: Option<&String>,
-    ) -> PublishOptions {
-        PublishOptions {
+    ) -> Result<PublishOptions> {
+        Ok(PublishOptions {
             pack_size: pack_size.unwrap_or(self.config.publish.pack_size).as_u64(),
             producer: Producer {
                 host: gethostname::gethostname().to_string_lossy().into_owned(),
@@ -104,7 +131,8 @@ impl Session {
             },
             facts: self.facts.clone(),
             max_head_attempts: 16,
-        }
+            trust: self.publish_trust()?,
+        })
     }
 }
 

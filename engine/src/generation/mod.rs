@@ -15,7 +15,7 @@ mod relpath;
 
 pub use compat::CompatId;
 pub use hash::{ContentHash, hash_file, hash_open_file};
-pub use head::HeadRecord;
+pub use head::{HeadRecord, HeadSignature};
 pub use manifest::{
     Chunk, FORMAT_VERSION, FileRecord, GenerationId, Manifest, ManifestError, PackRef, PolicyRef,
     Producer,

@@ -332,6 +332,8 @@ mod tests {
             packs_reused: 0,
             conflicts: vec![],
             merged: vec![],
+            signed_by: None,
+            parent_signer: None,
             duration_ms: 1,
             hash_ms: 0,
             upload_ms: 0,

@@ -316,6 +316,7 @@ fn error_kind(e: &PublishError) -> &'static str {
         PublishError::Store(_) => "store",
         PublishError::Catalog(_) => "catalog",
         PublishError::Contention(_) => "contention",
+        PublishError::NoSigningKey => "config",
     }
 }
 
@@ -708,6 +709,8 @@ fn log_report(r: &PublishReport) {
             bytes_uploaded = r.bytes_uploaded,
             bytes_deduplicated = r.bytes_deduplicated,
             duration_ms = r.duration_ms,
+            signed_by = r.signed_by.as_deref().unwrap_or("unsigned"),
+            parent = %r.parent_signer.as_ref().map_or("none".to_owned(), ToString::to_string),
             "published a new generation"
         ),
         PublishOutcome::Unchanged { generation } => tracing::debug!(
@@ -793,6 +796,7 @@ mod tests {
                 },
                 facts: Facts::new(),
                 max_head_attempts: 4,
+                trust: Default::default(),
             },
         }
     }

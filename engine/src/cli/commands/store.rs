@@ -18,7 +18,7 @@ pub(crate) fn resolve_generation(session: &Session, text: &str) -> Result<Genera
 
 pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.settings)?;
-    let survey = inspect::survey(session.store.as_ref(), &session.layout)
+    let survey = inspect::survey(session.store.as_ref(), &session.layout, &session.trust)
         .with_context(|| format!("reading {}", session.store.describe()))?;
     if args.common.json {
         println!("{}", serde_json::to_string_pretty(&survey)?);
@@ -56,6 +56,15 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                 if g.pinned {
                     flags.push("pinned".to_owned());
                 }
+                // The signer of its newest head.
+                let signed = g
+                    .signatures
+                    .first()
+                    .map(|s| match s.signer.key_id() {
+                        Some(k) => format!("{k} {}", s.signer.status()),
+                        None => s.signer.status().to_owned(),
+                    })
+                    .unwrap_or_default();
                 match &g.state {
                     ManifestState::Present(s) => vec![
                         short(&g.id),
@@ -64,6 +73,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                         bytesize::ByteSize(s.size_bytes).to_string(),
                         s.packs.len().to_string(),
                         age(s.created_at),
+                        signed,
                         flags.join(" "),
                     ],
                     ManifestState::Missing | ManifestState::Corrupt { .. } => {
@@ -82,6 +92,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                             "-".into(),
                             "-".into(),
                             age(g.head_written_at),
+                            signed,
                             flags.join(" "),
                         ]
                     }
@@ -89,7 +100,16 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
             })
             .collect();
         table(
-            &["  GENERATION", "HEAD", "FILES", "SIZE", "PACKS", "AGE", ""],
+            &[
+                "  GENERATION",
+                "HEAD",
+                "FILES",
+                "SIZE",
+                "PACKS",
+                "AGE",
+                "SIGNED",
+                "",
+            ],
             &rows
                 .into_iter()
                 .map(|mut r| {
@@ -105,7 +125,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
 pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.settings)?;
     let id = resolve_generation(&session, &args.generation)?;
-    let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id)?;
+    let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id, &session.trust)?;
     if !args.files {
         i.files.clear();
     }
@@ -152,6 +172,9 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
         )
     };
     println!("heads       {heads}");
+    for s in &i.signatures {
+        println!("signed      head {}: {}", s.seq, s.signer);
+    }
     match &i.pinned {
         Some(p) => println!(
             "pinned      {} ago by {}{}",
@@ -201,10 +224,10 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
 pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.settings)?;
     let store = session.store.as_ref();
+    let survey = inspect::survey(store, &session.layout, &session.trust)?;
     let ids: Vec<GenerationId> = match &args.generation {
         Some(g) => vec![resolve_generation(&session, g)?],
         None => {
-            let survey = inspect::survey(store, &session.layout)?;
             let mut ids: Vec<GenerationId> = survey.generations().map(|(_, g)| g.id).collect();
             ids.dedup();
             ids
@@ -215,21 +238,46 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         let bar = spinner(format!("verifying {}", short(id)));
         let v = inspect::verify(store, &session.layout, id);
         bar.finish_and_clear();
-        let v = v.with_context(|| format!("verifying {id}"))?;
+        let mut v = v.with_context(|| format!("verifying {id}"))?;
+        for (_, g) in survey.generations().filter(|(_, g)| g.id == *id) {
+            v.signatures.extend(g.signatures.iter().cloned());
+            v.problems
+                .extend(inspect::signature_problems(g, &session.trust));
+        }
+        v.ok = v.problems.is_empty();
+        if args.repair {
+            v.repaired = inspect::repair(store, &session.layout, &v)
+                .with_context(|| format!("repairing {id}"))?;
+        }
         if !args.common.json {
+            let signed = v
+                .signatures
+                .iter()
+                .map(|s| format!("head {}: {}", s.seq, s.signer))
+                .collect::<Vec<_>>()
+                .join("; ");
             if v.ok {
                 println!(
-                    "{}: ok ({} files, {} packs, {})",
+                    "{}: ok ({} files, {} packs, {}; {signed})",
                     v.generation,
                     v.files_checked,
                     v.packs_fetched,
                     bytesize::ByteSize(v.bytes_fetched)
                 );
             } else {
-                println!("{}: {} problem(s)", v.generation, v.problems.len());
+                println!(
+                    "{}: {} problem(s) ({signed})",
+                    v.generation,
+                    v.problems.len()
+                );
                 for p in &v.problems {
                     println!("  {p}");
                 }
+            }
+            for pack in &v.repaired {
+                println!(
+                    "  removed damaged pack {pack}: the next publish of a root holding its files uploads it again"
+                );
             }
         }
         results.push(v);

@@ -14,7 +14,7 @@ use crate::publish::{HashCache, PublishReport};
 
 pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
     let session = Session::open(&args.settings)?;
-    let opts = session.publish_options(args.pack_size, args.pod.as_ref());
+    let opts = session.publish_options(args.pack_size, args.pod.as_ref())?;
     let mut failed = false;
     let mut reports: Vec<PublishReport> = Vec::new();
     for cache in &session.config.caches {
@@ -98,7 +98,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
         grace: wc.grace,
         metrics_addr: wc.metrics_addr,
         notify: true,
-        publish: session.publish_options(args.pack_size, args.pod.as_ref()),
+        publish: session.publish_options(args.pack_size, args.pod.as_ref())?,
     };
     let roots: Vec<WatchedRoot> = session
         .config
@@ -168,6 +168,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     let opts = InstallOptions {
         deadline: args.deadline.unwrap_or(session.config.install.deadline),
         commit_pause: args.test_commit_pause.unwrap_or_default(),
+        trust: session.trust.clone(),
         ..InstallOptions::default()
     };
     let mut reports: Vec<InstallReport> = Vec::new();

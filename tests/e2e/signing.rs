@@ -1,0 +1,657 @@
+//! Signed generations (issue 12): a forged head, a replay under another compat id and another
+//! namespace, an unsigned generation under `required`, an untrusted key, a key rotation, and a
+//! corrupt pack repaired by `verify --repair` and republished; on the local store (with and
+//! without listing) and, inside the test cluster, on Mooncake. The last test drives the real CLI:
+//! `key generate`, signed `publish`, `install` exiting 14, `ls`/`inspect`/`verify` naming the key.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use jitship::catalog;
+use jitship::config::TrustMode;
+use jitship::generation::{ContentHash, GenerationId, HeadRecord};
+use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
+use jitship::publish::{HashCache, PublishError, PublishOutcome, PublishReport};
+use jitship::store::KeyLayout;
+use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
+use jitship_tests::backends::{Backend, backends, cli_backends, remove_retrying};
+use jitship_tests::fixtures::triton_tree;
+use jitship_tests::harness::Scenario;
+use serde_json::Value;
+
+fn scenario(b: &Backend) -> Scenario {
+    let mut s = Scenario::new(b.store.clone(), "kernels");
+    s.layout = b.layout.clone();
+    // Larger than any fixture file: no file spans two packs, so a poisoned pack damages only its own files.
+    s.pack_size = 64 << 10;
+    s
+}
+
+fn trust(mode: TrustMode, keys: &[&PublisherKey]) -> TrustPolicy {
+    let keys: Vec<_> = keys.iter().map(|k| k.public_key()).collect();
+    TrustPolicy::new(mode, &keys)
+}
+
+fn publish(
+    s: &Scenario,
+    root: &Path,
+    key: Option<&PublisherKey>,
+    trust: TrustPolicy,
+) -> Result<PublishReport, PublishError> {
+    let mut opts = s.publish_opts("pod-a");
+    opts.trust = PublishTrust {
+        signing_key: key.map(|k| Arc::new(k.clone())),
+        policy: Arc::new(trust),
+    };
+    jitship::publish::publish(
+        s.store.as_ref(),
+        &s.layout,
+        &s.policy,
+        root,
+        &opts,
+        &mut HashCache::default(),
+    )
+}
+
+fn published(r: &PublishReport) -> (GenerationId, u64) {
+    match r.outcome {
+        PublishOutcome::Published { generation, seq } => (generation, seq),
+        ref other => panic!("expected a new generation, got {other:?}"),
+    }
+}
+
+fn install(s: &Scenario, root: &Path, trust: TrustPolicy) -> InstallReport {
+    let opts = InstallOptions {
+        trust: Arc::new(trust),
+        ..InstallOptions::default()
+    };
+    jitship::install::install(s.store.clone(), &s.layout, &s.policy, root, &s.facts, &opts)
+}
+
+fn head(s: &Scenario, seq: u64) -> HeadRecord {
+    let compat = jitship::generation::CompatId::new("kernels", &compat_key(s));
+    catalog::read_head(s.store.as_ref(), &s.layout, &compat, seq)
+        .unwrap()
+        .unwrap_or_else(|| panic!("head {seq}"))
+}
+
+fn compat_key(s: &Scenario) -> String {
+    use jitship::policy::CachePolicy;
+    s.policy.compat_key(&s.facts).unwrap()
+}
+
+fn put_head(s: &Scenario, layout: &KeyLayout, h: &HeadRecord) {
+    s.store
+        .put(&layout.head(&h.compat_id, h.seq), &h.encode())
+        .unwrap();
+}
+
+/// A head pointing at another generation, carrying a signature copied from a genuine head, is
+/// refused as forged; install falls back to the genuine generation below it.
+#[test]
+fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one() {
+    let key = PublisherKey::generate().unwrap();
+    for b in backends("signing_forged") {
+        let s = scenario(&b);
+        let tmp = tempfile::tempdir().unwrap();
+        let (good, evil) = (tmp.path().join("good"), tmp.path().join("evil"));
+        triton_tree(&good, 2, 1);
+        let (g1, _) = published(
+            &publish(&s, &good, Some(&key), trust(TrustMode::Required, &[&key])).unwrap(),
+        );
+        // The attacker can write to the store: publishes its own generation unsigned (seq 2)...
+        triton_tree(&evil, 2, 666);
+        let (g_evil, seq) = published(&publish(&s, &evil, None, TrustPolicy::default()).unwrap());
+        assert_eq!(seq, 2, "[{}]", b.name);
+        // ...then a head above it that claims the publisher's signature.
+        let mut forged = head(&s, 2);
+        forged.seq = 3;
+        forged.signature = head(&s, 1).signature;
+        put_head(&s, &s.layout, &forged);
+
+        let required = trust(TrustMode::Required, &[&key]);
+        let survey = jitship::inspect::survey(s.store.as_ref(), &s.layout, &required).unwrap();
+        let signers: Vec<(u64, String)> = survey
+            .generations()
+            .flat_map(|(_, g)| {
+                g.signatures
+                    .iter()
+                    .map(|x| (x.seq, x.signer.status().to_owned()))
+            })
+            .collect();
+        assert!(
+            signers.contains(&(3, "forged".into()))
+                && signers.contains(&(2, "unsigned".into()))
+                && signers.contains(&(1, "trusted".into())),
+            "[{}] {signers:?}",
+            b.name
+        );
+
+        let root = tmp.path().join("root");
+        let r = install(&s, &root, required);
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Installed,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+        assert_eq!(r.generation, Some(g1), "[{}]", b.name);
+        assert!(matches!(r.signer, Some(Signer::Trusted { .. })));
+        assert_eq!(
+            r.refused.iter().map(|x| x.seq).collect::<Vec<_>>(),
+            vec![3, 2]
+        );
+        assert!(matches!(r.refused[0].signer, Signer::Forged { .. }));
+        assert!(r.refused.iter().all(|x| x.generation == g_evil));
+        assert_same_tree(&good, &root);
+
+        // The publisher never builds on the refused heads: its next generation holds no evil file
+        // and its signed head goes above them.
+        triton_tree(&good, 3, 1);
+        let r = publish(&s, &good, Some(&key), trust(TrustMode::Required, &[&key])).unwrap();
+        let (g4, seq) = published(&r);
+        assert_eq!(seq, 4, "[{}]", b.name);
+        assert!(matches!(r.parent_signer, Some(Signer::Trusted { .. })));
+        let m = catalog::fetch_manifest(s.store.as_ref(), &s.layout, &g4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.parent, Some(g1), "[{}]", b.name);
+        let root2 = tmp.path().join("root2");
+        let r = install(&s, &root2, trust(TrustMode::Required, &[&key]));
+        assert_eq!(r.generation, Some(g4), "[{}] {}", b.name, r.detail);
+        assert_same_tree(&good, &root2);
+    }
+}
+
+/// A validly signed head copied under another compat id (its compat id rewritten to match the key
+/// it sits at) or into another namespace does not verify there.
+#[test]
+fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused() {
+    let key = PublisherKey::generate().unwrap();
+    for b in backends("signing_replay") {
+        let s = scenario(&b);
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        triton_tree(&src, 2, 2);
+        published(&publish(&s, &src, Some(&key), trust(TrustMode::Required, &[&key])).unwrap());
+        let genuine = head(&s, 1);
+
+        // Workers with another GPU: another compat id, nothing published for it.
+        let mut other = scenario(&b);
+        other.facts.set("gpu.name", "NVIDIA B200");
+        let replayed = HeadRecord {
+            compat_id: jitship::generation::CompatId::new("kernels", &compat_key(&other)),
+            ..genuine.clone()
+        };
+        assert_ne!(replayed.compat_id, genuine.compat_id);
+        put_head(&other, &other.layout, &replayed);
+        let root = tmp.path().join("other-gpu");
+        let r = install(&other, &root, trust(TrustMode::Required, &[&key]));
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Untrusted,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+        assert_eq!(r.outcome.exit_code(), 14);
+        assert!(matches!(r.refused[0].signer, Signer::Forged { .. }));
+        assert!(!root.exists(), "[{}] nothing written", b.name);
+        // Even with trust off the manifest's own compat id does not match: never installed.
+        let r = install(&other, &root, TrustPolicy::default());
+        assert_eq!(r.outcome, InstallOutcome::Miss, "[{}] {}", b.name, r.detail);
+        assert!(!root.exists());
+
+        // Another namespace: the manifest and packs copied over too, the head verbatim.
+        let mut elsewhere = scenario(&b);
+        elsewhere.layout = KeyLayout::new(&format!("{}-replica", b.layout.namespace())).unwrap();
+        let m = catalog::fetch_manifest(s.store.as_ref(), &s.layout, &genuine.generation)
+            .unwrap()
+            .unwrap();
+        for p in &m.packs {
+            let bytes = s.store.get(&s.layout.pack(&p.id)).unwrap().unwrap();
+            s.store.put(&elsewhere.layout.pack(&p.id), &bytes).unwrap();
+        }
+        s.store
+            .put(
+                &elsewhere.layout.generation(&genuine.generation),
+                &m.encode(),
+            )
+            .unwrap();
+        put_head(&elsewhere, &elsewhere.layout, &genuine);
+        let r = install(&elsewhere, &root, trust(TrustMode::Required, &[&key]));
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Untrusted,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+        assert!(matches!(r.refused[0].signer, Signer::Forged { .. }));
+        assert!(!root.exists());
+    }
+}
+
+/// Unsigned generations: refused under `required` (exit 14, root untouched), used under `warn`
+/// and `off`; a publisher under `required` without a key refuses to publish.
+#[test]
+fn an_unsigned_generation_is_refused_under_required_only() {
+    let key = PublisherKey::generate().unwrap();
+    for b in backends("signing_unsigned") {
+        let s = scenario(&b);
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        triton_tree(&src, 2, 3);
+        let err = publish(&s, &src, None, trust(TrustMode::Required, &[&key])).unwrap_err();
+        assert!(matches!(err, PublishError::NoSigningKey), "{err}");
+        assert!(err.to_string().contains("jitship key generate"));
+        let (g, _) = published(&publish(&s, &src, None, TrustPolicy::default()).unwrap());
+
+        let root = tmp.path().join("required");
+        let r = install(&s, &root, trust(TrustMode::Required, &[&key]));
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Untrusted,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+        assert_eq!(r.refused[0].signer, Signer::Unsigned);
+        assert!(r.detail.contains("unsigned"), "{}", r.detail);
+        assert!(!root.exists(), "[{}] the root is untouched", b.name);
+        for mode in [TrustMode::Warn, TrustMode::Off] {
+            let root = tmp.path().join(format!("{mode:?}"));
+            let r = install(&s, &root, trust(mode, &[&key]));
+            assert_eq!(
+                r.outcome,
+                InstallOutcome::Installed,
+                "[{}] {mode:?}",
+                b.name
+            );
+            assert_eq!(r.generation, Some(g));
+            assert_eq!(r.signer, Some(Signer::Unsigned));
+            assert_same_tree(&src, &root);
+        }
+    }
+}
+
+/// A generation signed by a key this host does not trust is refused, and its files are never
+/// merged into what a trusted publisher signs.
+#[test]
+fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on() {
+    let trusted = PublisherKey::generate().unwrap();
+    let stranger = PublisherKey::generate().unwrap();
+    for b in backends("signing_untrusted") {
+        let s = scenario(&b);
+        let tmp = tempfile::tempdir().unwrap();
+        let (theirs, ours) = (tmp.path().join("theirs"), tmp.path().join("ours"));
+        triton_tree(&theirs, 2, 4);
+        let (g_theirs, _) =
+            published(&publish(&s, &theirs, Some(&stranger), trust(TrustMode::Off, &[])).unwrap());
+        let root = tmp.path().join("root");
+        let r = install(&s, &root, trust(TrustMode::Required, &[&trusted]));
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Untrusted,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+        assert_eq!(
+            r.refused[0].signer,
+            Signer::Untrusted {
+                key_id: stranger.key_id().into()
+            }
+        );
+        assert!(!root.exists());
+
+        // A trusted publisher starts a fresh chain above it instead of inheriting its files.
+        triton_tree(&ours, 1, 5);
+        let r = publish(
+            &s,
+            &ours,
+            Some(&trusted),
+            trust(TrustMode::Required, &[&trusted]),
+        )
+        .unwrap();
+        let (g_ours, seq) = published(&r);
+        assert_eq!(seq, 2);
+        assert_eq!(r.parent_signer, None, "[{}] no trusted parent", b.name);
+        let m = catalog::fetch_manifest(s.store.as_ref(), &s.layout, &g_ours)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.parent, None);
+        assert!(!m.merged.contains(&g_theirs));
+        let r = install(&s, &root, trust(TrustMode::Required, &[&trusted]));
+        assert_eq!(r.generation, Some(g_ours), "[{}] {}", b.name, r.detail);
+        assert_same_tree(&ours, &root);
+    }
+}
+
+/// Rotation: old and new key both trusted while publishers move to the new one; then the old one
+/// is removed, and only what the new key signed is installed.
+#[test]
+fn a_rotated_key_old_and_new_trusted_then_the_old_removed() {
+    let old = PublisherKey::generate().unwrap();
+    let new = PublisherKey::generate().unwrap();
+    for b in backends("signing_rotation") {
+        let s = scenario(&b);
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        triton_tree(&src, 2, 6);
+        let (g1, _) =
+            published(&publish(&s, &src, Some(&old), trust(TrustMode::Required, &[&old])).unwrap());
+        let both = || trust(TrustMode::Required, &[&old, &new]);
+        let r = install(&s, &tmp.path().join("a"), both());
+        assert_eq!(r.generation, Some(g1), "[{}] {}", b.name, r.detail);
+
+        // The publisher rotates: it builds on the old key's generation and signs with the new key.
+        triton_tree(&src, 3, 6);
+        let r = publish(&s, &src, Some(&new), both()).unwrap();
+        let (g2, _) = published(&r);
+        assert_eq!(
+            r.parent_signer,
+            Some(Signer::Trusted {
+                key_id: old.key_id().into()
+            })
+        );
+        assert_eq!(r.signed_by.as_deref(), Some(new.key_id()));
+        let r = install(&s, &tmp.path().join("b"), both());
+        assert_eq!(r.generation, Some(g2), "[{}] {}", b.name, r.detail);
+        // Hosts that still trust only the old key fall back to the old key's generation.
+        let r = install(
+            &s,
+            &tmp.path().join("c"),
+            trust(TrustMode::Required, &[&old]),
+        );
+        assert_eq!(r.generation, Some(g1), "[{}] {}", b.name, r.detail);
+        assert_eq!(r.refused.len(), 1);
+
+        // The old key is removed: the new generation (with every file of the old one) installs;
+        // the old key's head shows as untrusted.
+        let only_new = trust(TrustMode::Required, &[&new]);
+        let root = tmp.path().join("d");
+        let r = install(&s, &root, only_new.clone());
+        assert_eq!(r.generation, Some(g2), "[{}] {}", b.name, r.detail);
+        assert_same_tree(&src, &root);
+        let survey = jitship::inspect::survey(s.store.as_ref(), &s.layout, &only_new).unwrap();
+        let g1_view = survey.generations().find(|(_, g)| g.id == g1).unwrap().1;
+        assert_eq!(
+            g1_view.signatures[0].signer,
+            Signer::Untrusted {
+                key_id: old.key_id().into()
+            }
+        );
+        // With the newest generation signed by the old key only, nothing is installable.
+        let s2 = {
+            let mut s2 = scenario(&b);
+            s2.facts.set("python.version", "3.13.1");
+            s2
+        };
+        published(&publish(&s2, &src, Some(&old), trust(TrustMode::Off, &[])).unwrap());
+        let r = install(&s2, &tmp.path().join("e"), only_new);
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Untrusted,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+    }
+}
+
+/// A poisoned pack (right size, wrong bytes) under a key puts never overwrite: install falls back
+/// to the older complete generation; `verify` + `repair` removes it; the next publish uploads it
+/// again and the newest generation installs and verifies clean.
+#[test]
+fn a_corrupt_pack_is_passed_over_repaired_and_republished() {
+    let key = PublisherKey::generate().unwrap();
+    for b in backends("signing_repair") {
+        let s = scenario(&b);
+        let policy = || trust(TrustMode::Required, &[&key]);
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        triton_tree(&src, 1, 7);
+        let (g1, _) = published(&publish(&s, &src, Some(&key), policy()).unwrap());
+        triton_tree(&src, 3, 7);
+        let (g2, _) = published(&publish(&s, &src, Some(&key), policy()).unwrap());
+        let store = s.store.as_ref();
+        let m1 = catalog::fetch_manifest(store, &s.layout, &g1)
+            .unwrap()
+            .unwrap();
+        let m2 = catalog::fetch_manifest(store, &s.layout, &g2)
+            .unwrap()
+            .unwrap();
+        let poisoned = m2
+            .packs
+            .iter()
+            .find(|p| !m1.packs.contains(p))
+            .expect("gen 2 has a pack of its own")
+            .clone();
+        let pack_key = s.layout.pack(&poisoned.id);
+        let mut bytes = store.get(&pack_key).unwrap().unwrap();
+        bytes.iter_mut().for_each(|x| *x = !*x);
+        assert!(remove_retrying(store, &pack_key));
+        store.put(&pack_key, &bytes).unwrap();
+
+        let root = tmp.path().join("root");
+        let r = install(&s, &root, policy());
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Installed,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+        assert_eq!(r.generation, Some(g1), "[{}] fell back", b.name);
+        assert_eq!(r.damaged.len(), 1, "{:?}", r.damaged);
+        assert!(r.damaged[0].contains(&g2.to_string()));
+
+        let v = jitship::inspect::verify(store, &s.layout, &g2).unwrap();
+        assert!(!v.ok);
+        assert!(v.problems.iter().any(|p| matches!(
+            p,
+            jitship::inspect::Problem::FileCorrupt { packs, .. } if packs.contains(&poisoned.id)
+        )));
+        let removed = jitship::inspect::repair(store, &s.layout, &v).unwrap();
+        assert_eq!(removed, vec![poisoned.id], "[{}]", b.name);
+        assert!(!store.exists(&pack_key).unwrap());
+
+        // The watcher or the next publish sees the parent lost a pack and uploads it again.
+        let r = publish(&s, &src, Some(&key), policy()).unwrap();
+        let (g3, _) = published(&r);
+        assert!(r.packs_uploaded >= 1, "[{}] {r:?}", b.name);
+        let v = jitship::inspect::verify(store, &s.layout, &g3).unwrap();
+        assert!(v.ok, "[{}] {:?}", b.name, v.problems);
+        let root = tmp.path().join("root2");
+        let r = install(&s, &root, policy());
+        assert_eq!(r.generation, Some(g3), "[{}] {}", b.name, r.detail);
+        assert!(r.damaged.is_empty());
+        assert_same_tree(&src, &root);
+    }
+}
+
+fn assert_same_tree(a: &Path, b: &Path) {
+    let list = |root: &Path| -> Vec<(String, ContentHash)> {
+        let mut out: Vec<_> = walk(root)
+            .into_iter()
+            .map(|p| {
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                (rel, ContentHash::of(&std::fs::read(&p).unwrap()))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    assert_eq!(list(a), list(b), "{} vs {}", a.display(), b.display());
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the CLI
+
+fn jitship(flags: &[String], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jitship-e2e"))
+        .arg(args[0])
+        .args(flags)
+        .args(&args[1..])
+        .env("RUST_LOG", "warn")
+        .env_remove("JITSHIP_SIGNING_KEY_FILE")
+        .env_remove("JITSHIP_TRUSTED_KEYS")
+        .env_remove("JITSHIP_TRUST_MODE")
+        .output()
+        .expect("run jitship-e2e")
+}
+
+fn expect(b: &Backend, flags: &[String], args: &[&str], code: i32) -> String {
+    let out = jitship(flags, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "[{}] jitship {}:\n{stdout}\n{}",
+        b.name,
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
+    for b in cli_backends("signing_cli") {
+        let tmp = tempfile::tempdir().unwrap();
+        let key_file = tmp.path().join("publisher.key");
+        let key_arg = key_file.display().to_string();
+        let public = expect(&b, &[], &["key", "generate", "--out", &key_arg], 0);
+        let public = public.trim().to_owned();
+        assert!(
+            public.starts_with("ed25519:") && public.len() == 8 + 64,
+            "{public}"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let pub_file = std::fs::read_to_string(tmp.path().join("publisher.key.pub")).unwrap();
+        assert_eq!(pub_file.trim(), public);
+        // Never overwritten; the private key never reaches stdout.
+        let out = jitship(&[], &["key", "generate", "--out", &key_arg]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("exists already"));
+        let shown = expect(&b, &[], &["key", "public", &key_arg], 0);
+        assert_eq!(shown.trim(), public);
+        assert!(!shown.contains("PRIVATE"));
+        let key_id = PublisherKey::load(&key_file).unwrap().key_id().to_owned();
+
+        let flags = b.cli.clone().unwrap();
+        let root = tmp.path().join("root");
+        let cache = format!("kernels={}", root.display());
+        let with = |extra: &[&str]| -> Vec<String> {
+            let mut f = flags.clone();
+            f.extend(["--cache".to_owned(), cache.clone()]);
+            f.extend(["--fact".to_owned(), "test.tag=signing".to_owned()]);
+            f.extend(extra.iter().map(|s| s.to_string()));
+            f
+        };
+        let required = with(&["--trusted-key", &public]);
+        let signing = with(&["--trusted-key", &public, "--signing-key", &key_arg]);
+
+        // Unsigned publish, then an install that requires signatures: exit 14.
+        triton_tree(&root, 2, 8);
+        expect(&b, &with(&[]), &["publish"], 0);
+        let target = tmp.path().join("target");
+        let install_flags = |f: &[String]| -> Vec<String> {
+            let mut f = f.to_vec();
+            let at = f.iter().position(|x| x == "--cache").unwrap();
+            f[at + 1] = format!("kernels={}", target.display());
+            f
+        };
+        let out = expect(&b, &install_flags(&required), &["install"], 14);
+        assert!(
+            out.contains("untrusted") && out.contains("unsigned"),
+            "{out}"
+        );
+        assert!(!target.exists());
+        // A publisher under `required` without its key refuses, with what to do.
+        let out = jitship(&required, &["publish"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("signing key"));
+
+        // Signed publish: installs, and ls / inspect / verify name the key.
+        triton_tree(&root, 3, 8);
+        let text = expect(&b, &signing, &["publish"], 0);
+        assert!(text.contains(&format!("signed by {key_id}")), "{text}");
+        let out = expect(&b, &install_flags(&required), &["install"], 0);
+        assert!(out.contains(&key_id), "{out}");
+        let ls = expect(&b, &required, &["ls"], 0);
+        assert!(
+            ls.contains("SIGNED") && ls.contains(&format!("{key_id} trusted")),
+            "{ls}"
+        );
+        assert!(ls.contains("unsigned"), "{ls}");
+        let ls: Value = serde_json::from_str(&expect(&b, &required, &["ls", "--json"], 0)).unwrap();
+        let newest = &ls["compats"][0]["generations"][0];
+        assert_eq!(newest["signatures"][0]["signer"]["status"], "trusted");
+        assert_eq!(newest["signatures"][0]["signer"]["key_id"], key_id.as_str());
+        let g = newest["id"].as_str().unwrap().to_owned();
+        let text = expect(&b, &required, &["inspect", &g[..12]], 0);
+        assert!(
+            text.contains(&format!("signed by trusted key {key_id}")),
+            "{text}"
+        );
+        // verify: the unsigned older generation is a problem under `required`, the newest is ok.
+        let text = expect(&b, &required, &["verify"], 3);
+        assert!(text.contains("is unsigned"), "{text}");
+        expect(&b, &required, &["verify", &g], 0);
+
+        // Poison a pack of the newest generation; verify --repair removes it; republish; clean.
+        let s = b.store.as_ref();
+        let id: GenerationId = g.parse().unwrap();
+        let m = catalog::fetch_manifest(s, &b.layout, &id).unwrap().unwrap();
+        let pack = m.packs.last().unwrap();
+        let pack_key = b.layout.pack(&pack.id);
+        let mut bytes = s.get(&pack_key).unwrap().unwrap();
+        bytes.iter_mut().for_each(|x| *x ^= 0x5a);
+        assert!(remove_retrying(s, &pack_key));
+        s.put(&pack_key, &bytes).unwrap();
+        let text = expect(&b, &required, &["verify", &g, "--repair"], 3);
+        assert!(
+            text.contains(&format!("removed damaged pack {}", pack.id)),
+            "{text}"
+        );
+        assert!(!s.exists(&pack_key).unwrap());
+        let text = expect(&b, &signing, &["publish", "--json"], 0);
+        let report: Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            report[0]["packs_uploaded"].as_u64().unwrap() >= 1,
+            "{report}"
+        );
+        let ls: Value = serde_json::from_str(&expect(&b, &required, &["ls", "--json"], 0)).unwrap();
+        let g3 = ls["compats"][0]["generations"][0]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_ne!(g3, g);
+        expect(&b, &required, &["verify", &g3], 0);
+        let fresh = tmp.path().join("fresh");
+        let mut f = required.clone();
+        let at = f.iter().position(|x| x == "--cache").unwrap();
+        f[at + 1] = format!("kernels={}", fresh.display());
+        expect(&b, &f, &["install"], 0);
+        assert_same_tree(&root, &fresh);
+    }
+}
