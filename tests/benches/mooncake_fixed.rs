@@ -63,7 +63,17 @@ struct Figures {
     install_current: Vec<Run>,
 }
 
-fn one_round(bin: &Path, config: &Path, src: &Path, scratch: &Path, tag: &str, f: &mut Figures) {
+/// One run of each measure. `killed_ok`: a process killed by a signal is counted, not fatal (the
+/// baseline: main's binary could abort at exit, see the report).
+fn one_round(
+    bin: &Path,
+    config: &Path,
+    src: &Path,
+    scratch: &Path,
+    tag: &str,
+    killed_ok: bool,
+    f: &mut Figures,
+) {
     let ns = unique_prefix(&format!("fixed-{tag}"));
     let cli = |command: &str, cache_root: Option<&Path>| {
         let mut cmd = Command::new(bin);
@@ -79,6 +89,14 @@ fn one_round(bin: &Path, config: &Path, src: &Path, scratch: &Path, tag: &str, f
     };
     let dst = scratch.join(format!("dst-{tag}"));
     let _ = std::fs::remove_dir_all(&dst);
+    let ok = |codes: &[i32]| -> Vec<i32> {
+        let mut v = codes.to_vec();
+        if killed_ok {
+            v.push(-1);
+        }
+        v
+    };
+    let run_measured = |cmd: &mut Command, codes: &[i32]| run_measured(cmd, &ok(codes));
     f.ls_empty.push(run_measured(&mut cli("ls", None), &[0]));
     f.publish
         .push(run_measured(&mut cli("publish", Some(src)), &[0]));
@@ -132,6 +150,7 @@ fn main() {
             &src,
             tmp.path(),
             &format!("ours-{rep}"),
+            false,
             &mut mine,
         );
         if let Some(b) = &baseline {
@@ -141,6 +160,7 @@ fn main() {
                 &src,
                 tmp.path(),
                 &format!("base-{rep}"),
+                true,
                 &mut base,
             );
         }
@@ -184,4 +204,21 @@ fn main() {
         println!("{name:<26} | {ours_s:>24} | {base_s:>24} | {ratio:>7}");
     }
     println!("ratio = ours / baseline, medians (lower is better)");
+    if baseline.is_some() {
+        let all = [
+            &base.ls_empty,
+            &base.ls_full,
+            &base.publish,
+            &base.install,
+            &base.install_current,
+        ];
+        let killed: usize = all
+            .iter()
+            .map(|v| v.iter().filter(|r| r.code == -1).count())
+            .sum();
+        let total: usize = all.iter().map(|v| v.len()).sum();
+        println!(
+            "baseline processes killed by a signal (e.g. an abort at exit): {killed} of {total}"
+        );
+    }
 }

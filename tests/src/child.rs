@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 pub struct Run {
     pub wall: Duration,
+    /// The exit code; -1 when a signal ended the process.
+    pub code: i32,
     pub max_rss_kib: i64,
     pub stdout: String,
 }
@@ -49,6 +51,7 @@ pub fn run_measured(cmd: &mut Command, ok_codes: &[i32]) -> Run {
     );
     Run {
         wall,
+        code,
         max_rss_kib: peak_kib,
         stdout,
     }
