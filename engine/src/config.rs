@@ -218,10 +218,12 @@ pub struct MooncakeConfig {
     pub soft_pin_catalog: bool,
     /// Hard-pinned objects are never evicted; puts then fail with "store is full".
     pub hard_pin: bool,
-    /// Size of each registered staging buffer; also the largest value jitship can put or get, so
-    /// `publish.pack_size` must not exceed it.
+    /// Largest registered staging buffer (buffers are made as calls need them, sized to the
+    /// values moved: a power of two from 1 MiB up to this); also the largest value jitship can
+    /// put or get, so `publish.pack_size` must not exceed it.
     pub staging_buffer_size: ByteSize,
-    /// Staging buffers registered once at start (calls in flight at once).
+    /// Most staging buffers at once (calls in flight at once). Staging memory is at most
+    /// `staging_buffers x staging_buffer_size`.
     pub staging_buffers: usize,
     /// Mooncake's own client-side buffer (setup's `local_buffer_size`).
     pub local_buffer_size: ByteSize,

@@ -1,3 +1,3 @@
 fn main() {
-    std::process::exit(jitship::cli::main());
+    jitship::cli::main_and_exit()
 }

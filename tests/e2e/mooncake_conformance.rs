@@ -86,3 +86,52 @@ fn mooncake_connect_to_a_dead_master_fails_in_seconds_with_a_hint() {
         "{msg}"
     );
 }
+
+#[test]
+fn mooncake_staging_buffers_are_made_lazily_and_sized_to_the_work() {
+    let Some(c) = cluster("mooncake_staging_buffers_are_made_lazily") else {
+        return;
+    };
+    const MIB: u64 = 1024 * 1024;
+    // The default configuration: up to 4 buffers of 64 MiB.
+    let store = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
+    assert_eq!(
+        store.registered_staging_bytes(),
+        0,
+        "nothing registered at connect"
+    );
+    let p = unique_prefix("lazy-staging");
+    let (small, mid) = (format!("{p}/small"), format!("{p}/mid"));
+    store.put(&small, b"small").unwrap();
+    assert_eq!(
+        store.registered_staging_bytes(),
+        MIB,
+        "a small value: one 1 MiB buffer"
+    );
+    let value: Vec<u8> = (0..3 * MIB).map(|i| (i % 251) as u8).collect();
+    store.put(&mid, &value).unwrap();
+    assert_eq!(
+        store.registered_staging_bytes(),
+        5 * MIB,
+        "a 3 MiB value: one more buffer of 4 MiB, the small one kept"
+    );
+
+    // A get of a value bigger than the buffer it tries first reads it whole with a bigger one.
+    let reader = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
+    assert_eq!(reader.get(&mid).unwrap().as_deref(), Some(&value[..]));
+    assert_eq!(reader.get(&small).unwrap().as_deref(), Some(&b"small"[..]));
+    assert_eq!(reader.registered_staging_bytes(), 5 * MIB);
+
+    // At the bound (one buffer), a buffer too small is replaced by a bigger one, not added.
+    let mut one = c.config();
+    one.staging_buffers = 1;
+    let store = MooncakeStore::connect(&one).unwrap_or_else(|e| panic!("connect: {e}"));
+    assert_eq!(store.get(&small).unwrap().as_deref(), Some(&b"small"[..]));
+    assert_eq!(store.registered_staging_bytes(), MIB);
+    assert_eq!(store.get(&mid).unwrap().as_deref(), Some(&value[..]));
+    assert_eq!(store.registered_staging_bytes(), 4 * MIB);
+    let batch = store.get_batch(&[&small, &mid]);
+    assert_eq!(batch[0].as_ref().unwrap().as_deref(), Some(&b"small"[..]));
+    assert_eq!(batch[1].as_ref().unwrap().as_deref(), Some(&value[..]));
+    assert_eq!(store.registered_staging_bytes(), 4 * MIB);
+}

@@ -3,6 +3,7 @@
 //! backends a test runs against.
 
 pub mod backends;
+pub mod child;
 pub mod fixtures;
 pub mod harness;
 pub mod mooncake;

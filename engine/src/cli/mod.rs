@@ -18,7 +18,15 @@ pub use args::*;
 use anyhow::Result;
 use clap::Parser;
 
-/// Entry point of the binary: returns the process exit code.
+/// Entry point of the binary: runs the command and ends the process with its exit code, without
+/// waiting for the Mooncake library's slow teardown (see `store::mooncake::exit`).
+pub fn main_and_exit() -> ! {
+    crate::store::mooncake::defer_teardown_to_exit();
+    let code = main();
+    crate::store::mooncake::exit(code)
+}
+
+/// Runs the command line: returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
     init_logging(cli.log_format, cli.verbose);

@@ -27,18 +27,23 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) fn open(settings: &SettingsArgs) -> Result<Self> {
-        let mut session = Self::open_store(settings)?;
-        if session.config.caches.is_empty() {
+        let config = settings.resolve()?;
+        if config.caches.is_empty() {
             bail!(
                 "no cache roots configured: pass --cache KIND=ROOT (e.g. --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
-        // [facts] and the --fact flags (already merged into it) on top.
-        let gathered = crate::facts::gather(&FactsConfig::from_process(
-            &session.config,
-            &Default::default(),
-        ));
+        // [facts] and the --fact flags (already merged into it) on top. Gathering runs probes
+        // (python, nvidia-smi) that take about as long as connecting to Mooncake: side by side.
+        let facts_config = FactsConfig::from_process(&config, &Default::default());
+        let (gathered, session) = std::thread::scope(|s| {
+            let gathering = s.spawn(|| crate::facts::gather(&facts_config));
+            let session = Self::open_with(config);
+            (gathering.join(), session)
+        });
+        let mut session = session?;
+        let gathered = gathered.map_err(|_| anyhow::anyhow!("gathering facts panicked"))?;
         for (name, why) in &gathered.missing {
             tracing::debug!(fact = %name, "fact missing: {why}");
         }
@@ -48,7 +53,10 @@ impl Session {
 
     /// For commands that need the store only (ls, inspect, verify, pin, gc).
     pub(crate) fn open_store(settings: &SettingsArgs) -> Result<Self> {
-        let config = settings.resolve()?;
+        Self::open_with(settings.resolve()?)
+    }
+
+    fn open_with(config: Config) -> Result<Self> {
         let store = crate::store::open(&config.store)
             .with_context(|| format!("opening the {:?} store", config.store.backend))?;
         let layout = KeyLayout::new(&config.store.namespace)?;

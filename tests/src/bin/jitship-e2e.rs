@@ -16,5 +16,5 @@ fn main() {
             std::thread::sleep(std::time::Duration::from_millis(at - now));
         }
     }
-    std::process::exit(jitship::cli::main());
+    jitship::cli::main_and_exit()
 }

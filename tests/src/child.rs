@@ -1,0 +1,58 @@
+//! Running a command as a child process and measuring it, for benchmarks.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub struct Run {
+    pub wall: Duration,
+    /// The exit code; -1 when a signal ended the process.
+    pub code: i32,
+    pub max_rss_kib: i64,
+    pub stdout: String,
+}
+
+/// Runs `cmd` and returns its wall time, peak RSS and stdout; panics unless it exits with one of
+/// `ok_codes`. The peak is the child's own `VmHWM`, polled from /proc while it runs: the rusage
+/// `maxrss` of a spawned child also counts the parent's pages it briefly shared before exec.
+pub fn run_measured(cmd: &mut Command, ok_codes: &[i32]) -> Run {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut s).ok();
+        s
+    });
+    let mut peak_kib = 0i64;
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_path)
+            && let Some(kib) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+        {
+            peak_kib = peak_kib.max(kib);
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let wall = start.elapsed();
+    let stdout = reader.join().unwrap_or_default();
+    let code = status.code().unwrap_or(-1);
+    assert!(
+        ok_codes.contains(&code),
+        "{cmd:?} exited {code} (expected one of {ok_codes:?}): {stdout}"
+    );
+    Run {
+        wall,
+        code,
+        max_rss_kib: peak_kib,
+        stdout,
+    }
+}
