@@ -19,6 +19,7 @@ use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::policy::CachePolicy;
 use crate::policy::set::PolicySet;
 use crate::publish::{HashCache, PublishOptions, PublishOutcome, PublishReport};
+use crate::roots::{ProcessEnv, RootOrigin};
 use crate::store::{KeyLayout, Store};
 
 #[derive(Debug, Parser)]
@@ -303,12 +304,15 @@ pub struct SettingsArgs {
     #[arg(long, env = "JITSHIP_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// A cache root as KIND=ROOT (repeatable; env: comma-separated). Overrides the config's root
-    /// for that kind.
+    /// A cache as KIND[:POLICY][=ROOT] (repeatable; env: comma-separated); overrides the config's
+    /// entry for that kind. Without =ROOT the root is the one the engine would use, from this
+    /// process's environment (e.g. inductor: $TORCHINDUCTOR_CACHE_DIR, else
+    /// $TMPDIR/torchinductor_$USER). POLICY: a policy module FILE.wasm, or `native` for jitship's
+    /// generic rules (required for a kind with no built-in policy).
     #[arg(
         long = "cache",
         env = "JITSHIP_CACHES",
-        value_name = "KIND=ROOT",
+        value_name = "KIND[:POLICY][=ROOT]",
         value_delimiter = ','
     )]
     pub caches: Vec<String>,
@@ -321,6 +325,11 @@ pub struct SettingsArgs {
         value_delimiter = ';'
     )]
     pub facts: Vec<String>,
+
+    /// The inference engine's Python interpreter, which python.* and pkg.* facts are gathered
+    /// from (default: [gather] python, then python3 on PATH). The same for every command.
+    #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -420,9 +429,31 @@ pub struct FactsArgs {
     #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
     pub python: Option<PathBuf>,
 
-    /// Print {"facts", "sources", "missing"} as JSON on stdout.
+    /// Caches whose roots to show as publish and install would resolve them, as
+    /// KIND[:POLICY][=ROOT] (repeatable; env: comma-separated); the config's [[cache]] too.
+    #[arg(
+        long = "cache",
+        env = "JITSHIP_CACHES",
+        value_name = "KIND[:POLICY][=ROOT]",
+        value_delimiter = ','
+    )]
+    pub caches: Vec<String>,
+
+    /// Print {"facts", "sources", "missing", "roots"} as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// One row of the roots `jitship facts` shows.
+#[derive(Debug, serde::Serialize)]
+struct ResolvedRoot {
+    kind: String,
+    /// Empty when it cannot be resolved (`error` says why).
+    root: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    origin: Option<RootOrigin>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
 /// Entry point of the binary: returns the process exit code.
@@ -484,12 +515,9 @@ impl SettingsArgs {
         if let Some(ns) = &self.namespace {
             config.store.namespace = ns.clone();
         }
-        for arg in &self.caches {
-            let cache = config::parse_cache_arg(arg)?;
-            match config.caches.iter_mut().find(|c| c.kind == cache.kind) {
-                Some(existing) => existing.root = cache.root,
-                None => config.caches.push(cache),
-            }
+        config::apply_cache_args(&mut config, &self.caches)?;
+        if let Some(python) = &self.python {
+            config.gather.python = Some(python.clone());
         }
         for arg in &self.facts {
             let (k, v) = config::parse_fact_arg(arg)?;
@@ -507,6 +535,8 @@ struct Session {
     layout: KeyLayout,
     facts: Facts,
     policies: PolicySet,
+    /// Where each of `config.caches`' roots came from (same order); empty until `open` resolves.
+    root_origins: Vec<RootOrigin>,
 }
 
 impl Session {
@@ -514,9 +544,14 @@ impl Session {
         let mut session = Self::open_store(settings)?;
         if session.config.caches.is_empty() {
             bail!(
-                "no cache roots configured: pass --cache KIND=ROOT (e.g. --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
+                "no cache roots configured: pass --cache KIND[=ROOT] (e.g. --cache triton, or --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
+        session.root_origins = crate::roots::resolve_cache_roots(
+            &mut session.config.caches,
+            &session.policies,
+            &ProcessEnv::from_process(),
+        )?;
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
         // [facts] and the --fact flags (already merged into it) on top.
         let gathered = crate::facts::gather(&FactsConfig::from_process(
@@ -547,7 +582,18 @@ impl Session {
             layout,
             facts,
             policies,
+            root_origins: Vec::new(),
         })
+    }
+
+    /// Where `cache`'s root came from, as `open` resolved it.
+    fn root_origin(&self, cache: &CacheConfig) -> String {
+        self.config
+            .caches
+            .iter()
+            .position(|c| c.kind == cache.kind)
+            .and_then(|i| self.root_origins.get(i))
+            .map_or_else(String::new, ToString::to_string)
     }
 
     fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
@@ -561,10 +607,13 @@ impl Session {
             return self.policies.policy(kind);
         }
         let mut config = self.config.clone();
+        // A kind jitship has no built-in policy for was published under the native rules (or a
+        // module this host does not have): their retention is the generic default.
+        let builtin = crate::policy::builtin::kinds().any(|k| k == kind);
         config.caches = vec![CacheConfig {
             kind: kind.to_owned(),
             root: PathBuf::new(),
-            policy: None,
+            policy: (!builtin).then(|| config::NATIVE_POLICY.into()),
         }];
         match PolicySet::from_config(&config) {
             Ok(set) => set.policy(kind),
@@ -629,6 +678,11 @@ fn run_publish(args: PublishArgs) -> Result<i32> {
             Ok(report) => {
                 if !args.json {
                     print_publish(&report);
+                    println!(
+                        "  root {} ({})",
+                        cache.root.display(),
+                        session.root_origin(cache)
+                    );
                 }
                 reports.push(report);
             }
@@ -721,6 +775,7 @@ fn run_watch(args: WatchArgs) -> Result<i32> {
         .config
         .caches
         .iter()
+        .inspect(|c| tracing::info!(cache = %c.kind, root = %c.root.display(), origin = %session.root_origin(c), "watching"))
         .map(|c| WatchedRoot {
             kind: c.kind.clone(),
             root: c.root.clone(),
@@ -803,6 +858,14 @@ fn run_install(args: InstallArgs) -> Result<i32> {
             &opts,
         );
         bar.finish_and_clear();
+        if !args.json {
+            print_install(&report);
+            println!(
+                "  root {} ({})",
+                cache.root.display(),
+                session.root_origin(cache)
+            );
+        }
         reports.push(report);
     }
     if let Some(path) = &args.report {
@@ -812,8 +875,6 @@ fn run_install(args: InstallArgs) -> Result<i32> {
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
-    } else {
-        reports.iter().for_each(print_install);
     }
     let worst = reports
         .iter()
@@ -864,12 +925,67 @@ fn run_facts(args: FactsArgs) -> Result<i32> {
         flag_facts.insert(k, v);
     }
     let gathered = crate::facts::gather(&FactsConfig::from_process(&config, &flag_facts));
+    config::apply_cache_args(&mut config, &args.caches)?;
+    config.validate()?;
+    let roots = resolved_roots(&config)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&gathered)?);
+        #[derive(serde::Serialize)]
+        struct Output<'a> {
+            #[serde(flatten)]
+            gathered: &'a crate::facts::Gathered,
+            roots: &'a [ResolvedRoot],
+        }
+        let out = Output {
+            gathered: &gathered,
+            roots: &roots,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", gathered.render_table());
+        if !roots.is_empty() {
+            println!("\ncache roots (as publish, install and watch resolve them):");
+            for r in &roots {
+                match (&r.origin, &r.error) {
+                    (Some(origin), _) => {
+                        println!("{}  {}  {origin}", r.kind, r.root.display())
+                    }
+                    (None, error) => println!("{}  -  {}", r.kind, error.as_deref().unwrap_or("")),
+                }
+            }
+        }
     }
     Ok(0)
+}
+
+/// The root of each configured cache, resolved as `Session::open` does, one at a time so that one
+/// unresolvable root is shown beside the others.
+fn resolved_roots(config: &Config) -> Result<Vec<ResolvedRoot>> {
+    if config.caches.is_empty() {
+        return Ok(Vec::new());
+    }
+    let policies = PolicySet::from_config(config)?;
+    let env = ProcessEnv::from_process();
+    Ok(config
+        .caches
+        .iter()
+        .map(|cache| {
+            let mut one = [cache.clone()];
+            match crate::roots::resolve_cache_roots(&mut one, &policies, &env) {
+                Ok(origins) => ResolvedRoot {
+                    kind: cache.kind.clone(),
+                    root: one[0].root.clone(),
+                    origin: origins.into_iter().next(),
+                    error: None,
+                },
+                Err(e) => ResolvedRoot {
+                    kind: cache.kind.clone(),
+                    root: PathBuf::new(),
+                    origin: None,
+                    error: Some(e.to_string()),
+                },
+            }
+        })
+        .collect())
 }
 
 // ---------------------------------------------------------------------------------------------
