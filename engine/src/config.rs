@@ -386,13 +386,45 @@ impl Default for LocalStoreConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheConfig {
-    /// Cache kind ("triton", "inductor", ...): selects the built-in policy of that name.
+    /// Cache kind ("triton", "inductor", ...): selects the built-in policy of that name. A kind
+    /// with no built-in policy is refused unless `policy` names a module or `"native"`.
     pub kind: String,
+    /// The cache directory. Empty (omitted): resolved as the engine resolves it, from the
+    /// policy's `root_env` and `default_root` in jitship's own environment (`crate::roots`).
+    #[serde(default, skip_serializing_if = "path_is_empty")]
     pub root: PathBuf,
     /// A policy component (`.wasm`, built with `jitship policy build`) to use instead of the
-    /// built-in one for this kind.
+    /// built-in one for this kind, or [`NATIVE_POLICY`] for jitship's generic native rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PathBuf>,
+}
+
+/// `policy = "native"`: the operator's explicit choice of jitship's generic rules (skip temp,
+/// lock and per-host files; key on every fact but the per-host ones) for a kind with no policy
+/// module. A module file literally named `native` is given as `./native`.
+pub const NATIVE_POLICY: &str = "native";
+
+fn path_is_empty(p: &Path) -> bool {
+    p.as_os_str().is_empty()
+}
+
+impl CacheConfig {
+    /// Whether the operator chose the native generic rules for this cache.
+    pub fn uses_native_policy(&self) -> bool {
+        self.policy.as_deref() == Some(Path::new(NATIVE_POLICY))
+    }
+
+    /// The policy module file to load instead of the built-in one, if one is configured.
+    pub fn policy_file(&self) -> Option<&Path> {
+        self.policy
+            .as_deref()
+            .filter(|p| *p != Path::new(NATIVE_POLICY))
+    }
+
+    /// Whether the root is left to be resolved from the environment (`crate::roots`).
+    pub fn root_is_default(&self) -> bool {
+        path_is_empty(&self.root)
+    }
 }
 
 /// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
@@ -685,6 +717,9 @@ impl Config {
         let mut kinds = std::collections::HashSet::new();
         for c in &self.caches {
             parse_kind(&c.kind)?;
+            if c.policy.is_none() && !crate::policy::builtin::kinds().any(|k| k == c.kind) {
+                return Err(unknown_kind(&c.kind));
+            }
             if !kinds.insert(&c.kind) {
                 return Err(ConfigError::Invalid {
                     what: "cache kind",
@@ -712,26 +747,93 @@ fn parse_kind(kind: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `KIND=ROOT`, as given to `--cache`.
+/// The refusal of a kind jitship ships no policy for: without one, the cache would silently key
+/// and select by generic rules nobody chose. Names the built-in kinds and the nearest one.
+fn unknown_kind(kind: &str) -> ConfigError {
+    let builtins: Vec<&str> = crate::policy::builtin::kinds().collect();
+    let nearest = nearest_kind(kind, &builtins)
+        .map(|k| format!("did you mean {k:?}? "))
+        .unwrap_or_default();
+    ConfigError::Invalid {
+        what: "cache kind",
+        value: kind.into(),
+        hint: format!(
+            "jitship has no built-in policy for it. {nearest}The built-in kinds are: {}. \
+             For a cache of your own, give a policy module (`policy = \"x.wasm\"` in its [[cache]], \
+             or --cache {kind}:x.wasm=ROOT), or choose jitship's generic native rules explicitly \
+             (`policy = \"native\"`, or --cache {kind}:native=ROOT)",
+            builtins.join(", ")
+        ),
+    }
+}
+
+/// The built-in kind closest to `kind`: one that contains it or is contained in it (`vllm` ->
+/// `vllm-compile`), else the smallest edit distance within a third of the name's length.
+fn nearest_kind<'a>(kind: &str, builtins: &[&'a str]) -> Option<&'a str> {
+    let distance = |b: &str| strsim::damerau_levenshtein(kind, b);
+    let related = |b: &str| b.contains(kind) || kind.contains(b);
+    builtins
+        .iter()
+        .copied()
+        .filter(|b| related(b) || distance(b) <= (kind.len() / 3).max(2))
+        .min_by_key(|&b| (!related(b), distance(b)))
+}
+
+/// `KIND[:POLICY][=ROOT]`, as given to `--cache`: POLICY is `native` or a policy module file (as
+/// `policy` in a `[[cache]]`); without `=ROOT` the root is resolved from the environment the way
+/// the engine resolves it (`crate::roots`).
 pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
-    let (kind, root) = s.split_once('=').ok_or_else(|| ConfigError::Invalid {
+    let invalid = |hint: &str| ConfigError::Invalid {
         what: "--cache",
         value: s.into(),
-        hint: "expected KIND=ROOT, e.g. triton=/root/.triton/cache".into(),
+        hint: hint.into(),
+    };
+    let (spec, root) = match s.split_once('=') {
+        Some((_, "")) => {
+            return Err(invalid(
+                "the root is empty; give KIND=ROOT, or just KIND to use the root the engine would use",
+            ));
+        }
+        Some((spec, root)) => (spec, PathBuf::from(root)),
+        None => (s, PathBuf::new()),
+    };
+    let (kind, policy) = match spec.split_once(':') {
+        Some((_, "")) => {
+            return Err(invalid(
+                "the policy after ':' is empty; expected KIND:native or KIND:FILE.wasm",
+            ));
+        }
+        Some((kind, policy)) => (kind, Some(PathBuf::from(policy))),
+        None => (spec, None),
+    };
+    parse_kind(kind).map_err(|_| {
+        invalid("expected KIND[:POLICY][=ROOT], e.g. triton=/root/.triton/cache, inductor, or mykind:native=/data/cache (KIND: lowercase letters, digits, - and _)")
     })?;
-    parse_kind(kind)?;
-    if root.is_empty() {
-        return Err(ConfigError::Invalid {
-            what: "--cache",
-            value: s.into(),
-            hint: "the root is empty".into(),
-        });
-    }
     Ok(CacheConfig {
         kind: kind.into(),
-        root: PathBuf::from(root),
-        policy: None,
+        root,
+        policy,
     })
+}
+
+/// Applies `--cache` arguments on top of the config's `[[cache]]` entries: a kind already there
+/// takes the flag's root and policy (each only if the flag gives one), a new kind is added.
+pub fn apply_cache_args(config: &mut Config, args: &[String]) -> Result<(), ConfigError> {
+    for arg in args {
+        let cache = parse_cache_arg(arg)?;
+        match config.caches.iter_mut().find(|c| c.kind == cache.kind) {
+            Some(existing) => {
+                if !cache.root_is_default() {
+                    existing.root = cache.root;
+                }
+                if cache.policy.is_some() {
+                    existing.policy = cache.policy;
+                }
+            }
+            None => config.caches.push(cache),
+        }
+    }
+    Ok(())
 }
 
 /// `K=V`, as given to `--fact`.
@@ -867,8 +969,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("settel"), "{err}");
-        assert!(parse_cache_arg("triton").is_err());
         assert!(parse_cache_arg("Tri ton=/x").is_err());
+        assert!(parse_cache_arg("triton=").is_err());
+        assert!(parse_cache_arg("triton:=/x").is_err());
         assert!(parse_fact_arg("=x").is_err());
         let err = Config::parse("[gather]\ntimeout = '0s'\n", Path::new("x.toml"))
             .unwrap_err()
@@ -886,6 +989,60 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("fule"), "{err}");
+    }
+
+    #[test]
+    fn cache_arg_takes_a_kind_an_optional_policy_and_an_optional_root() {
+        let c = parse_cache_arg("triton=/c/triton").unwrap();
+        assert_eq!(
+            (c.kind.as_str(), c.root.as_path(), c.policy),
+            ("triton", Path::new("/c/triton"), None)
+        );
+        let c = parse_cache_arg("inductor").unwrap();
+        assert!(c.root_is_default() && c.policy.is_none());
+        let c = parse_cache_arg("kernels:native=/data/k").unwrap();
+        assert!(c.uses_native_policy() && c.policy_file().is_none());
+        assert_eq!(c.root, Path::new("/data/k"));
+        let c = parse_cache_arg("mine:/p/mine.wasm").unwrap();
+        assert_eq!(c.policy_file(), Some(Path::new("/p/mine.wasm")));
+        assert!(c.root_is_default() && !c.uses_native_policy());
+    }
+
+    /// An unknown kind is refused with the built-in kinds and the nearest one, unless the operator
+    /// chose a policy module or the native rules; a missing root is left for `roots` to resolve.
+    #[test]
+    fn unknown_kinds_are_refused_with_the_builtins_and_the_nearest_name() {
+        let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+        for (kind, nearest) in [
+            ("vllm", "vllm-compile"),
+            ("flashinfer", "flashinfer-jit"),
+            ("inducter", "inductor"),
+            ("deep_gemm", "deepgemm"),
+        ] {
+            let err = parse(&format!("[[cache]]\nkind = '{kind}'\nroot = '/c'\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("did you mean {nearest:?}")), "{err}");
+            for b in crate::policy::builtin::kinds() {
+                assert!(err.contains(b), "{b} is not listed: {err}");
+            }
+            assert!(
+                err.contains("policy = \"native\"") && err.contains(&format!("{kind}:native=ROOT")),
+                "{err}"
+            );
+        }
+        let err = parse("[[cache]]\nkind = 'zzzzzzzzzz'\nroot = '/c'\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("did you mean"), "{err}");
+        let native = parse("[[cache]]\nkind = 'vllm'\nroot = '/c'\npolicy = 'native'\n").unwrap();
+        assert!(native.caches[0].uses_native_policy());
+        let module =
+            parse("[[cache]]\nkind = 'vllm'\nroot = '/c'\npolicy = '/p/v.wasm'\n").unwrap();
+        assert_eq!(module.caches[0].policy_file(), Some(Path::new("/p/v.wasm")));
+        let default_root = parse("[[cache]]\nkind = 'inductor'\n").unwrap();
+        assert!(default_root.caches[0].root_is_default());
+        assert!(!toml::to_string(&default_root).unwrap().contains("root"));
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod install;
 pub mod policy;
 pub mod publish;
+pub mod roots;
 pub mod scan;
 pub mod store;
 pub mod trust;

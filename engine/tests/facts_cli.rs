@@ -96,3 +96,150 @@ fn facts_command_prints_gathered_and_overridden_facts() {
         "{table}"
     );
 }
+
+/// Runs the binary with exactly `env` (plus an empty PATH unless given); returns (code, stdout, stderr).
+fn jitship(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship"));
+    cmd.args(args).env_clear().env("PATH", "/nonexistent");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// `JITSHIP_PYTHON` is one interpreter for every command: `facts` and `publish` gather the same
+/// python.* and pkg.* facts from a venv it names, and without it publish gathers none (no python3
+/// on PATH).
+#[test]
+fn jitship_python_gives_publish_and_facts_the_same_python_facts() {
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join("venv");
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .expect("python3 on the test's PATH");
+    assert!(made.success());
+    let site = std::fs::read_dir(venv.join("lib"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("site-packages");
+    std::fs::create_dir_all(site.join("torch-2.15.0.dist-info")).unwrap();
+    std::fs::write(
+        site.join("torch-2.15.0.dist-info/METADATA"),
+        "Name: torch\nVersion: 2.15.0\n",
+    )
+    .unwrap();
+    let python = venv.join("bin/python3");
+    let python = python.to_str().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("k.bin"), b"kernel").unwrap();
+    let cache = format!("kernels:native={}", root.display());
+
+    let (code, out, err) = jitship(&["facts", "--json"], &[("JITSHIP_PYTHON", python)]);
+    assert_eq!(code, 0, "{err}");
+    let facts: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(facts["facts"]["python.executable"], python, "{out}");
+    assert_eq!(facts["facts"]["pkg.torch"], "2.15.0", "{out}");
+
+    let published = |store: &Path, env: &[(&str, &str)]| {
+        let store = format!("local:{}", store.display());
+        let args = ["publish", "--store", &store, "--cache", &cache, "--json"];
+        let (code, out, err) = jitship(&args, env);
+        assert_eq!(code, 0, "{err}");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let generation = report[0]["generation"].as_str().unwrap().to_string();
+        let (code, out, err) = jitship(&["inspect", "--store", &store, "--json", &generation], &[]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["facts"].clone()
+    };
+    let with = published(&dir.path().join("s1"), &[("JITSHIP_PYTHON", python)]);
+    for name in [
+        "python.executable",
+        "python.version",
+        "python.site_packages",
+        "pkg.torch",
+    ] {
+        assert!(
+            with[name].is_string(),
+            "publish did not gather {name}: {with}"
+        );
+        assert_eq!(
+            with[name], facts["facts"][name],
+            "{name} differs between facts and publish"
+        );
+    }
+    let without = published(&dir.path().join("s2"), &[]);
+    assert!(without["python.executable"].is_null(), "{without}");
+    assert!(without["pkg.torch"].is_null(), "{without}");
+}
+
+/// `jitship facts` shows each cache's root as publish resolves it, and where it came from; an
+/// unknown kind is refused with the built-in kinds and the nearest name.
+#[test]
+fn facts_shows_resolved_roots_and_unknown_kinds_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("jitship.toml");
+    std::fs::write(&config, "[policy]\ncompile_cache = false\n").unwrap();
+    let config = config.to_str().unwrap();
+    let env = [
+        ("TMPDIR", "/scratch"),
+        ("USER", "alice"),
+        ("HOME", "/home/alice"),
+        ("TRITON_HOME", "/opt/th"),
+    ];
+    let args = [
+        "facts", "--json", "--config", config, "--cache", "inductor", "--cache", "triton",
+    ];
+    let (code, out, err) = jitship(&args, &env);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let roots = v["roots"].as_array().unwrap();
+    let row = |kind: &str| roots.iter().find(|r| r["kind"] == kind).unwrap().clone();
+    assert_eq!(
+        row("inductor")["root"],
+        "/scratch/torchinductor_alice",
+        "{out}"
+    );
+    assert_eq!(row("inductor")["origin"]["from"], "default", "{out}");
+    assert_eq!(row("triton")["root"], "/opt/th/.triton/cache", "{out}");
+    assert_eq!(
+        row("triton")["origin"]["entry"],
+        "TRITON_HOME/.triton/cache",
+        "{out}"
+    );
+    let args = ["facts", "--config", config, "--cache", "inductor"];
+    let (code, out, err) = jitship(&args, &[("TORCHINDUCTOR_CACHE_DIR", "/c/ind")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("inductor  /c/ind  $TORCHINDUCTOR_CACHE_DIR")),
+        "{out}"
+    );
+
+    let (code, _, err) = jitship(
+        &[
+            "publish",
+            "--store",
+            "local:/nonexistent",
+            "--cache",
+            "vllm=/x",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("did you mean \"vllm-compile\"") && err.contains("flashinfer-jit"),
+        "{err}"
+    );
+    assert!(err.contains("vllm:native=ROOT"), "{err}");
+}

@@ -437,7 +437,7 @@ fn vllm_model_tmp_files_are_never_published() {
     let hash_dir = root
         .join("torch_compile_cache/torch_aot_compile")
         .join("ab".repeat(32));
-    let w = Watcher::start(&store, &[("vllm", &root)], SETTLE, &[]);
+    let w = Watcher::start(&store, &[("vllm:native", &root)], SETTLE, &[]);
     let mut finals = std::collections::BTreeMap::new();
     for rank in 0..2u64 {
         let rdir = hash_dir.join(format!("rank_{rank}_0"));
@@ -504,7 +504,7 @@ fn flashinfer_in_place_writes_are_published_only_when_quiet() {
     // A longer window than the other tests: a 1-in-10 scheduling hiccup of the writer must not
     // look like quiet.
     let settle = Duration::from_millis(1000);
-    let w = Watcher::start(&store, &[("flashinfer", &root)], settle, &[]);
+    let w = Watcher::start(&store, &[("flashinfer:native", &root)], settle, &[]);
     let uri = "batch_prefill_with_kv_cache_dtype_q_bf16_head_dim_qk_128_sm90";
     let ops = root.join("cached_ops");
     let module = ops.join(uri);

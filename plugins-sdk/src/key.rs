@@ -28,9 +28,11 @@ pub struct KeyBuilder {
 /// Longest factor value a key takes.
 pub const MAX_FACTOR_BYTES: usize = 256;
 
-/// Facts that describe one machine, never a class of machines: keying on them would give every
-/// pod its own key.
-const NEVER_KEY_ON: &[&str] = &["host.name"];
+/// Facts that describe one host or one installation, never a class of workers: keying on them
+/// would give every pod (or every image layout) its own key and nothing would be shared.
+/// [`KeyBuilder`] refuses them as factors, and jitship's native policy (the generic rules for a
+/// kind without a policy module) leaves them out of its key: both read this one list.
+pub const PER_HOST_FACTS: &[&str] = &["host.name", "python.executable"];
 
 impl KeyBuilder {
     /// `schema` is the policy's key schema version: bump it whenever the factor set changes.
@@ -67,7 +69,7 @@ impl KeyBuilder {
             self.error.get_or_insert(PolicyError::Internal(format!(
                 "invalid factor name {name:?}"
             )));
-        } else if NEVER_KEY_ON.contains(&name) {
+        } else if PER_HOST_FACTS.contains(&name) {
             self.error.get_or_insert(PolicyError::Internal(format!(
                 "{name} must never be part of a key"
             )));
@@ -159,13 +161,13 @@ mod tests {
     }
 
     #[test]
-    fn refuses_host_name_bad_names_and_conflicts() {
-        assert!(
-            KeyBuilder::new("k", 1)
-                .factor("host.name", "pod-1")
-                .build()
-                .is_err()
-        );
+    fn refuses_per_host_facts_bad_names_and_conflicts() {
+        for name in PER_HOST_FACTS {
+            assert!(
+                KeyBuilder::new("k", 1).factor(name, "x").build().is_err(),
+                "{name} was accepted as a factor"
+            );
+        }
         assert!(KeyBuilder::new("k", 1).factor("A B", "1").build().is_err());
         assert!(
             KeyBuilder::new("k", 1)

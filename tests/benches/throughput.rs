@@ -140,7 +140,7 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
                 "gpu.name=bench",
                 "--cache",
             ])
-            .arg(format!("bench={}", src.display()))
+            .arg(format!("bench:native={}", src.display()))
             .arg("--store")
             .arg(format!("local:{}", store.display())));
         publish_json = r.stdout.clone();
@@ -154,7 +154,7 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
         let _ = std::fs::remove_dir_all(&dst);
         run(Command::new(bin)
             .args(["install", "--fact", "gpu.name=bench", "--cache"])
-            .arg(format!("bench={}", dst.display()))
+            .arg(format!("bench:native={}", dst.display()))
             .arg("--store")
             .arg(format!("local:{}", t.path().join("store").display())))
     });

@@ -58,7 +58,7 @@ fn run_for(b: &Backend) {
         let child = Command::new(exe)
             .arg("publish")
             .args(&cli)
-            .args(["--cache", &format!("kernels={}", root.display())])
+            .args(["--cache", &format!("kernels:native={}", root.display())])
             .args([
                 "--fact",
                 "test.tag=concurrent",
@@ -147,7 +147,7 @@ fn run_for(b: &Backend) {
     let out = Command::new(exe)
         .arg("install")
         .args(&cli)
-        .args(["--cache", &format!("kernels={}", dst.display())])
+        .args(["--cache", &format!("kernels:native={}", dst.display())])
         .args(["--fact", "test.tag=concurrent", "--json"])
         .env("RUST_LOG", "warn")
         .output()

@@ -60,7 +60,7 @@ fn run_for(b: &Backend) {
     };
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
-    let cache = format!("kernels={}", root.display());
+    let cache = format!("kernels:native={}", root.display());
     let publish = [
         "publish",
         "--cache",

@@ -341,12 +341,15 @@ pub struct SettingsArgs {
     #[arg(long, env = "JITSHIP_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// A cache root as KIND=ROOT (repeatable; env: comma-separated). Overrides the config's root
-    /// for that kind.
+    /// A cache as KIND[:POLICY][=ROOT] (repeatable; env: comma-separated); overrides the config's
+    /// entry for that kind. Without =ROOT the root is the one the engine would use, from this
+    /// process's environment (e.g. inductor: $TORCHINDUCTOR_CACHE_DIR, else
+    /// $TMPDIR/torchinductor_$USER). POLICY: a policy module FILE.wasm, or `native` for jitship's
+    /// generic rules (required for a kind with no built-in policy).
     #[arg(
         long = "cache",
         env = "JITSHIP_CACHES",
-        value_name = "KIND=ROOT",
+        value_name = "KIND[:POLICY][=ROOT]",
         value_delimiter = ','
     )]
     pub caches: Vec<String>,
@@ -359,6 +362,11 @@ pub struct SettingsArgs {
         value_delimiter = ';'
     )]
     pub facts: Vec<String>,
+
+    /// The inference engine's Python interpreter, which python.* and pkg.* facts are gathered
+    /// from (default: [gather] python, then python3 on PATH). The same for every command.
+    #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
 
     /// Private key that signs the heads this host publishes (overrides trust.signing_key_file).
     #[arg(long, env = "JITSHIP_SIGNING_KEY_FILE", value_name = "FILE")]
@@ -481,7 +489,17 @@ pub struct FactsArgs {
     #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
     pub python: Option<PathBuf>,
 
-    /// Print {"facts", "sources", "missing"} as JSON on stdout.
+    /// Caches whose roots to show as publish and install would resolve them, as
+    /// KIND[:POLICY][=ROOT] (repeatable; env: comma-separated); the config's [[cache]] too.
+    #[arg(
+        long = "cache",
+        env = "JITSHIP_CACHES",
+        value_name = "KIND[:POLICY][=ROOT]",
+        value_delimiter = ','
+    )]
+    pub caches: Vec<String>,
+
+    /// Print {"facts", "sources", "missing", "roots"} as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -499,12 +517,9 @@ impl SettingsArgs {
         if let Some(ns) = &self.namespace {
             config.store.namespace = ns.clone();
         }
-        for arg in &self.caches {
-            let cache = config::parse_cache_arg(arg)?;
-            match config.caches.iter_mut().find(|c| c.kind == cache.kind) {
-                Some(existing) => existing.root = cache.root,
-                None => config.caches.push(cache),
-            }
+        config::apply_cache_args(&mut config, &self.caches)?;
+        if let Some(python) = &self.python {
+            config.gather.python = Some(python.clone());
         }
         for arg in &self.facts {
             let (k, v) = config::parse_fact_arg(arg)?;

@@ -12,6 +12,7 @@ use crate::generation::Producer;
 use crate::policy::CachePolicy;
 use crate::policy::set::PolicySet;
 use crate::publish::PublishOptions;
+use crate::roots::{ProcessEnv, RootOrigin};
 use crate::store::{KeyLayout, Store};
 use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 
@@ -23,6 +24,8 @@ pub(crate) struct Session {
     pub(crate) facts: Facts,
     pub(crate) policies: PolicySet,
     pub(crate) trust: Arc<TrustPolicy>,
+    /// Where each of `config.caches`' roots came from (same order); empty until `open` resolves.
+    pub(crate) root_origins: Vec<RootOrigin>,
 }
 
 impl Session {
@@ -30,7 +33,7 @@ impl Session {
         let config = settings.resolve()?;
         if config.caches.is_empty() {
             bail!(
-                "no cache roots configured: pass --cache KIND=ROOT (e.g. --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
+                "no cache roots configured: pass --cache KIND[=ROOT] (e.g. --cache triton, or --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
@@ -43,6 +46,11 @@ impl Session {
             (gathering.join(), session)
         });
         let mut session = session?;
+        session.root_origins = crate::roots::resolve_cache_roots(
+            &mut session.config.caches,
+            &session.policies,
+            &ProcessEnv::from_process(),
+        )?;
         let gathered = gathered.map_err(|_| anyhow::anyhow!("gathering facts panicked"))?;
         for (name, why) in &gathered.missing {
             tracing::debug!(fact = %name, "fact missing: {why}");
@@ -73,7 +81,18 @@ impl Session {
             facts,
             policies,
             trust,
+            root_origins: Vec::new(),
         })
+    }
+
+    /// Where `cache`'s root came from, as `open` resolved it.
+    pub(crate) fn root_origin(&self, cache: &CacheConfig) -> String {
+        self.config
+            .caches
+            .iter()
+            .position(|c| c.kind == cache.kind)
+            .and_then(|i| self.root_origins.get(i))
+            .map_or_else(String::new, ToString::to_string)
     }
 
     pub(crate) fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
@@ -87,10 +106,13 @@ impl Session {
             return self.policies.policy(kind);
         }
         let mut config = self.config.clone();
+        // A kind jitship has no built-in policy for was published under the native rules (or a
+        // module this host does not have): their retention is the generic default.
+        let builtin = crate::policy::builtin::kinds().any(|k| k == kind);
         config.caches = vec![CacheConfig {
             kind: kind.to_owned(),
             root: PathBuf::new(),
-            policy: None,
+            policy: (!builtin).then(|| crate::config::NATIVE_POLICY.into()),
         }];
         match PolicySet::from_config(&config) {
             Ok(set) => set.policy(kind),

@@ -273,10 +273,7 @@ pub fn gather(cfg: &FactsConfig) -> Gathered {
         Ok(_) => g.lack("host.name", "gethostname(2) returned an empty name"),
         Err(raw) => g.lack("host.name", format!("the host name {raw:?} is not UTF-8")),
     }
-    for layer in &cfg.overrides {
-        g.apply_overrides(layer);
-    }
-    g.derive();
+    g.apply_overrides_and_derive(&cfg.overrides);
     g
 }
 
@@ -324,6 +321,16 @@ impl Gathered {
                 self.found(name, value.clone(), Source::Override, layer.origin.clone());
             }
         }
+    }
+
+    /// What `gather` does after probing: every override layer in order (later layers win), then
+    /// the derived facts. Public so that facts gathered elsewhere (another container's, in the
+    /// Kubernetes example test) get exactly the same treatment.
+    pub fn apply_overrides_and_derive(&mut self, layers: &[OverrideLayer]) {
+        for layer in layers {
+            self.apply_overrides(layer);
+        }
+        self.derive();
     }
 
     /// `gpu.arch` from `gpu.cc` and `driver.major` from `driver.version`, unless overridden.

@@ -508,6 +508,7 @@ mod props {
                 generation: sample().id(),
                 written_at: 5,
                 writer: "h:1:abc".into(),
+                signature: None,
             };
             for candidate in [bytes, apply(valid.encode(), &ms)] {
                 if let Ok(h) = crate::generation::HeadRecord::decode(&candidate) {

@@ -1,6 +1,10 @@
-//! Generic selection rules compiled into jitship: the fallback for a cache kind with no policy
-//! module. They know no kind's completion signal, only what no kind ever wants published
-//! (research/jit-caches.md §5): in-flight temp files and directories, locks, per-host files.
+//! Generic selection rules compiled into jitship, for a cache kind with no policy module that the
+//! operator explicitly put under them (`policy = "native"`, `--cache KIND:native=ROOT`; an unknown
+//! kind is otherwise refused, see `config`). They know no kind's completion signal, only what no
+//! kind ever wants published (research/jit-caches.md §5): in-flight temp files and directories,
+//! locks, per-host files. The key is every fact except the per-host ones
+//! (`jitship_policy_sdk::PER_HOST_FACTS`, the list the SDK's `KeyBuilder` refuses too), so that
+//! workers that differ only by host name share a key.
 
 use std::path::Path;
 
@@ -23,8 +27,9 @@ impl NativeRules {
                 cache_kind: cache_kind.into(),
                 default_root: String::new(),
                 root_env: vec![],
-                description: "generic rules: skip temp, lock and per-host files; key on every fact"
-                    .into(),
+                description:
+                    "generic rules: skip temp, lock and per-host files; key on every fact but the per-host ones"
+                        .into(),
             },
         }
     }
@@ -67,6 +72,7 @@ impl CachePolicy for NativeRules {
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         Ok(facts
             .iter()
+            .filter(|(k, _)| !jitship_policy_sdk::PER_HOST_FACTS.contains(k))
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(";"))
@@ -110,6 +116,35 @@ impl CachePolicy for NativeRules {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two workers that differ only in per-host facts share a key; any other fact splits it.
+    #[test]
+    fn key_ignores_per_host_facts_and_follows_every_other_fact() {
+        let worker = |host: &str, python: &str, gpu: &str| {
+            let mut f = Facts::new();
+            f.set("host.name", host);
+            f.set("python.executable", python);
+            f.set("gpu.name", gpu);
+            f.set("pkg.torch", "2.15.0");
+            f
+        };
+        let rules = NativeRules::new("kernels");
+        let a = rules
+            .compat_key(&worker("pod-a", "/venv-a/bin/python3", "H100"))
+            .unwrap();
+        let b = rules
+            .compat_key(&worker("pod-b", "/venv-b/bin/python3", "H100"))
+            .unwrap();
+        assert_eq!(a, b);
+        for name in jitship_policy_sdk::PER_HOST_FACTS {
+            assert!(!a.contains(name), "{name} is in the native key {a}");
+        }
+        assert!(a.contains("pkg.torch=2.15.0"), "{a}");
+        let c = rules
+            .compat_key(&worker("pod-a", "/venv-a/bin/python3", "A100"))
+            .unwrap();
+        assert_ne!(a, c);
+    }
 
     #[test]
     fn skips_what_no_cache_kind_wants() {

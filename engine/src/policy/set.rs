@@ -27,7 +27,7 @@ pub enum PolicySource {
     File(PathBuf),
     /// Embedded in jitship (`policy::builtin`).
     Builtin,
-    /// No policy module for this kind: jitship's generic native rules.
+    /// `policy = "native"`: jitship's generic native rules, chosen by the operator.
     Native,
 }
 
@@ -132,22 +132,37 @@ pub struct PolicySet {
 }
 
 impl PolicySet {
-    /// Loads the policy of each configured cache: its `policy` file if set, else the built-in one for
-    /// its kind, else the native generic rules. A policy that fails to load, or whose `info()` names
-    /// another cache kind, disables that kind (reported by `status`), never the others.
+    /// Loads the policy of each configured cache: its `policy` file if set, the native generic
+    /// rules if it says `policy = "native"`, else the built-in one for its kind. A policy that fails
+    /// to load, whose `info()` names another cache kind, or a kind with none of these (refused by
+    /// `Config::validate` already) disables that kind (reported by `status`), never the others.
     pub fn load(engine: &Arc<PolicyEngine>, caches: &[CacheConfig]) -> Self {
         let mut slots = BTreeMap::new();
         for cache in caches {
-            let (source, loaded) = match (&cache.policy, builtin::lookup(&cache.kind)) {
+            let builtin = builtin::lookup(&cache.kind);
+            let (source, loaded) = match (cache.policy_file(), builtin) {
                 (Some(path), _) => (
-                    PolicySource::File(path.clone()),
+                    PolicySource::File(path.to_path_buf()),
                     Some(engine.load_file(path)),
                 ),
+                _ if cache.uses_native_policy() => (PolicySource::Native, None),
                 (None, Some(bytes)) => (
                     PolicySource::Builtin,
                     Some(engine.load(bytes, &format!("builtin:{}", cache.kind))),
                 ),
-                (None, None) => (PolicySource::Native, None),
+                (None, None) => {
+                    let reason = format!(
+                        "jitship has no built-in policy for cache kind {:?}; give it `policy = \"x.wasm\"` or `policy = \"native\"`",
+                        cache.kind
+                    );
+                    tracing::error!(kind = %cache.kind, "{reason}");
+                    let slot = Slot::Failed {
+                        source: PolicySource::Builtin,
+                        reason,
+                    };
+                    slots.insert(cache.kind.clone(), slot);
+                    continue;
+                }
             };
             let slot = match loaded {
                 None => Slot::Ready {
@@ -186,11 +201,11 @@ impl PolicySet {
     /// The policies of `config`'s caches. The wasm engine (and its compile cache directory) is only
     /// created if some cache actually uses a policy module.
     pub fn from_config(config: &Config) -> Result<Self, PolicyError> {
-        let needs_wasm = config
-            .caches
-            .iter()
-            .any(|c| c.policy.is_some() || builtin::lookup(&c.kind).is_some());
-        if !needs_wasm {
+        let needs_wasm = config.caches.iter().any(|c| {
+            c.policy_file().is_some()
+                || (!c.uses_native_policy() && builtin::lookup(&c.kind).is_some())
+        });
+        if !needs_wasm && config.caches.iter().all(CacheConfig::uses_native_policy) {
             let native = config.caches.iter().map(|c| {
                 let p: Box<dyn CachePolicy> = Box::new(NativeRules::new(&c.kind));
                 (c.kind.clone(), p)

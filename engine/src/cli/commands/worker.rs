@@ -10,7 +10,9 @@ use crate::cli::session::Session;
 use crate::config::{self, Config};
 use crate::facts::FactsConfig;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
+use crate::policy::set::PolicySet;
 use crate::publish::{HashCache, PublishReport};
+use crate::roots::{ProcessEnv, RootOrigin};
 
 pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
     let session = Session::open(&args.settings)?;
@@ -44,6 +46,11 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
             Ok(report) => {
                 if !args.json {
                     print_publish(&report);
+                    println!(
+                        "  root {} ({})",
+                        cache.root.display(),
+                        session.root_origin(cache)
+                    );
                 }
                 reports.push(report);
             }
@@ -104,6 +111,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
         .config
         .caches
         .iter()
+        .inspect(|c| tracing::info!(cache = %c.kind, root = %c.root.display(), origin = %session.root_origin(c), "watching"))
         .map(|c| WatchedRoot {
             kind: c.kind.clone(),
             root: c.root.clone(),
@@ -188,6 +196,14 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
             &opts,
         );
         bar.finish_and_clear();
+        if !args.json {
+            print_install(&report);
+            println!(
+                "  root {} ({})",
+                cache.root.display(),
+                session.root_origin(cache)
+            );
+        }
         reports.push(report);
     }
     if let Some(path) = &args.report {
@@ -197,8 +213,6 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
-    } else {
-        reports.iter().for_each(print_install);
     }
     let worst = reports
         .iter()
@@ -226,10 +240,77 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
         flag_facts.insert(k, v);
     }
     let gathered = crate::facts::gather(&FactsConfig::from_process(&config, &flag_facts));
+    config::apply_cache_args(&mut config, &args.caches)?;
+    config.validate()?;
+    let roots = resolved_roots(&config)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&gathered)?);
+        #[derive(serde::Serialize)]
+        struct Output<'a> {
+            #[serde(flatten)]
+            gathered: &'a crate::facts::Gathered,
+            roots: &'a [ResolvedRoot],
+        }
+        let out = Output {
+            gathered: &gathered,
+            roots: &roots,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", gathered.render_table());
+        if !roots.is_empty() {
+            println!("\ncache roots (as publish, install and watch resolve them):");
+            for r in &roots {
+                match (&r.origin, &r.error) {
+                    (Some(origin), _) => {
+                        println!("{}  {}  {origin}", r.kind, r.root.display())
+                    }
+                    (None, error) => println!("{}  -  {}", r.kind, error.as_deref().unwrap_or("")),
+                }
+            }
+        }
     }
     Ok(0)
+}
+
+/// One row of the roots `jitship facts` shows.
+#[derive(Debug, serde::Serialize)]
+struct ResolvedRoot {
+    kind: String,
+    /// Empty when it cannot be resolved (`error` says why).
+    root: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    origin: Option<RootOrigin>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// The root of each configured cache, resolved as `Session::open` does, one at a time so that one
+/// unresolvable root is shown beside the others.
+fn resolved_roots(config: &Config) -> Result<Vec<ResolvedRoot>> {
+    if config.caches.is_empty() {
+        return Ok(Vec::new());
+    }
+    let policies = PolicySet::from_config(config)?;
+    let env = ProcessEnv::from_process();
+    Ok(config
+        .caches
+        .iter()
+        .map(|cache| {
+            let mut one = [cache.clone()];
+            match crate::roots::resolve_cache_roots(&mut one, &policies, &env) {
+                Ok(origins) => ResolvedRoot {
+                    kind: cache.kind.clone(),
+                    root: one[0].root.clone(),
+                    origin: origins.into_iter().next(),
+                    error: None,
+                },
+                Err(e) => ResolvedRoot {
+                    kind: cache.kind.clone(),
+                    root: PathBuf::new(),
+                    origin: None,
+                    error: Some(e.to_string()),
+                },
+            }
+        })
+        .collect())
 }
