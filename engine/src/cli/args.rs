@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use super::exit;
 use crate::config::{self, Config};
 
 #[derive(Debug, Parser)]
@@ -24,18 +25,37 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 
-    /// Log format on stderr.
+    /// Log format on stderr (json: one object per line, with the event's fields as fields).
     #[arg(
         long,
         global = true,
         env = "JITSHIP_LOG_FORMAT",
-        default_value = "text"
+        default_value = "text",
+        help_heading = "Logging"
     )]
     pub log_format: LogFormat,
 
-    /// More log detail (-v debug, -vv trace). RUST_LOG, when set, wins.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    /// Colour on stderr: auto = only on a terminal and never when NO_COLOR is set.
+    #[arg(
+        long,
+        global = true,
+        env = "JITSHIP_COLOR",
+        default_value = "auto",
+        help_heading = "Logging"
+    )]
+    pub color: ColorChoice,
+
+    /// More detail: per-reason skip lines and transfer figures in summaries, debug logs (-vv
+    /// trace). RUST_LOG, when set, decides the logs.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = "Logging")]
     pub verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -47,20 +67,20 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Publish each configured cache root as a new generation (only new files are uploaded).
+    #[command(after_help = exit::PUBLISH_HELP)]
     Publish(PublishArgs),
     /// Install the newest matching generation into each configured cache root.
     ///
-    /// Exit codes: 0 installed, 10 already current, 11 miss (nothing published for this
-    /// worker's key, or evicted), 12 failed (the root was left as it was); with several caches the
-    /// most severe outcome wins. --best-effort exits 0 for all four.
+    /// Whatever happens to one cache (store unreachable, policy refused, missing fact) becomes that
+    /// cache's `failed` report; --report FILE is written in every case.
+    #[command(after_help = exit::INSTALL_HELP)]
     Install(InstallArgs),
     /// Watch the cache roots and publish complete new work as it appears (the sidecar).
     ///
     /// A root is published once it has been quiet for the settle window, at most once per minimum
     /// interval, and (with --ready-url) only after the server answered 200 once. On SIGTERM or
-    /// SIGINT every root is published once more within the grace period. Exit codes: 0 stopped
-    /// cleanly (final publish done, or held by the readiness gate), 1 the final publish failed or
-    /// ran out of time, 130 a second signal cut it short.
+    /// SIGINT every root is published once more within the grace period.
+    #[command(after_help = exit::WATCH_HELP)]
     Watch(WatchArgs),
     /// Print the facts compatibility keys are built from, where each came from, and why each
     /// missing one is missing.
@@ -69,24 +89,40 @@ pub enum Command {
     /// package versions from a bare interpreter and site-packages metadata (no import of torch).
     /// Overrides win: the config's [facts], then --fact / JITSHIP_FACTS. A policy that needs a
     /// missing fact refuses to produce a key: give it with --fact NAME=VALUE.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Facts(FactsArgs),
     /// List compat keys and their generations: sizes, file counts, ages, pins.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Ls(LsArgs),
     /// Show one generation: manifest, facts, producer, parent chain.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Inspect(InspectArgs),
     /// Fetch and check every pack and every file hash of a generation (default: every generation
-    /// `ls` shows). Exit codes: 0 all good, 3 a problem was found (named on the output), 1 error.
+    /// `ls` shows).
+    #[command(after_help = exit::VERIFY_HELP)]
     Verify(VerifyArgs),
     /// Pin a generation: retention never drops it (until `unpin`).
+    #[command(after_help = exit::SIMPLE_HELP)]
     Pin(PinArgs),
     /// Remove a pin.
-    Unpin(PinArgs),
+    #[command(after_help = exit::SIMPLE_HELP)]
+    Unpin(UnpinArgs),
     /// Apply retention: remove dropped generations, their heads and the packs nothing retained
     /// references. `--dry-run` shows what it would remove.
+    #[command(after_help = exit::GC_HELP)]
     Gc(GcArgs),
     /// Build, check and dry-run policy modules (for policy authors).
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Print a shell completion script, e.g. `jitship completions bash > /etc/bash_completion.d/jitship`.
+    #[command(after_help = exit::SIMPLE_HELP)]
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]
@@ -94,13 +130,16 @@ pub enum PolicyCommand {
     /// Build a policy crate into a component jitship loads: cargo build for
     /// wasm32-unknown-unknown (profile `policy`: small, reproducible), then componentize in-process.
     /// Needs `rustup target add wasm32-unknown-unknown`; nothing else.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Build(PolicyBuildArgs),
     /// Load a policy module the way jitship would and show what it is: contract version, info(),
     /// imports (capabilities) and exports. Exits 1, with the reason, if jitship would refuse it.
+    #[command(after_help = exit::POLICY_CHECK_HELP)]
     Check(PolicyCheckArgs),
     /// Dry-run a policy: its compatibility key for the given facts (or its refusal), its publish/skip
     /// decisions with reasons for a cache root, and its retention decisions for a list of
     /// generations. Nothing is published. Exits 1 if any call failed or refused.
+    #[command(after_help = exit::POLICY_TEST_HELP)]
     Test(PolicyTestArgs),
 }
 
@@ -197,14 +236,15 @@ pub struct PolicyTestArgs {
     pub json: bool,
 }
 
-/// Settings plus `--json`, for the operator commands.
+/// Where the store is plus `--json`, for the store commands (they key no caches: no --cache,
+/// no --fact).
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
     #[command(flatten)]
-    pub settings: SettingsArgs,
+    pub store: StoreArgs,
 
-    /// Print JSON on stdout (for scripts) instead of tables.
-    #[arg(long)]
+    /// Print the JSON envelope on stdout (for scripts) instead of tables.
+    #[arg(long, help_heading = "Output")]
     pub json: bool,
 }
 
@@ -244,9 +284,18 @@ pub struct PinArgs {
     /// Generation id or unique prefix.
     pub generation: String,
 
-    /// Why (recorded in the pin; `pin` only).
+    /// Why (recorded in the pin, shown by `inspect`).
     #[arg(long)]
     pub reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct UnpinArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+
+    /// Generation id or unique prefix.
+    pub generation: String,
 }
 
 #[derive(Debug, Args)]
@@ -276,9 +325,10 @@ pub struct GcArgs {
     pub grace: Option<Duration>,
 }
 
-/// Where the store is, which caches, and the facts keys are built from.
+/// Where the store is (and the config file that may say so).
 #[derive(Debug, Args)]
-pub struct SettingsArgs {
+#[command(next_help_heading = "Store")]
+pub struct StoreArgs {
     /// TOML config file (see examples/jitship.toml).
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -290,6 +340,13 @@ pub struct SettingsArgs {
     /// Key namespace inside the store.
     #[arg(long, env = "JITSHIP_NAMESPACE")]
     pub namespace: Option<String>,
+}
+
+/// Where the store is, which caches, and the facts keys are built from.
+#[derive(Debug, Args)]
+pub struct SettingsArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// A cache root as KIND=ROOT (repeatable; env: comma-separated). Overrides the config's root
     /// for that kind.
@@ -297,7 +354,8 @@ pub struct SettingsArgs {
         long = "cache",
         env = "JITSHIP_CACHES",
         value_name = "KIND=ROOT",
-        value_delimiter = ','
+        value_delimiter = ',',
+        help_heading = "Caches and facts"
     )]
     pub caches: Vec<String>,
 
@@ -306,7 +364,8 @@ pub struct SettingsArgs {
         long = "fact",
         env = "JITSHIP_FACTS",
         value_name = "NAME=VALUE",
-        value_delimiter = ';'
+        value_delimiter = ';',
+        help_heading = "Caches and facts"
     )]
     pub facts: Vec<String>,
 }
@@ -324,8 +383,8 @@ pub struct PublishArgs {
     #[arg(long, env = "POD_NAME")]
     pub pod: Option<String>,
 
-    /// Print the reports as JSON on stdout.
-    #[arg(long)]
+    /// Print the JSON envelope (every cache, published or failed, and the errors) on stdout.
+    #[arg(long, help_heading = "Output")]
     pub json: bool,
 }
 
@@ -338,15 +397,16 @@ pub struct InstallArgs {
     #[arg(long, env = "JITSHIP_DEADLINE", value_parser = humantime::parse_duration)]
     pub deadline: Option<Duration>,
 
-    /// Write the JSON report to FILE.
-    #[arg(long, value_name = "FILE")]
+    /// Write the JSON envelope to FILE (always: also when the store or the config failed).
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
     pub report: Option<PathBuf>,
 
-    /// Print the JSON report on stdout instead of the summary.
-    #[arg(long)]
+    /// Print the JSON envelope on stdout instead of the summary.
+    #[arg(long, help_heading = "Output")]
     pub json: bool,
 
-    /// Exit 0 whatever the outcome (for init containers that must never block a pod).
+    /// Exit 0 whatever the outcome, configuration errors included (for init containers that must
+    /// never block a pod); the report still tells the truth.
     #[arg(long, env = "JITSHIP_BEST_EFFORT")]
     pub best_effort: bool,
 }
@@ -413,9 +473,9 @@ pub struct FactsArgs {
     pub json: bool,
 }
 
-impl SettingsArgs {
-    /// The effective configuration: config file, then env and flags on top.
-    pub fn resolve(&self) -> Result<Config> {
+impl StoreArgs {
+    /// The configuration file with the store flags on top (not validated).
+    fn load(&self) -> Result<Config> {
         let mut config = match &self.config {
             Some(path) => Config::load(path)?,
             None => Config::default(),
@@ -426,6 +486,21 @@ impl SettingsArgs {
         if let Some(ns) = &self.namespace {
             config.store.namespace = ns.clone();
         }
+        Ok(config)
+    }
+
+    /// The effective configuration for a store command.
+    pub fn resolve(&self) -> Result<Config> {
+        let config = self.load()?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl SettingsArgs {
+    /// The effective configuration: config file, then env and flags on top.
+    pub fn resolve(&self) -> Result<Config> {
+        let mut config = self.store.load()?;
         for arg in &self.caches {
             let cache = config::parse_cache_arg(arg)?;
             match config.caches.iter_mut().find(|c| c.kind == cache.kind) {

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 
-use super::args::{PolicySandboxArgs, SettingsArgs};
-use crate::config::{CacheConfig, Config};
+use super::args::{PolicySandboxArgs, SettingsArgs, StoreArgs};
+use super::output::{self, ErrorRecord, Stage};
+use crate::config::{Backend, CacheConfig, Config, StoreConfig};
 use crate::facts::{Facts, FactsConfig};
 use crate::generation::Producer;
 use crate::policy::CachePolicy;
@@ -20,41 +21,128 @@ pub(crate) struct Session {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) layout: KeyLayout,
     pub(crate) facts: Facts,
-    pub(crate) policies: PolicySet,
+    pub(crate) policies: Arc<PolicySet>,
 }
 
-impl Session {
+/// Why every cache of a command fails before its own work starts (an unreachable store, an
+/// unusable policy engine): kept, cloned into each cache's report, instead of failing the command.
+#[derive(Clone)]
+pub(crate) struct SharedFailure {
+    pub(crate) stage: Stage,
+    pub(crate) error: Arc<anyhow::Error>,
+}
+
+impl SharedFailure {
+    pub(crate) fn record(&self, cache_kind: &str) -> ErrorRecord {
+        ErrorRecord::new(Some(cache_kind), self.stage, &self.error)
+    }
+
+    pub(crate) fn one_line(&self) -> String {
+        output::one_line(&self.error)
+    }
+}
+
+/// What publish and install work with: a session whose store and policies may be missing, each
+/// with the reason; only a configuration error stops the command.
+pub(crate) struct CacheSession {
+    pub(crate) config: Config,
+    pub(crate) layout: KeyLayout,
+    pub(crate) facts: Facts,
+    pub(crate) store: Result<Arc<dyn Store>, SharedFailure>,
+    pub(crate) policies: Result<Arc<PolicySet>, SharedFailure>,
+}
+
+/// "local store at /var/lib/jitship/store", "Mooncake store (master 10.0.0.1:50051)".
+pub(crate) fn describe_store(config: &StoreConfig) -> String {
+    match config.backend {
+        Backend::Local => format!("local store at {}", config.local.path.display()),
+        Backend::Mooncake => format!("Mooncake store (master {})", config.mooncake.master),
+    }
+}
+
+fn open_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
+    crate::store::open(config).with_context(|| format!("opening the {}", describe_store(config)))
+}
+
+impl CacheSession {
     pub(crate) fn open(settings: &SettingsArgs) -> Result<Self> {
-        let mut session = Self::open_store(settings)?;
-        if session.config.caches.is_empty() {
+        let config = settings.resolve()?;
+        if config.caches.is_empty() {
             bail!(
                 "no cache roots configured: pass --cache KIND=ROOT (e.g. --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
+        let layout = KeyLayout::new(&config.store.namespace)?;
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
         // [facts] and the --fact flags (already merged into it) on top.
-        let gathered = crate::facts::gather(&FactsConfig::from_process(
-            &session.config,
-            &Default::default(),
-        ));
+        let gathered =
+            crate::facts::gather(&FactsConfig::from_process(&config, &Default::default()));
         for (name, why) in &gathered.missing {
-            tracing::debug!(fact = %name, "fact missing: {why}");
+            tracing::debug!(fact = %name, why = %why, "fact missing");
         }
-        session.facts = gathered.facts;
-        Ok(session)
+        let store = open_store(&config.store).map_err(|e| SharedFailure {
+            stage: Stage::Store,
+            error: Arc::new(e),
+        });
+        // A policy that fails to load disables only its own kind (its calls fail with the reason);
+        // an unusable wasm engine fails every kind that needs one.
+        let policies = PolicySet::from_config(&config)
+            .map(Arc::new)
+            .map_err(|e| SharedFailure {
+                stage: Stage::Policy,
+                error: Arc::new(anyhow::Error::new(e).context("starting the policy engine")),
+            });
+        Ok(Self {
+            config,
+            layout,
+            facts: gathered.facts,
+            store,
+            policies,
+        })
     }
 
-    /// For commands that need the store only (ls, inspect, verify, pin, gc).
-    pub(crate) fn open_store(settings: &SettingsArgs) -> Result<Self> {
-        let config = settings.resolve()?;
-        let store = crate::store::open(&config.store)
-            .with_context(|| format!("opening the {:?} store", config.store.backend))?;
+    /// The store and policy for `cache`, or why the cache cannot be worked on.
+    pub(crate) fn ready(
+        &self,
+        cache: &CacheConfig,
+    ) -> Result<(Arc<dyn Store>, Arc<dyn CachePolicy>), SharedFailure> {
+        let store = self.store.clone()?;
+        let policies = self.policies.as_ref().map_err(Clone::clone)?;
+        Ok((store, policies.policy(&cache.kind)))
+    }
+
+    /// Everything present, or the first reason it is not (watch needs all of it to start).
+    pub(crate) fn into_session(self) -> Result<Session> {
+        let unwrap = |f: SharedFailure| anyhow::anyhow!(f.one_line());
+        Ok(Session {
+            store: self.store.map_err(unwrap)?,
+            policies: self.policies.map_err(unwrap)?,
+            config: self.config,
+            layout: self.layout,
+            facts: self.facts,
+        })
+    }
+
+    pub(crate) fn publish_options(
+        &self,
+        pack_size: Option<bytesize::ByteSize>,
+        pod: Option<&String>,
+    ) -> PublishOptions {
+        publish_options(&self.config, &self.facts, pack_size, pod)
+    }
+}
+
+impl Session {
+    /// For commands that need the store only (ls, inspect, verify, pin, unpin, gc).
+    pub(crate) fn open_store(args: &StoreArgs) -> Result<Self> {
+        let config = args.resolve()?;
+        let store = open_store(&config.store)?;
         let layout = KeyLayout::new(&config.store.namespace)?;
         let mut facts = Facts::new();
         facts.merge(&config.facts);
-        // A policy that fails to load disables its own kind (reported by publish/install through
-        // the policy's errors); only an unusable wasm engine stops the command.
-        let policies = PolicySet::from_config(&config)?;
+        // gc asks the policies of the kinds it finds (retain); a kind whose policy cannot load
+        // keeps everything.
+        let policies = Arc::new(PolicySet::from_config(&config)?);
         Ok(Self {
             config,
             store,
@@ -95,16 +183,25 @@ impl Session {
         pack_size: Option<bytesize::ByteSize>,
         pod: Option<&String>,
     ) -> PublishOptions {
-        PublishOptions {
-            pack_size: pack_size.unwrap_or(self.config.publish.pack_size).as_u64(),
-            producer: Producer {
-                host: gethostname::gethostname().to_string_lossy().into_owned(),
-                pod: pod.cloned().or_else(|| self.config.publish.pod.clone()),
-                jitship_version: env!("CARGO_PKG_VERSION").into(),
-            },
-            facts: self.facts.clone(),
-            max_head_attempts: 16,
-        }
+        publish_options(&self.config, &self.facts, pack_size, pod)
+    }
+}
+
+fn publish_options(
+    config: &Config,
+    facts: &Facts,
+    pack_size: Option<bytesize::ByteSize>,
+    pod: Option<&String>,
+) -> PublishOptions {
+    PublishOptions {
+        pack_size: pack_size.unwrap_or(config.publish.pack_size).as_u64(),
+        producer: Producer {
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            pod: pod.cloned().or_else(|| config.publish.pod.clone()),
+            jitship_version: env!("CARGO_PKG_VERSION").into(),
+        },
+        facts: facts.clone(),
+        max_head_attempts: 16,
     }
 }
 

@@ -4,58 +4,125 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use serde::Serialize;
+
 use crate::cli::args::{FactsArgs, InstallArgs, PublishArgs, WatchArgs};
-use crate::cli::render::{print_install, print_publish, spinner};
-use crate::cli::session::Session;
+use crate::cli::exit;
+use crate::cli::output::{self, Envelope, ErrorRecord, Stage};
+use crate::cli::render::{self, Progress};
+use crate::cli::session::CacheSession;
 use crate::config::{self, Config};
 use crate::facts::FactsConfig;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::publish::{HashCache, PublishReport};
 
+/// One cache's publish: its report, or why it failed.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum PublishResult {
+    Done(PublishReport),
+    Failed(FailedCache),
+}
+
+/// A cache whose work failed (`outcome` is always "failed"); the error is also under `errors`.
+#[derive(Debug, Serialize)]
+pub(crate) struct FailedCache {
+    pub(crate) cache_kind: String,
+    pub(crate) root: PathBuf,
+    pub(crate) outcome: &'static str,
+    pub(crate) error: String,
+}
+
 pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
-    let session = Session::open(&args.settings)?;
-    let opts = session.publish_options(args.pack_size, args.pod.as_ref());
-    let mut failed = false;
-    let mut reports: Vec<PublishReport> = Vec::new();
-    for cache in &session.config.caches {
-        let policy = session.policy(cache);
-        let bar = spinner(format!(
-            "publishing {} from {}",
-            cache.kind,
-            cache.root.display()
-        ));
-        let result = crate::publish::publish(
-            session.store.as_ref(),
-            &session.layout,
-            policy.as_ref(),
-            &cache.root,
-            &opts,
-            &mut HashCache::default(),
-        );
-        bar.finish_and_clear();
-        match result {
-            Ok(report) => {
-                if !args.json {
-                    print_publish(&report);
-                }
-                reports.push(report);
+    let mut envelope = Envelope::start("publish");
+    let mut results: Vec<PublishResult> = Vec::new();
+    match CacheSession::open(&args.settings) {
+        Err(e) => {
+            if !args.json {
+                return Err(e);
             }
-            Err(e) => {
-                failed = true;
-                eprintln!("{}: publish failed: {e}", cache.kind);
+            render::print_error(&e);
+            envelope
+                .errors
+                .push(ErrorRecord::new(None, Stage::Config, &e));
+        }
+        Ok(session) => {
+            let opts = session.publish_options(args.pack_size, args.pod.as_ref());
+            for cache in &session.config.caches {
+                let failed = |record: ErrorRecord| FailedCache {
+                    cache_kind: cache.kind.clone(),
+                    root: cache.root.clone(),
+                    outcome: "failed",
+                    error: record
+                        .causes
+                        .iter()
+                        .fold(record.message.clone(), |a, c| format!("{a}: {c}")),
+                };
+                let (store, policy) = match session.ready(cache) {
+                    Ok(ready) => ready,
+                    Err(shared) => {
+                        let record = shared.record(&cache.kind);
+                        results.push(PublishResult::Failed(failed(record.clone())));
+                        envelope.errors.push(record);
+                        continue;
+                    }
+                };
+                let progress = Progress::start(format!(
+                    "publishing {} from {}",
+                    cache.kind,
+                    cache.root.display()
+                ));
+                let result = crate::publish::publish(
+                    store.as_ref(),
+                    &session.layout,
+                    policy.as_ref(),
+                    &cache.root,
+                    &opts,
+                    &mut HashCache::default(),
+                );
+                progress.finish();
+                match result {
+                    Ok(report) => results.push(PublishResult::Done(report)),
+                    Err(e) => {
+                        let stage = match &e {
+                            crate::publish::PublishError::Policy { .. }
+                            | crate::publish::PublishError::PolicyContract(..) => Stage::Policy,
+                            crate::publish::PublishError::Store(_) => Stage::Store,
+                            _ => Stage::Run,
+                        };
+                        let record =
+                            ErrorRecord::new(Some(&cache.kind), stage, &anyhow::Error::new(e));
+                        results.push(PublishResult::Failed(failed(record.clone())));
+                        envelope.errors.push(record);
+                    }
+                }
             }
         }
     }
+    let code = if envelope.errors.is_empty() {
+        exit::OK
+    } else {
+        exit::ERROR
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        print!("{}", output::to_text(&envelope.finish(&results, code)));
+    } else {
+        for r in &results {
+            match r {
+                PublishResult::Done(report) => render::print_publish(report),
+                PublishResult::Failed(f) => {
+                    render::print_failed(&f.cache_kind, "publish failed", &f.error)
+                }
+            }
+        }
     }
-    Ok(i32::from(failed))
+    Ok(code)
 }
 
 pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     use crate::watch::{self, FinalPublish, WatchOptions, WatchedRoot};
 
-    let session = Session::open(&args.settings)?;
+    let session = CacheSession::open(&args.settings)?.into_session()?;
     let mut wc = session.config.watch.clone();
     if let Some(v) = args.settle {
         wc.settle = v;
@@ -110,6 +177,10 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
         .context("starting the async runtime")?;
     let store = session.store.clone();
     let layout = session.layout.clone();
+    // /healthz and `policy_disabled` say which kinds are disabled or paused, and why.
+    let metrics = std::sync::Arc::new(watch::metrics::Metrics::new());
+    let policies = session.policies.clone();
+    metrics.watch_policies(std::sync::Arc::new(move || policies.status()));
     let result = rt.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -127,7 +198,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
                 }
             }
         });
-        watch::run(store, layout, roots, opts, rx)
+        watch::run_with_metrics(store, layout, roots, opts, rx, metrics)
             .await
             .map_err(anyhow::Error::from)
     });
@@ -136,13 +207,13 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     rt.shutdown_background();
     let summary = result?;
     Ok(match summary.final_publish {
-        FinalPublish::Done | FinalPublish::NotReady => 0,
+        FinalPublish::Done | FinalPublish::NotReady => exit::OK,
         FinalPublish::Failed { caches } => {
             eprintln!(
                 "final publish failed for {}; their pending work was not published",
                 caches.join(", ")
             );
-            1
+            exit::ERROR
         }
         FinalPublish::TimedOut { unfinished } => {
             eprintln!(
@@ -150,57 +221,115 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
                  terminationGracePeriodSeconds)",
                 unfinished.join(", ")
             );
-            1
+            exit::ERROR
         }
-        FinalPublish::Interrupted => 130,
+        FinalPublish::Interrupted => exit::INTERRUPTED,
     })
 }
 
 pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
-    let session = Session::open(&args.settings)?;
-    let opts = InstallOptions {
-        deadline: args.deadline.unwrap_or(session.config.install.deadline),
-        ..InstallOptions::default()
-    };
+    let mut envelope = Envelope::start("install");
     let mut reports: Vec<InstallReport> = Vec::new();
-    for cache in &session.config.caches {
-        let policy = session.policy(cache);
-        let bar = spinner(format!(
-            "installing {} into {}",
-            cache.kind,
-            cache.root.display()
-        ));
-        let report = crate::install::install(
-            session.store.clone(),
-            &session.layout,
-            policy.as_ref(),
-            &cache.root,
-            &session.facts,
-            &opts,
-        );
-        bar.finish_and_clear();
-        reports.push(report);
+    match CacheSession::open(&args.settings) {
+        // Even a configuration error must not block an init container: with --best-effort,
+        // --report or --json it becomes the report's error, and the exit code follows.
+        Err(e) => {
+            if !(args.best_effort || args.json || args.report.is_some()) {
+                return Err(e);
+            }
+            render::print_error(&e);
+            envelope
+                .errors
+                .push(ErrorRecord::new(None, Stage::Config, &e));
+        }
+        Ok(session) => {
+            let opts = InstallOptions {
+                deadline: args.deadline.unwrap_or(session.config.install.deadline),
+                ..InstallOptions::default()
+            };
+            for cache in &session.config.caches {
+                let report = match session.ready(cache) {
+                    Ok((store, policy)) => {
+                        let progress = Progress::start(format!(
+                            "installing {} into {}",
+                            cache.kind,
+                            cache.root.display()
+                        ));
+                        let report = crate::install::install(
+                            store,
+                            &session.layout,
+                            policy.as_ref(),
+                            &cache.root,
+                            &session.facts,
+                            &opts,
+                        );
+                        progress.finish();
+                        report
+                    }
+                    Err(shared) => {
+                        InstallReport::failed(&cache.kind, &cache.root, shared.one_line())
+                    }
+                };
+                if report.outcome == InstallOutcome::Failed {
+                    envelope.errors.push(ErrorRecord::text(
+                        Some(&cache.kind),
+                        install_failure_stage(&report, session.store.is_err()),
+                        report.detail.clone(),
+                    ));
+                }
+                reports.push(report);
+            }
+        }
     }
+    let mut code = if envelope.errors.iter().any(|e| e.stage == Stage::Config) {
+        exit::ERROR
+    } else {
+        exit::install(reports.iter().map(|r| r.outcome), false)
+    };
+    let mut doc = envelope.finish(&reports, code);
     if let Some(path) = &args.report {
-        let json = serde_json::to_vec_pretty(&reports)?;
-        std::fs::write(path, json)
-            .with_context(|| format!("writing the report to {}", path.display()))?;
+        if let Err(e) = write_report(path, &output::to_text(&doc)) {
+            render::print_error(&e);
+            envelope
+                .errors
+                .push(ErrorRecord::new(None, Stage::Report, &e));
+            code = code.max(exit::ERROR);
+            doc = envelope.finish(&reports, code);
+        }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        print!("{}", output::to_text(&doc));
     } else {
-        reports.iter().for_each(print_install);
+        reports.iter().for_each(render::print_install);
     }
-    let worst = reports
-        .iter()
-        .map(|r| r.outcome)
-        .max_by_key(|o| o.severity())
-        .unwrap_or(InstallOutcome::AlreadyCurrent);
-    Ok(if args.best_effort {
-        0
+    Ok(if args.best_effort { exit::OK } else { code })
+}
+
+fn install_failure_stage(report: &InstallReport, store_unopened: bool) -> Stage {
+    if store_unopened {
+        Stage::Store
+    } else if report.compat_key.is_none() {
+        Stage::Policy
     } else {
-        worst.exit_code()
-    })
+        Stage::Run
+    }
+}
+
+/// Writes the report next to its final name and renames it into place, so a reader never sees a
+/// half-written report.
+fn write_report(path: &std::path::Path, text: &str) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("writing the report to {}", path.display()))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes())
+        .with_context(|| format!("writing the report to {}", path.display()))?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .with_context(|| format!("writing the report to {}", path.display()))?;
+    Ok(())
 }
 
 pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
