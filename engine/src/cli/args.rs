@@ -256,46 +256,46 @@ pub struct LsArgs {
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    #[command(flatten)]
-    pub common: OperatorArgs,
-
     /// Generation id (64 hex digits, or a unique prefix of at least 8 as `ls` prints).
     pub generation: String,
 
     /// Also list every file.
     #[arg(long)]
     pub files: bool,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    #[command(flatten)]
-    pub common: OperatorArgs,
-
     /// Generation id or unique prefix; all generations when omitted.
     pub generation: Option<String>,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct PinArgs {
-    #[command(flatten)]
-    pub common: OperatorArgs,
-
     /// Generation id or unique prefix.
     pub generation: String,
 
     /// Why (recorded in the pin, shown by `inspect`).
     #[arg(long)]
     pub reason: Option<String>,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct UnpinArgs {
-    #[command(flatten)]
-    pub common: OperatorArgs,
-
     /// Generation id or unique prefix.
     pub generation: String,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Args)]
