@@ -739,12 +739,21 @@ fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "one kind failed: {stderr}");
+    // The JSON envelope lists the failed kind among the results and its error under errors.
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let future = &doc["results"][1];
+    assert_eq!(future["cache_kind"], "future", "{doc}");
+    assert_eq!(future["outcome"], "failed", "{doc}");
     assert!(
-        stderr.contains("future: publish failed") && stderr.contains("speaks jitship:policy@2.0.0"),
-        "{stderr}"
+        future["error"]
+            .as_str()
+            .unwrap()
+            .contains("speaks jitship:policy@2.0.0"),
+        "{doc}"
     );
-    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let test = &reports[0];
+    assert_eq!(doc["errors"][0]["cache_kind"], "future", "{doc}");
+    assert_eq!(doc["errors"][0]["stage"], "policy", "{doc}");
+    let test = &doc["results"][0];
     assert_eq!(test["cache_kind"], "test");
     assert_eq!(
         test["compat_key"], "test-v1;gpu=H100;py=3.12.3",
