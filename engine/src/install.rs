@@ -31,7 +31,8 @@ use crate::store::{KeyLayout, Store, StoreError};
 pub struct InstallOptions {
     /// Bound on the whole install, lock wait included.
     pub deadline: Duration,
-    /// How many older heads to try when the newest generation is incomplete in the store.
+    /// How many older heads to try when the newest generation is unusable: packs evicted from the
+    /// store, or recorded as an incomplete cache by its policy (a complete one is preferred).
     pub fallback_depth: usize,
 }
 
@@ -85,6 +86,14 @@ pub struct InstallReport {
     pub compat_key: Option<String>,
     pub compat_id: Option<CompatId>,
     pub generation: Option<GenerationId>,
+    /// Whether the generation taken is a complete cache for its kind (its policy said so when it
+    /// was published); `None` when none was taken.
+    pub complete: Option<bool>,
+    /// Why it is not complete (the policy's words at publish).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+    /// Newer generations passed over because they were incomplete caches.
+    pub newer_incomplete: Vec<GenerationId>,
     pub files_in_generation: u64,
     pub files_installed: u64,
     pub bytes_installed: u64,
@@ -157,6 +166,9 @@ pub fn install(
         compat_key: None,
         compat_id: None,
         generation: None,
+        complete: None,
+        incomplete: None,
+        newer_incomplete: vec![],
         files_in_generation: 0,
         files_installed: 0,
         bytes_installed: 0,
@@ -321,6 +333,19 @@ impl Job {
             ));
         };
         self.report.generation = Some(manifest.id());
+        self.report.complete = Some(manifest.incomplete.is_none());
+        self.report.incomplete = manifest.incomplete.clone();
+        let completeness = match &manifest.incomplete {
+            None if self.report.newer_incomplete.is_empty() => "a complete cache".to_string(),
+            None => format!(
+                "the newest complete cache; {} newer generation(s) are incomplete",
+                self.report.newer_incomplete.len()
+            ),
+            Some(why) => format!(
+                "an INCOMPLETE cache ({why}); no complete generation among the newest {}",
+                self.fallback_depth + 1
+            ),
+        };
         self.report.files_in_generation = manifest.files.len() as u64;
         self.check_time()?;
 
@@ -339,7 +364,10 @@ impl Job {
         if todo.is_empty() {
             return Ok((
                 InstallOutcome::AlreadyCurrent,
-                format!("generation {} already on disk", manifest.id()),
+                format!(
+                    "generation {} ({completeness}) already on disk",
+                    manifest.id()
+                ),
             ));
         }
 
@@ -351,17 +379,23 @@ impl Job {
         let n = self.report.files_installed;
         Ok((
             InstallOutcome::Installed,
-            format!("installed {n} files of generation {}", manifest.id()),
+            format!(
+                "installed {n} files of generation {} ({completeness})",
+                manifest.id()
+            ),
         ))
     }
 
     /// The newest generation among `head` and a few older ones whose manifest and packs are all
-    /// in the store right now.
+    /// in the store right now, preferring one recorded as a complete cache: the newest complete
+    /// one if there is any, else the newest available one. Newer incomplete generations passed
+    /// over are listed in the report.
     fn pick_complete(
-        &self,
+        &mut self,
         head: &crate::generation::HeadRecord,
     ) -> Result<Option<Manifest>, InstallError> {
-        let store = self.store.as_ref();
+        let store = self.store.clone();
+        let store = store.as_ref();
         let mut candidates = vec![head.clone()];
         candidates.extend(catalog::older_heads(
             store,
@@ -369,10 +403,20 @@ impl Job {
             head,
             self.fallback_depth,
         )?);
+        let mut newest_available: Option<Manifest> = None;
+        let mut passed_over = Vec::new();
         for h in candidates {
             self.check_time()?;
             match catalog::fetch_manifest(store, &self.layout, &h.generation)? {
-                Some(m) if catalog::packs_present(store, &self.layout, &m)? => return Ok(Some(m)),
+                Some(m) if catalog::packs_present(store, &self.layout, &m)? => {
+                    if m.incomplete.is_none() {
+                        self.report.newer_incomplete = passed_over;
+                        return Ok(Some(m));
+                    }
+                    tracing::info!(generation = %h.generation, "generation is an incomplete cache; looking for an older complete one");
+                    passed_over.push(m.id());
+                    newest_available.get_or_insert(m);
+                }
                 Some(_) => {
                     tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one")
                 }
@@ -381,7 +425,13 @@ impl Job {
                 }
             }
         }
-        Ok(None)
+        // No complete one: the newest available, which the report marks incomplete.
+        if let Some(m) = &newest_available {
+            let id = m.id();
+            passed_over.retain(|g| *g != id);
+        }
+        self.report.newer_incomplete = passed_over;
+        Ok(newest_available)
     }
 
     fn lock(&self, parent: &Path) -> Result<File, InstallError> {
@@ -718,7 +768,8 @@ fn diff_with_disk<'m>(
 }
 
 /// Moves verified files into the root. A root that does not exist yet arrives in one rename;
-/// otherwise file by file with RENAME_NOREPLACE (never over a file that appeared meanwhile). On
+/// otherwise file by file with RENAME_NOREPLACE (never over a file that appeared meanwhile),
+/// marker files last. On
 /// an error, what was moved and created is taken back out, so the root is as it was.
 fn commit(
     root: &Path,
@@ -753,8 +804,14 @@ fn commit(
     }
     let mut moved: Vec<PathBuf> = Vec::new();
     let mut created_dirs: Vec<PathBuf> = Vec::new();
+    // Markers (files the engine finds the others through) go last, so the engine never finds a
+    // marker whose files are not in the root yet.
+    let ordered = pending
+        .iter()
+        .filter(|p| !p.record.marker)
+        .chain(pending.iter().filter(|p| p.record.marker));
     let result = (|| {
-        for p in pending {
+        for p in ordered {
             for d in p.record.path.ancestors() {
                 let dir = root.join(d);
                 match fs::symlink_metadata(&dir) {

@@ -118,6 +118,8 @@ mod tests {
                 offset: 0,
                 len: 1,
             }],
+            marker: false,
+            canonical: false,
         }
     }
 
