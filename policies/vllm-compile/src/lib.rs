@@ -161,6 +161,21 @@ mod tests {
                 "gpu_p2p_access_cache_for_0,1.json",
             ],
         );
+        // vLLM finds the compiled graph through `model`, Inductor through its FX entries and
+        // Triton through its groups (which name the absolute root).
+        let group = format!("{AOT}/inductor_cache/triton/0/HASHAAAA/__grp__k.json");
+        assert_paths(
+            &t.markers(&VllmCompile),
+            &[
+                &format!("{AOT}/rank_0_0/model"),
+                &format!("{AOT}/inductor_cache/fxgraph/pe/fpeg/abc"),
+                &group,
+            ],
+        );
+        assert_paths(&t.embedding_root(&VllmCompile), &[&group]);
+        let bytes = std::fs::read(t.root().join(&group)).unwrap();
+        let canon = VllmCompile.canonicalize(&abs, &group, &bytes).unwrap();
+        assert!(!String::from_utf8(canon).unwrap().contains(&abs));
     }
 
     #[test]
@@ -204,6 +219,19 @@ mod tests {
         ] {
             assert!(sel[&format!("{done}/{f}")].0, "{f}");
         }
+        // The engine finds a prefix's artifacts through its index: it is the marker.
+        assert_paths(
+            &t.markers(&VllmCompile),
+            &[
+                &format!("{done}/vllm_compile_cache.py"),
+                "1c5863dba3/rank_0_0/triton_cache/HASHAAAA/__grp__k.json",
+            ],
+        );
+        assert!(
+            sel[&format!("{busy}/cache_key_factors.json")]
+                .1
+                .starts_with("incomplete: ")
+        );
         assert!(!sel[&format!("{busy}/cache_key_factors.json")].0);
         assert!(
             sel[&format!("{busy}/cache_key_factors.json")]
