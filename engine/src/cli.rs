@@ -96,9 +96,21 @@ pub enum Command {
     /// Apply retention: remove dropped generations, their heads and the packs nothing retained
     /// references. `--dry-run` shows what it would remove.
     Gc(GcArgs),
+    /// After the engine has run: did it use the installed cache? Compares each cache root with the
+    /// record the last `jitship install` left beside it and counts what the engine added since:
+    /// compiled kernels (`.so`), precompiled headers, new FX-graph/AOTAutograd entries (torch
+    /// cache misses). Exit codes: 0 the engine compiled nothing anyway, 3 it did (counts on the
+    /// output), 1 no install record or another error.
+    Audit(AuditArgs),
     /// Build, check and dry-run policy modules (for policy authors).
     #[command(subcommand)]
     Policy(PolicyCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -468,7 +480,43 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Pin(args) => run_pin(args, true),
         Command::Unpin(args) => run_pin(args, false),
         Command::Gc(args) => run_gc(args),
+        Command::Audit(args) => run_audit(args),
     }
+}
+
+fn run_audit(args: AuditArgs) -> Result<i32> {
+    let config = args.common.settings.resolve()?;
+    if config.caches.is_empty() {
+        bail!("no cache to audit: give one with --cache KIND=ROOT or [[cache]] in the config");
+    }
+    let mut reports = Vec::new();
+    for cache in &config.caches {
+        reports.push(crate::audit::audit(&cache.kind, &cache.root)?);
+    }
+    if args.common.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        for r in &reports {
+            let verdict = if r.warm {
+                "warm: the engine ran from the installed cache"
+            } else {
+                "the engine compiled anyway"
+            };
+            println!("{} {}: {verdict}", r.cache_kind, r.root.display());
+            println!(
+                "  generation {} installed {} files: {} kept, {} rewritten, {} removed",
+                r.generation, r.files_installed, r.files_kept, r.files_rewritten, r.files_removed
+            );
+            let added: Vec<String> = r.added.iter().map(|(k, n)| format!("{n} {k}")).collect();
+            if !added.is_empty() {
+                println!("  added since the install: {}", added.join(", "));
+            }
+            for p in &r.examples {
+                println!("    {p}");
+            }
+        }
+    }
+    Ok(if reports.iter().all(|r| r.warm) { 0 } else { 3 })
 }
 
 impl SettingsArgs {

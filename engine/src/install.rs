@@ -337,6 +337,7 @@ impl Job {
         self.report.conflicts = conflicts;
         self.report.files_already_present = present;
         if todo.is_empty() {
+            self.record(&manifest);
             return Ok((
                 InstallOutcome::AlreadyCurrent,
                 format!("generation {} already on disk", manifest.id()),
@@ -348,11 +349,21 @@ impl Job {
         let result = self.fetch_and_commit(&manifest, &todo, &staging);
         let _ = fs::remove_dir_all(&staging);
         result?;
+        self.record(&manifest);
         let n = self.report.files_installed;
         Ok((
             InstallOutcome::Installed,
             format!("installed {n} files of generation {}", manifest.id()),
         ))
+    }
+
+    /// Leaves the record `jitship audit` compares the root with later. Best effort: the files are
+    /// installed whether or not the record can be written.
+    fn record(&self, manifest: &Manifest) {
+        let record = crate::audit::InstallRecord::of(&self.report.cache_kind, manifest);
+        if let Err(e) = crate::audit::write_record(&self.root, &record) {
+            tracing::warn!(root = %self.root.display(), "cannot write the install record: {e}");
+        }
     }
 
     /// The newest generation among `head` and a few older ones whose manifest and packs are all
