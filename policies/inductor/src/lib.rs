@@ -52,7 +52,7 @@ impl Policy for Inductor {
 
     fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
-        inductor::decide(host, entries, "", &mut out);
+        inductor::decide(host, None, entries, 0..entries.len(), "", &mut out);
         Ok(out.finish(|| Decision::skip("not part of an Inductor cache")))
     }
 }

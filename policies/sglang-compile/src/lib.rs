@@ -55,7 +55,7 @@ impl Policy for SglangCompile {
 
     fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
-        compile_cache::decide(host, entries, "", "sglang_compile_cache.py", &mut out);
+        compile_cache::decide(host, None, entries, "", "sglang_compile_cache.py", &mut out);
         Ok(out.finish(|| Decision::skip("not part of an SGLang compile cache")))
     }
 }

@@ -48,8 +48,8 @@ impl Policy for Triton {
 
     fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
-        let files = triton::kernel_files(entries, "");
-        triton::decide(host, entries, &files, &mut out);
+        let files = triton::kernel_files(entries, 0..entries.len(), "");
+        triton::decide(host, None, entries, &files, &mut out);
         Ok(out.finish(|| Decision::skip("not inside a Triton kernel directory")))
     }
 }
@@ -145,6 +145,36 @@ mod tests {
             sel["gpu_p2p_access_cache_for_0,1.json"]
                 .1
                 .contains("per-host")
+        );
+    }
+
+    #[test]
+    fn mixed_roots_publish_what_triton_would_load_from_this_root() {
+        // A pod that installed kernels produced at another root (without relocation, as older
+        // jitship did) and then compiled its own: its own kernels publish, the others are foreign.
+        let t = Tree::new();
+        let abs = t.abs();
+        t.triton_kernel(H1, "installed_kernel", "/srv/producer/.triton/cache");
+        t.triton_kernel(H2, "own_kernel", &abs);
+        t.triton_kernel("THIRDAAAAAAA", "own_too", &abs);
+        let sel = t.select(&Triton);
+        let published = t.published(&Triton);
+        assert_eq!(published.len(), 16, "{published:?}");
+        assert!(
+            published.iter().all(|p| !p.starts_with(H1)),
+            "{published:?}"
+        );
+        let g = &sel[&format!("{H1}/__grp__installed_kernel.json")];
+        assert!(
+            !g.0 && g
+                .1
+                .contains("another cache root (/srv/producer/.triton/cache/...)"),
+            "{g:?}"
+        );
+        let child = &sel[&format!("{H1}/installed_kernel.cubin")];
+        assert!(
+            !child.0 && child.1.contains("another cache root"),
+            "{child:?}"
         );
     }
 
