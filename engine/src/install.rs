@@ -9,6 +9,11 @@
 //! is a mount point of its own, in a `.jitship-staging-*` directory inside it that scans ignore.
 //! A file lock beside the root serializes installers on one pod (invariant 5); the second one waits,
 //! then finds the files present and reports already-current.
+//!
+//! Files stored in their root-independent form (`FileRecord::canonical`, e.g. Triton group files)
+//! are verified as stored, then materialized for this root by the policy before they are written
+//! to staging (`Materializer`); "already on disk" compares such a file by canonicalizing the copy
+//! on disk.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
@@ -23,7 +28,7 @@ use serde::Serialize;
 use crate::catalog::{self, CatalogError};
 use crate::facts::Facts;
 use crate::generation::{CompatId, ContentHash, FileRecord, GenerationId, Manifest, hash_file};
-use crate::policy::CachePolicy;
+use crate::policy::{CachePolicy, PolicyError};
 use crate::scan::STAGING_PREFIX;
 use crate::store::{KeyLayout, Store, StoreError};
 
@@ -89,6 +94,8 @@ pub struct InstallReport {
     pub files_installed: u64,
     pub bytes_installed: u64,
     pub files_already_present: u64,
+    /// Files written in the form the policy materialized for this root (they embed the root).
+    pub files_materialized: Vec<String>,
     /// Paths present on disk with other content (left alone).
     pub conflicts: Vec<String>,
     pub packs_fetched: u64,
@@ -124,6 +131,10 @@ pub enum InstallError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "{path}: the policy could not write this file for this root ({source}); the root was left as it was"
+    )]
+    Materialize { path: String, source: PolicyError },
     #[error("deadline of {0:?} passed; the root was left as it was")]
     Deadline(Duration),
     #[error("cancelled at the deadline")]
@@ -143,7 +154,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> In
 pub fn install(
     store: Arc<dyn Store>,
     layout: &KeyLayout,
-    policy: &dyn CachePolicy,
+    policy: Arc<dyn CachePolicy>,
     root: &Path,
     facts: &Facts,
     opts: &InstallOptions,
@@ -161,6 +172,7 @@ pub fn install(
         files_installed: 0,
         bytes_installed: 0,
         files_already_present: 0,
+        files_materialized: vec![],
         conflicts: vec![],
         packs_fetched: 0,
         bytes_fetched: 0,
@@ -189,6 +201,10 @@ pub fn install(
         store,
         layout: layout.clone(),
         root: root.to_owned(),
+        materializer: Materializer {
+            policy,
+            root: root.to_owned(),
+        },
         compat,
         deadline: started + opts.deadline,
         gate: gate.clone(),
@@ -282,6 +298,7 @@ struct Job {
     store: Arc<dyn Store>,
     layout: KeyLayout,
     root: PathBuf,
+    materializer: Materializer,
     compat: CompatId,
     deadline: Instant,
     gate: Arc<CommitGate>,
@@ -333,7 +350,7 @@ impl Job {
         let _lock = self.lock(&parent)?;
         self.check_time()?;
 
-        let (todo, conflicts, present) = diff_with_disk(&self.root, &manifest)?;
+        let (todo, conflicts, present) = diff_with_disk(&self.root, &manifest, &self.materializer)?;
         self.report.conflicts = conflicts;
         self.report.files_already_present = present;
         if todo.is_empty() {
@@ -477,7 +494,7 @@ impl Job {
         pending: &[Pending],
         tree: &Path,
     ) -> Result<(), InstallError> {
-        let mut writer = StagingWriter::new(tree)?;
+        let mut writer = StagingWriter::new(tree, &self.materializer)?;
         // Which pending files need which pack, in pack order.
         let mut by_pack: BTreeMap<u32, Vec<(usize, u64, u64, u64)>> = BTreeMap::new();
         for (i, p) in pending.iter().enumerate() {
@@ -537,6 +554,7 @@ impl Job {
                 }
             }
         }
+        self.report.files_materialized = std::mem::take(&mut writer.materialized);
         if let Some(fi) = writer.unfinished.keys().next() {
             // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
             return Err(InstallError::Corrupt {
@@ -549,12 +567,52 @@ impl Job {
     }
 }
 
+/// Turns the root-independent form of a file that embeds the root back into the file for this
+/// root (`CachePolicy::materialize`), and the other way for comparing a copy on disk.
+struct Materializer {
+    policy: Arc<dyn CachePolicy>,
+    root: PathBuf,
+}
+
+impl Materializer {
+    /// The bytes to write for `record` given its verified stored bytes.
+    fn for_root<'b>(
+        &self,
+        record: &FileRecord,
+        verified: &'b [u8],
+    ) -> Result<std::borrow::Cow<'b, [u8]>, InstallError> {
+        if !record.canonical {
+            return Ok(verified.into());
+        }
+        self.policy
+            .materialize(&self.root, &record.path, verified)
+            .map(Into::into)
+            .map_err(|source| InstallError::Materialize {
+                path: record.path.to_string(),
+                source,
+            })
+    }
+
+    /// Whether the file at `dest` is `record` as materialized for this root: its canonical form
+    /// hashes to the record's (a file the policy cannot canonicalize, e.g. one naming another
+    /// root, is not).
+    fn on_disk_matches(&self, record: &FileRecord, dest: &Path) -> Result<bool, InstallError> {
+        let bytes = fs::read(dest).map_err(io("read", dest))?;
+        Ok(self
+            .policy
+            .canonicalize(&self.root, &record.path, &bytes)
+            .is_ok_and(|c| ContentHash::of(&c) == record.blake3))
+    }
+}
+
 /// Writes staged files: a single-piece file (nearly all of them) is checked in memory and written
 /// in one go; a file spread over several packs is written piece by piece and checked once the
 /// last piece is in.
-struct StagingWriter {
+struct StagingWriter<'j> {
     created_dirs: HashSet<PathBuf>,
     unfinished: HashMap<usize, Unfinished>,
+    materializer: &'j Materializer,
+    materialized: Vec<String>,
 }
 
 struct Unfinished {
@@ -564,13 +622,28 @@ struct Unfinished {
     in_order: bool,
 }
 
-impl StagingWriter {
-    fn new(tree: &Path) -> Result<Self, InstallError> {
+impl<'j> StagingWriter<'j> {
+    fn new(tree: &Path, materializer: &'j Materializer) -> Result<Self, InstallError> {
         fs::create_dir_all(tree).map_err(io("create", tree))?;
         Ok(Self {
             created_dirs: HashSet::from([tree.to_owned()]),
             unfinished: HashMap::new(),
+            materializer,
+            materialized: Vec::new(),
         })
+    }
+
+    /// The bytes to stage for a verified file: as stored, or materialized for this root.
+    fn bytes_for_root<'b>(
+        &mut self,
+        p: &Pending,
+        verified: &'b [u8],
+    ) -> Result<std::borrow::Cow<'b, [u8]>, InstallError> {
+        let bytes = self.materializer.for_root(p.record, verified)?;
+        if p.record.canonical {
+            self.materialized.push(p.record.path.to_string());
+        }
+        Ok(bytes)
     }
 
     fn ensure_parent(&mut self, path: &Path) -> Result<(), InstallError> {
@@ -593,9 +666,7 @@ impl StagingWriter {
             });
         }
         self.ensure_parent(&p.staged)?;
-        let mut file = File::create_new(&p.staged).map_err(io("create", &p.staged))?;
-        file.write_all(bytes).map_err(io("write", &p.staged))?;
-        finish_file(&file, p)
+        self.write_whole_verified(p, bytes)
     }
 
     fn write_piece(
@@ -643,6 +714,22 @@ impl StagingWriter {
                 actual,
             });
         }
+        if p.record.canonical {
+            // Verified as stored; now the same file rewritten for this root.
+            drop(file);
+            let verified = fs::read(&p.staged).map_err(io("read", &p.staged))?;
+            fs::remove_file(&p.staged).map_err(io("remove", &p.staged))?;
+            return self.write_whole_verified(p, &verified);
+        }
+        finish_file(&file, p)
+    }
+
+    /// Writes a verified file into staging: the point where a stored file becomes the file for
+    /// this root.
+    fn write_whole_verified(&mut self, p: &Pending, verified: &[u8]) -> Result<(), InstallError> {
+        let bytes = self.bytes_for_root(p, verified)?;
+        let mut file = File::create_new(&p.staged).map_err(io("create", &p.staged))?;
+        file.write_all(&bytes).map_err(io("write", &p.staged))?;
         finish_file(&file, p)
     }
 }
@@ -666,6 +753,7 @@ fn finish_file(file: &File, p: &Pending) -> Result<(), InstallError> {
 fn diff_with_disk<'m>(
     root: &Path,
     manifest: &'m Manifest,
+    materializer: &Materializer,
 ) -> Result<(Vec<&'m FileRecord>, Vec<String>, u64), InstallError> {
     let mut todo = Vec::new();
     let mut conflicts = Vec::new();
@@ -693,6 +781,14 @@ fn diff_with_disk<'m>(
                     path: dest,
                     source: e,
                 });
+            }
+            // Stored canonical: the size differs from the file's; compare in canonical form.
+            Ok(m) if m.is_file() && f.canonical => {
+                if materializer.on_disk_matches(f, &dest)? {
+                    present += 1;
+                } else {
+                    conflicts.push(format!("{}: present with other content", f.path));
+                }
             }
             // Same size and the exact mtime an install sets: the file is ours; skip rehashing it.
             Ok(m)

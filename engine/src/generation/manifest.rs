@@ -101,6 +101,16 @@ pub struct FileRecord {
     pub blake3: ContentHash,
     /// Where the bytes live, in order; their lengths add up to `size`.
     pub chunks: Vec<Chunk>,
+    /// The bytes stored are the root-independent form (policy trait `embeds-root`): verified as
+    /// stored, materialized for the installing root.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub canonical: bool,
+}
+
+/// For `skip_serializing_if`: optional flags are left out when false, so manifests written
+/// before they existed decode and re-encode to the same bytes.
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +287,7 @@ pub(crate) mod tests {
                         offset: 0,
                         len: 4,
                     }],
+                    canonical: false,
                 },
                 FileRecord {
                     path: RelPath::parse("b").unwrap(),
@@ -286,6 +297,7 @@ pub(crate) mod tests {
                     mtime_ns: 6,
                     blake3: ContentHash::of(b""),
                     chunks: vec![],
+                    canonical: false,
                 },
             ],
         };

@@ -118,6 +118,7 @@ mod tests {
                 offset: 0,
                 len: 1,
             }],
+            canonical: false,
         }
     }
 

@@ -11,7 +11,7 @@ pub mod set;
 use std::path::Path;
 
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef};
+use crate::generation::{GenerationId, PolicyRef, RelPath};
 
 /// What a policy says about itself (mirrors `policy-info` in plugins-sdk/wit/policy.wit).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -45,6 +45,9 @@ pub enum Verdict {
 pub struct Decision {
     pub verdict: Verdict,
     pub reason: String,
+    /// The file names the absolute root: canonicalized at publish, materialized at install.
+    /// (The smallest piece of policy contract 2 this branch needs; `h10-contract` owns the rest.)
+    pub embeds_root: bool,
 }
 
 impl Decision {
@@ -52,12 +55,14 @@ impl Decision {
         Self {
             verdict: Verdict::Publish,
             reason: reason.into(),
+            embeds_root: false,
         }
     }
     pub fn skip(reason: impl Into<String>) -> Self {
         Self {
             verdict: Verdict::Skip,
             reason: reason.into(),
+            embeds_root: false,
         }
     }
 }
@@ -147,6 +152,35 @@ pub trait CachePolicy: Send + Sync {
     /// One decision per entry, same order. `root` is where the entries live (a policy may read
     /// files under it, e.g. Triton group files).
     fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError>;
+
+    /// The root-independent form of `content`, the file at `path` under `root`, whose decision
+    /// had `embeds_root`. A policy that marks no file so refuses.
+    fn canonicalize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        let _ = (root, content);
+        Err(PolicyError::InvalidInput(format!(
+            "policy {} marks no file as embedding the root, so it cannot canonicalize {path}",
+            self.info().name
+        )))
+    }
+
+    /// The inverse of `canonicalize`, for the installing `root`.
+    fn materialize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        let _ = (root, content);
+        Err(PolicyError::InvalidInput(format!(
+            "policy {} marks no file as embedding the root, so it cannot materialize {path}",
+            self.info().name
+        )))
+    }
 
     /// Ids to drop among `generations` (one compat key, newest first).
     fn retain(

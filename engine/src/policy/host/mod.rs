@@ -624,7 +624,11 @@ fn validate_decisions(
                 wit::Verdict::Publish => Verdict::Publish,
                 wit::Verdict::Skip => Verdict::Skip,
             };
-            Ok(Decision { verdict, reason: d.reason })
+            Ok(Decision {
+                verdict,
+                reason: d.reason,
+                embeds_root: false,
+            })
         })
         .collect()
 }
