@@ -27,9 +27,10 @@ step "Mooncake test cluster: Debian packages, pinned wheels, CUDA driver stub wh
 ./tests/cluster/cluster.sh install
 
 step "store conformance, publish/install, fault drills, interop, concurrent publishers, gc, operator commands and signed generations against a real Mooncake cluster"
-# Built outside the namespace: nothing can be downloaded from inside it.
-cargo test -p jitship-tests --no-run
+# Built outside the namespace: nothing can be downloaded from inside it. `--workspace` (not
+# `-p jitship-tests`) keeps the feature set of the first step, so nothing is compiled twice.
+cargo test --workspace --no-run
 JITSHIP_REQUIRE_MOONCAKE=1 ./tests/cluster/cluster.sh run -- \
-    cargo test --offline -p jitship-tests --no-fail-fast \
+    cargo test --offline --workspace --no-fail-fast \
     --test mooncake_conformance --test mooncake_roundtrip --test mooncake_interop --test mooncake_drills \
     --test concurrent_publish --test gc --test operator_commands --test signing
