@@ -578,7 +578,7 @@ impl Job {
     }
 
     /// The outcome when no candidate could be installed: `untrusted` if the trust refused every
-    /// one, else `miss`.
+    /// one, `failed` if one had a corrupt or vanishing pack, else `miss`.
     fn nothing_installable(
         &self,
         head: &crate::generation::HeadRecord,
@@ -594,6 +594,17 @@ impl Job {
                     self.trust.mode().as_str(),
                     head.generation,
                     candidates - 1,
+                    self.passed_over()
+                ),
+            );
+        }
+        // A pack that turned out corrupt (or vanished mid-fetch) with nothing older to fall back
+        // to is a failure, as before fallbacks existed: the data is there but wrong.
+        if !self.report.damaged.is_empty() {
+            return (
+                InstallOutcome::Failed,
+                format!(
+                    "no older complete generation to fall back to: {}",
                     self.passed_over()
                 ),
             );
