@@ -12,55 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use jitship_tests::child::{Run, run_measured};
 use jitship_tests::fixtures;
 
-struct Run {
-    wall: Duration,
-    max_rss_kib: i64,
-    stdout: String,
-}
-
-/// Runs a command and returns its wall time and peak RSS. The peak is the child's own `VmHWM`,
-/// polled from /proc while it runs: the rusage `maxrss` of a spawned child also counts the
-/// parent's pages it briefly shared before exec, which here would be the whole tree the bench
-/// holds in memory for its blake3 baseline.
+/// The bench accepts installed (0) and already-current (10).
 fn run(cmd: &mut Command) -> Run {
-    let start = Instant::now();
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let status_path = format!("/proc/{}/status", child.id());
-    let mut stdout = child.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut stdout, &mut s).ok();
-        s
-    });
-    let mut peak_kib = 0i64;
-    let status = loop {
-        if let Ok(text) = std::fs::read_to_string(&status_path)
-            && let Some(kib) = text
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
-        {
-            peak_kib = peak_kib.max(kib);
-        }
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    let wall = start.elapsed();
-    let stdout = reader.join().unwrap_or_default();
-    let code = status.code().expect("exited");
-    assert!(code == 0 || code == 10, "{cmd:?} exited {code}: {stdout}");
-    Run {
-        wall,
-        max_rss_kib: peak_kib,
-        stdout,
-    }
+    run_measured(cmd, &[0, 10])
 }
 
 fn best_of<F: FnMut() -> Run>(n: usize, mut f: F) -> Run {

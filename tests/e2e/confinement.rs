@@ -247,6 +247,7 @@ fn plant_head(s: &Scenario, compat: CompatId, seq: u64, bytes: &[u8]) -> Generat
         generation: id,
         written_at: now_secs(),
         writer: "test".into(),
+        signature: None,
     };
     s.store
         .put(&s.layout.head(&compat, seq), &head.encode())
@@ -481,6 +482,7 @@ fn a_sigkill_during_commit_never_shows_a_marker_before_its_files_and_the_next_in
         generation: id,
         written_at: now_secs(),
         writer: "test".into(),
+        signature: None,
     };
     store.put(&layout.head(&compat, 2), &head.encode()).unwrap();
     let total = m.files.len();

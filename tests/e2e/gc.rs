@@ -624,6 +624,7 @@ fn plant_undecodable(
         generation: id,
         written_at: now_secs(),
         writer: "another jitship".into(),
+        signature: None,
     };
     s.put(&b.layout.head(&m.compat_id, seq), &head.encode())
         .unwrap();

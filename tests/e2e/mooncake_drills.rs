@@ -284,6 +284,9 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
                 misses += 1;
             }
             InstallOutcome::AlreadyCurrent => panic!("cache {i}: already current in a fresh root"),
+            InstallOutcome::Conflict => {
+                panic!("cache {i}: conflicts in a fresh root: {}", report.detail)
+            }
             InstallOutcome::Untrusted => {
                 panic!("cache {i}: untrusted with trust off: {}", report.detail)
             }
