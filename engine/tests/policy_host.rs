@@ -456,7 +456,7 @@ fn a_failing_policy_disables_its_kind_and_nothing_else() {
             cache("test", Some(wasm("good"))),
             cache("future", Some(wasm("v2"))),
             cache("triton", Some(wasm("good"))),
-            cache("plain", None),
+            cache("plain", Some(jitship::config::NATIVE_POLICY.into())),
         ],
     );
 

@@ -396,7 +396,7 @@ fn publish_of_a_missing_root_or_a_file_is_an_error_naming_it() {
     ] {
         let out = jitship()
             .args(["publish", "--store", &store, "--fact", "t=1"])
-            .args(["--cache", &format!("kernels={}", root.display())])
+            .args(["--cache", &format!("kernels:native={}", root.display())])
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -445,7 +445,7 @@ fn a_sigkill_during_commit_never_shows_a_marker_before_its_files_and_the_next_in
     let store_flag = format!("local:{}", store_dir.display());
     let common = |c: &mut Command, root: &Path| {
         c.args(["--store", &store_flag, "--fact", "test.tag=sigkill"])
-            .args(["--cache", &format!("kernels={}", root.display())]);
+            .args(["--cache", &format!("kernels:native={}", root.display())]);
     };
     let mut c = jitship();
     c.arg("publish");

@@ -240,6 +240,8 @@ fn keys(r: &Rendered, facts: &Facts) -> BTreeMap<String, Result<String, String>>
 fn check_example(file: &str) {
     let path = Path::new(EXAMPLES).join(file);
     let mut docs = documents(&Path::new(EXAMPLES).join("configmap.yaml"));
+    // The publisher's public key (ConfigMap jitship-trust) that both jitship containers mount.
+    docs.extend(documents(&Path::new(EXAMPLES).join("trust.yaml")));
     docs.extend(documents(&path));
     let maps = config_maps(&docs);
     let deployment = docs

@@ -199,9 +199,22 @@ fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused(
         assert_eq!(r.outcome.exit_code(), 14);
         assert!(matches!(r.refused[0].signer, Signer::Forged { .. }));
         assert!(!root.exists(), "[{}] nothing written", b.name);
-        // Even with trust off the manifest's own compat id does not match: never installed.
+        // Even with trust off the manifest's own compat id does not match: refused as a failure
+        // naming both compat ids (issue 11's cross-compat check), never installed.
         let r = install(&other, &root, TrustPolicy::default());
-        assert_eq!(r.outcome, InstallOutcome::Miss, "[{}] {}", b.name, r.detail);
+        assert_eq!(
+            r.outcome,
+            InstallOutcome::Failed,
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
+        assert!(
+            r.detail.contains("another cache"),
+            "[{}] {}",
+            b.name,
+            r.detail
+        );
         assert!(!root.exists());
 
         // Another namespace: the manifest and packs copied over too, the head verbatim.
@@ -559,7 +572,7 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
 
         let flags = b.cli.clone().unwrap();
         let root = tmp.path().join("root");
-        let cache = format!("kernels={}", root.display());
+        let cache = format!("kernels:native={}", root.display());
         let with = |extra: &[&str]| -> Vec<String> {
             let mut f = flags.clone();
             f.extend(["--cache".to_owned(), cache.clone()]);
@@ -577,7 +590,7 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
         let install_flags = |f: &[String]| -> Vec<String> {
             let mut f = f.to_vec();
             let at = f.iter().position(|x| x == "--cache").unwrap();
-            f[at + 1] = format!("kernels={}", target.display());
+            f[at + 1] = format!("kernels:native={}", target.display());
             f
         };
         let out = expect(&b, &install_flags(&required), &["install"], 14);
@@ -650,7 +663,7 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
         let fresh = tmp.path().join("fresh");
         let mut f = required.clone();
         let at = f.iter().position(|x| x == "--cache").unwrap();
-        f[at + 1] = format!("kernels={}", fresh.display());
+        f[at + 1] = format!("kernels:native={}", fresh.display());
         expect(&b, &f, &["install"], 0);
         assert_same_tree(&root, &fresh);
     }
