@@ -10,7 +10,8 @@ use crate::facts::Facts;
 use crate::generation::{CompatId, GenerationId};
 use crate::policy::host::{LoadStats, LogLine, PolicyEngine, Traced, WasmPolicy};
 use crate::policy::{
-    CachePolicy, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Verdict,
+    CachePolicy, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory, RetentionLimits,
+    Verdict,
 };
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -19,10 +20,10 @@ pub struct CheckReport {
     pub size_bytes: u64,
     /// blake3 of the module, as recorded in manifests.
     pub digest: String,
-    /// The contract version it was built against, e.g. "1.0.0".
+    /// The contract version it was built against, e.g. "2.0.0".
     pub contract: String,
     pub info: PolicyInfo,
-    /// Every import, down to the function (`jitship:policy/host@1.0.0#read-file`).
+    /// Every import, down to the function (`jitship:policy/host@2.0.0#read-file`).
     pub imports: Vec<String>,
     pub exports: Vec<String>,
     /// Whether it can read files under the cache root at all.
@@ -110,13 +111,24 @@ pub struct EntryDecision {
     pub path: String,
     pub size: u64,
     pub verdict: Verdict,
-    pub reason: String,
+    pub category: ReasonCategory,
+    pub detail: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub marker: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub embeds_root: bool,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SelectReport {
     pub root: PathBuf,
     pub call: Call<Vec<EntryDecision>>,
+    /// Whether the policy judged the root a complete cache for its kind (absent if select failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub complete: Option<bool>,
+    /// Why not, in the policy's words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete_detail: Option<String>,
     pub publish_files: usize,
     pub publish_bytes: u64,
     pub skip_files: usize,
@@ -184,15 +196,20 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, Policy
                 PolicyError::InvalidInput(format!("cannot scan {}: {e}", root.display()))
             })?;
             let entries: Vec<_> = snap.files.iter().map(|f| f.entry()).collect();
-            let call = Call::from(policy.select_traced(root, &entries), |decisions| {
+            let mut completeness = None;
+            let call = Call::from(policy.select_traced(root, &entries), |selection| {
+                completeness = Some((selection.complete, selection.incomplete_detail));
                 entries
                     .iter()
-                    .zip(decisions)
+                    .zip(selection.decisions)
                     .map(|(e, d)| EntryDecision {
                         path: e.path.clone(),
                         size: e.size,
                         verdict: d.verdict,
-                        reason: d.reason,
+                        category: d.category,
+                        detail: d.detail,
+                        marker: d.marker,
+                        embeds_root: d.embeds_root,
                     })
                     .collect::<Vec<_>>()
             });
@@ -200,6 +217,8 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, Policy
             let published = decided.iter().filter(|d| d.verdict == Verdict::Publish);
             Some(SelectReport {
                 root: root.clone(),
+                complete: completeness.as_ref().map(|(c, _)| *c),
+                incomplete_detail: completeness.and_then(|(c, why)| (!c).then_some(why)),
                 publish_files: published.clone().count(),
                 publish_bytes: published.map(|d| d.size).sum(),
                 skip_files: decided

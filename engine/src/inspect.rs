@@ -78,6 +78,11 @@ pub struct ManifestSummary {
     pub parent: Option<GenerationId>,
     pub merged: Vec<GenerationId>,
     pub packs: Vec<PackRef>,
+    /// Whether the root it was published from was a complete cache for its kind.
+    pub complete: bool,
+    /// Why not, in the policy's words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
 }
 
 impl ManifestSummary {
@@ -92,6 +97,8 @@ impl ManifestSummary {
             parent: m.parent,
             merged: m.merged.clone(),
             packs: m.packs.clone(),
+            complete: m.incomplete.is_none(),
+            incomplete: m.incomplete.clone(),
         }
     }
 }
@@ -264,6 +271,10 @@ pub struct Inspection {
     pub size_bytes: u64,
     pub packed_bytes: u64,
     pub pack_count: u64,
+    /// Whether the root it was published from was a complete cache for its kind.
+    pub complete: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     pub pinned: Option<catalog::PinRecord>,
     /// Head seqs pointing at this generation.
     pub heads: Vec<u64>,
@@ -289,6 +300,10 @@ pub struct FileLine {
     pub path: String,
     pub size: u64,
     pub blake3: ContentHash,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub marker: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub canonical: bool,
 }
 
 pub const MAX_CHAIN: usize = 32;
@@ -343,6 +358,8 @@ pub fn inspect(
         size_bytes: manifest.total_bytes(),
         packed_bytes: manifest.packed_bytes(),
         pack_count: manifest.packs.len() as u64,
+        complete: manifest.incomplete.is_none(),
+        incomplete: manifest.incomplete.clone(),
         pinned: catalog::pin_record(store, layout, id)?,
         heads: mine.map(|g| g.seqs.clone()).unwrap_or_default(),
         signatures: mine.map(|g| g.signatures.clone()).unwrap_or_default(),
@@ -356,6 +373,8 @@ pub fn inspect(
                 path: f.path.to_string(),
                 size: f.size,
                 blake3: f.blake3,
+                marker: f.marker,
+                canonical: f.canonical,
             })
             .collect(),
     })

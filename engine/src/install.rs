@@ -59,7 +59,8 @@ use confined::{Confined, Kind};
 pub struct InstallOptions {
     /// Bound on the whole install, lock wait included.
     pub deadline: Duration,
-    /// How many older heads to try when the newest generation is incomplete, corrupt or refused.
+    /// How many older heads to try when the newest generation is unusable: packs evicted from the
+    /// store, or recorded as an incomplete cache by its policy (a complete one is preferred).
     pub fallback_depth: usize,
     /// Test hook (hidden flag `--test-commit-pause`): a pause before each file moved into the
     /// root, so a test can SIGKILL the real binary mid-commit. Zero otherwise.
@@ -137,6 +138,14 @@ pub struct InstallReport {
     /// Newer generations given up on because a pack was corrupt or vanished while fetched.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub damaged: Vec<String>,
+    /// Whether the generation taken is a complete cache for its kind (its policy said so when it
+    /// was published); `None` when none was taken.
+    pub complete: Option<bool>,
+    /// Why it is not complete (the policy's words at publish).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+    /// Newer generations passed over because they were incomplete caches.
+    pub newer_incomplete: Vec<GenerationId>,
     pub files_in_generation: u64,
     pub files_installed: u64,
     pub bytes_installed: u64,
@@ -233,6 +242,9 @@ pub fn install(
         signer: None,
         refused: vec![],
         damaged: vec![],
+        complete: None,
+        incomplete: None,
+        newer_incomplete: vec![],
         files_in_generation: 0,
         files_installed: 0,
         bytes_installed: 0,
@@ -474,6 +486,8 @@ impl Job {
                 return Ok(self.nothing_installable(&head, heads.len()));
             };
             self.report.generation = Some(manifest.id());
+            self.report.complete = Some(manifest.incomplete.is_none());
+            self.report.incomplete = manifest.incomplete.clone();
             self.report.files_in_generation = manifest.files.len() as u64;
             self.check_time()?;
             if locked.is_none() {
@@ -526,6 +540,17 @@ impl Job {
             result?;
         }
         let (outcome, mut detail) = self.outcome(manifest);
+        match &manifest.incomplete {
+            None if self.report.newer_incomplete.is_empty() => {}
+            None => detail.push_str(&format!(
+                " (the newest complete cache; {} newer generation(s) are incomplete)",
+                self.report.newer_incomplete.len()
+            )),
+            Some(why) => detail.push_str(&format!(
+                " (an INCOMPLETE cache: {why}; no complete generation among the newest {})",
+                self.fallback_depth + 1
+            )),
+        }
         if let Some(signer) = &self.report.signer {
             detail.push_str(&format!(" ({signer})"));
         }
@@ -629,6 +654,10 @@ impl Job {
     ) -> Result<Option<Manifest>, InstallError> {
         let store = self.store.clone();
         let store = store.as_ref();
+        // The newest usable generation its policy recorded as incomplete, taken only when no
+        // complete one follows it: (manifest, signer, index after it).
+        let mut newest_incomplete: Option<(Manifest, Signer, usize)> = None;
+        let mut passed_over = Vec::new();
         while let Some(h) = heads.get(*next) {
             *next += 1;
             self.check_time()?;
@@ -656,8 +685,16 @@ impl Job {
                     });
                 }
                 Some(m) if catalog::packs_present(store, &self.layout, &m)? => {
-                    self.report.signer = Some(signer);
-                    return Ok(Some(m));
+                    if m.incomplete.is_none() {
+                        self.report.signer = Some(signer);
+                        self.report.newer_incomplete = passed_over;
+                        return Ok(Some(m));
+                    }
+                    tracing::info!(generation = %h.generation, "generation is an incomplete cache; looking for an older complete one");
+                    passed_over.push(m.id());
+                    if newest_incomplete.is_none() {
+                        newest_incomplete = Some((m, signer, *next));
+                    }
                 }
                 Some(_) => {
                     tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one")
@@ -667,7 +704,17 @@ impl Job {
                 }
             }
         }
-        Ok(None)
+        // No complete one: the newest incomplete one, which the report marks as such. Should its
+        // packs turn out damaged, the caller's next try starts after it.
+        let Some((m, signer, after)) = newest_incomplete else {
+            return Ok(None);
+        };
+        let id = m.id();
+        passed_over.retain(|g| *g != id);
+        self.report.newer_incomplete = passed_over;
+        self.report.signer = Some(signer);
+        *next = after;
+        Ok(Some(m))
     }
 
     fn lock(&self, parent: &Path, name: &str) -> Result<File, InstallError> {

@@ -40,7 +40,7 @@ use crate::generation::{
     Manifest, PackPlan, PackRef, Producer, RelPath, hash_file, merge_files, plan_packs,
     prune_packs,
 };
-use crate::policy::{CachePolicy, PolicyError, Verdict};
+use crate::policy::{CachePolicy, Decision, PolicyError, ReasonCategory, Verdict};
 use crate::scan::{self, ScannedFile};
 use crate::store::{KeyLayout, Store, StoreError};
 use crate::trust::PublishTrust;
@@ -76,8 +76,16 @@ pub struct PublishReport {
     #[serde(flatten)]
     pub outcome: PublishOutcome,
     pub files_selected: u64,
-    /// Files not published, by reason.
-    pub skipped: BTreeMap<String, u64>,
+    /// Files not published, by category (`ReasonCategory`: a small fixed set, so summaries and
+    /// metric labels stay bounded whatever the tree holds).
+    pub skipped: BTreeMap<ReasonCategory, u64>,
+    /// Which files were skipped and why in words: the first `MAX_SKIP_DETAILS` of them, for `-v`
+    /// and reports (never for metric labels).
+    pub skip_details: Vec<SkipDetail>,
+    /// Why the root is not a complete cache for its kind (the policy's `incomplete-detail`); the
+    /// generation published from it is recorded as incomplete. `None` = complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     /// Selected files the parent generation did not have.
     pub files_new: u64,
     pub files_hashed: u64,
@@ -97,6 +105,17 @@ pub struct PublishReport {
     pub hash_ms: u64,
     pub upload_ms: u64,
     pub duration_ms: u64,
+}
+
+/// Most skipped files `PublishReport::skip_details` lists (the counts by category are complete).
+pub const MAX_SKIP_DETAILS: usize = 100;
+
+/// One skipped file, for `-v` and reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkipDetail {
+    pub path: String,
+    pub category: ReasonCategory,
+    pub detail: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -201,7 +220,9 @@ pub fn publish(
         source,
     })?;
     let entries: Vec<_> = snap.files.iter().map(ScannedFile::entry).collect();
-    let decisions = policy.select(root, &entries).map_err(policy_err)?;
+    let selection = policy.select(root, &entries).map_err(policy_err)?;
+    let incomplete = selection.incomplete();
+    let decisions = selection.decisions;
     if decisions.len() != entries.len() {
         return Err(PublishError::PolicyContract(
             policy.info().name.clone(),
@@ -209,30 +230,41 @@ pub fn publish(
             entries.len(),
         ));
     }
-    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
-    for (_, reason) in &snap.unpublishable {
-        *skipped.entry((*reason).to_owned()).or_default() += 1;
+    let mut skipped: BTreeMap<ReasonCategory, u64> = BTreeMap::new();
+    let mut skip_details = Vec::new();
+    let mut note_skip = |path: &str, category: ReasonCategory, detail: &str| {
+        *skipped.entry(category).or_default() += 1;
+        if skip_details.len() < MAX_SKIP_DETAILS {
+            skip_details.push(SkipDetail {
+                path: path.to_owned(),
+                category,
+                detail: detail.to_owned(),
+            });
+        }
+    };
+    // What the scan never offers (links, special files, names that are not UTF-8) is left out by
+    // jitship itself.
+    for (path, reason) in &snap.unpublishable {
+        note_skip(path, ReasonCategory::Excluded, reason);
     }
-    // Files the engine finds others through: recorded so an install moves them in last.
-    let markers: HashSet<&RelPath> = snap
-        .files
-        .iter()
-        .zip(&decisions)
-        .filter(|(_, d)| d.verdict == Verdict::Publish && d.marker)
-        .map(|(f, _)| &f.path)
-        .collect();
-    let selected: Vec<&ScannedFile> = snap
+    let selected: Vec<(&ScannedFile, &Decision)> = snap
         .files
         .iter()
         .zip(&decisions)
         .filter_map(|(f, d)| match d.verdict {
-            Verdict::Publish => Some(f),
+            Verdict::Publish => Some((f, d)),
             Verdict::Skip => {
-                *skipped.entry(d.reason.clone()).or_default() += 1;
+                note_skip(f.path.as_str(), d.category, &d.detail);
                 None
             }
         })
         .collect();
+    let markers: HashSet<&RelPath> = selected
+        .iter()
+        .filter(|(_, d)| d.marker)
+        .map(|(f, _)| &f.path)
+        .collect();
+    let selected: Vec<&ScannedFile> = selected.into_iter().map(|(f, _)| f).collect();
 
     let mut report = PublishReport {
         cache_kind: kind.clone(),
@@ -242,6 +274,8 @@ pub fn publish(
         outcome: PublishOutcome::Empty,
         files_selected: selected.len() as u64,
         skipped,
+        skip_details,
+        incomplete,
         files_new: 0,
         files_hashed: 0,
         bytes_uploaded: 0,
@@ -291,7 +325,13 @@ pub fn publish(
         .filter(|(f, _)| !parent_paths.contains_key(&f.path))
         .collect();
     report.files_new = new_files.len() as u64;
-    if new_files.is_empty() && !parent_damaged && !(covers_refused_head && parent.is_some()) {
+    // A parent recorded as incomplete whose files this complete root holds no more of still gets
+    // a new generation: the same files, now known to make a complete cache.
+    let completes_parent =
+        report.incomplete.is_none() && parent.as_ref().is_some_and(|p| p.incomplete.is_some());
+    if new_files.is_empty() && !parent_damaged && !completes_parent
+        && !(covers_refused_head && parent.is_some())
+    {
         report.conflicts = local
             .iter()
             .filter_map(|(f, h)| {
@@ -364,6 +404,7 @@ pub fn publish(
                 None => located.get(h).cloned().unwrap_or_default(),
             },
             marker: markers.contains(&f.path),
+            canonical: false,
         })
         .collect();
 
@@ -380,6 +421,7 @@ pub fn publish(
         created_at: now_secs(),
         packs: vec![],
         files: vec![],
+        incomplete: report.incomplete.clone(),
     };
     let (files, packs, conflicts) = match &parent {
         Some(p) => merge_files(&p.files, &p.packs, &ours_files, &ours_packs),

@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use jitship::config::CacheConfig;
 use jitship::facts::Facts;
+use jitship::generation::RelPath;
 use jitship::generation::{ContentHash, GenerationId};
 use jitship::policy::build::{BuildOptions, build_policy_crate_to};
+use jitship::policy::host::Rewrite;
 use jitship::policy::host::{Limits, PolicyEngine, WasmPolicy};
 use jitship::policy::set::{PolicySet, PolicySource};
 use jitship::policy::{
-    CachePolicy, FileEntry, GenerationSummary, PolicyError, RetentionLimits, Verdict,
+    CachePolicy, FileEntry, GenerationSummary, PolicyError, ReasonCategory, RetentionLimits,
+    Verdict,
 };
 
 fn guests_dir() -> PathBuf {
@@ -35,7 +38,7 @@ fn guests() -> &'static Path {
             quiet: true,
             locked: true,
         };
-        for name in ["good", "hostile", "v2"] {
+        for name in ["good", "hostile", "v1", "v3"] {
             build_policy_crate_to(
                 &guests_dir().join(name),
                 &out.join(format!("{name}.wasm")),
@@ -126,7 +129,7 @@ fn golden_round_trip_on_a_real_component() {
         ("good", "1.2.3", "test")
     );
     assert_eq!(info.root_env, vec!["TEST_CACHE_DIR".to_string()]);
-    assert_eq!(good.contract().version, "1.0.0");
+    assert_eq!(good.contract().version, "2.0.0");
     assert!(
         good.contract().uses_read_file(),
         "{:?}",
@@ -166,27 +169,74 @@ fn golden_round_trip_on_a_real_component() {
         entry("sub/k.cubin"),
         entry("gone.json"),
     ];
-    let decisions = good.select(root, &entries).unwrap();
-    let got: Vec<(Verdict, &str)> = decisions
+    let selection = good.select(root, &entries).unwrap();
+    assert!(selection.complete && selection.incomplete_detail.is_empty());
+    let got: Vec<(Verdict, ReasonCategory, &str)> = selection
+        .decisions
         .iter()
-        .map(|d| (d.verdict, d.reason.as_str()))
+        .map(|d| (d.verdict, d.category, d.detail.as_str()))
         .collect();
     assert_eq!(
         got[..5],
         [
-            (Verdict::Publish, "complete json"),
-            (Verdict::Skip, "truncated json"),
-            (Verdict::Skip, "in-flight temp file"),
-            (Verdict::Skip, "lock file"),
-            (Verdict::Publish, "complete file"),
+            (Verdict::Publish, ReasonCategory::Complete, "complete json"),
+            (Verdict::Skip, ReasonCategory::Incomplete, "truncated json"),
+            (
+                Verdict::Skip,
+                ReasonCategory::Temporary,
+                "in-flight temp file"
+            ),
+            (Verdict::Skip, ReasonCategory::Lock, "lock file"),
+            (Verdict::Publish, ReasonCategory::Complete, "complete file"),
         ]
     );
     assert_eq!(got[5].0, Verdict::Skip);
     assert!(
-        got[5].1.starts_with("unreadable: refused: gone.json"),
+        got[5].2.starts_with("unreadable: refused: gone.json"),
         "{}",
-        got[5].1
+        got[5].2
     );
+    assert!(
+        selection
+            .decisions
+            .iter()
+            .all(|d| !d.marker && !d.embeds_root)
+    );
+
+    // The root arrives absolute (even when given relative); traits and completeness travel.
+    std::fs::write(root.join("k.grp.json"), b"{\"child\": 1}").unwrap();
+    let s = good
+        .select(
+            root,
+            &[entry("root-probe"), entry("k.grp.json"), entry("x.partial")],
+        )
+        .unwrap();
+    assert_eq!(s.decisions[0].detail, format!("root is {}", root.display()));
+    assert!(s.decisions[1].marker && s.decisions[1].embeds_root);
+    assert!(!s.complete);
+    assert_eq!(s.incomplete_detail, "1 partial file(s) still being written");
+    let cwd = std::env::current_dir().unwrap();
+    let relative = pathdiff_for_test(root, &cwd);
+    let s = good.select(&relative, &[entry("root-probe")]).unwrap();
+    assert_eq!(
+        s.decisions[0].detail,
+        format!("root is {}", cwd.join(&relative).display())
+    );
+
+    // canonicalize/materialize round trip through the component.
+    let path = RelPath::parse("k.grp.json").unwrap();
+    let content = format!("{{\"child\": \"{}/k.bin\"}}", root.display());
+    let canon = good.canonicalize(root, &path, content.as_bytes()).unwrap();
+    assert_eq!(canon, b"{\"child\": \"${ROOT}/k.bin\"}");
+    assert_eq!(
+        good.materialize(Path::new("/elsewhere"), &path, &canon)
+            .unwrap(),
+        b"{\"child\": \"/elsewhere/k.bin\"}"
+    );
+    assert!(matches!(
+        good.canonicalize(Path::new("/not/this"), &path, content.as_bytes()),
+        Err(PolicyError::InvalidInput(m)) if m.contains("does not name /not/this")
+    ));
 
     let gens = [
         generation(1, 100, false),
@@ -325,17 +375,17 @@ fn reads_outside_the_root_are_refused() {
         "read:ok.txt",
     ];
     let entries: Vec<FileEntry> = paths.iter().map(|p| entry(p)).collect();
-    let decisions = hostile.select(&root, &entries).unwrap();
+    let decisions = hostile.select(&root, &entries).unwrap().decisions;
     for (p, d) in paths.iter().zip(&decisions).take(paths.len() - 1) {
-        assert!(d.reason.starts_with("refused: "), "{p}: {}", d.reason);
-        assert!(!d.reason.contains("outside"), "{p} leaked: {}", d.reason);
+        assert!(d.detail.starts_with("refused: "), "{p}: {}", d.detail);
+        assert!(!d.detail.contains("outside"), "{p} leaked: {}", d.detail);
     }
     assert!(
-        decisions[3].reason.contains("symlink"),
+        decisions[3].detail.contains("symlink"),
         "{}",
-        decisions[3].reason
+        decisions[3].detail
     );
-    assert_eq!(decisions[6].reason, "read ok: inside");
+    assert_eq!(decisions[6].detail, "read ok: inside");
 
     // No root outside select: compat-key cannot read anything (exercised via the host unit tests);
     // the per-evaluation budget stops a policy that reads forever.
@@ -345,12 +395,15 @@ fn reads_outside_the_root_are_refused() {
     });
     let hostile = load(&engine, "hostile");
     std::fs::write(root.join("big"), vec![1u8; 10 << 20]).unwrap();
-    let d = hostile.select(&root, &[entry("readall:big")]).unwrap();
+    let d = hostile
+        .select(&root, &[entry("readall:big")])
+        .unwrap()
+        .decisions;
     assert!(
-        d[0].reason
+        d[0].detail
             .starts_with("refused after 3145728 bytes: refused: the read budget"),
         "{}",
-        d[0].reason
+        d[0].detail
     );
     host_still_works(&engine);
 }
@@ -358,15 +411,30 @@ fn reads_outside_the_root_are_refused() {
 #[test]
 fn wrong_contract_version_is_refused_before_instantiation() {
     let engine = engine_with(limits());
-    let err = engine.load_file(&wasm("v2")).unwrap_err();
+    // A module built for contract 1 is told how to rebuild.
+    let err = engine.load_file(&wasm("v1")).unwrap_err();
     let PolicyError::Contract(msg) = &err else {
         panic!("expected Contract, got {err:?}")
     };
     assert!(
-        msg.contains("speaks jitship:policy@2.0.0; this jitship speaks 1.x"),
+        msg.contains("was built for policy contract 1 (jitship:policy@1.0.0)"),
         "{msg}"
     );
-    assert!(msg.contains("rebuild it with plugins-sdk 1.x"), "{msg}");
+    assert!(
+        msg.contains("rebuild it against jitship-policy-sdk 2 (jitship policy build)"),
+        "{msg}"
+    );
+    // One built for a future major is told it is newer.
+    let err = engine.load_file(&wasm("v3")).unwrap_err();
+    let PolicyError::Contract(msg) = &err else {
+        panic!("expected Contract, got {err:?}")
+    };
+    assert!(
+        msg.contains(
+            "speaks jitship:policy@3.0.0, a newer contract than this jitship's jitship:policy@2.0.0"
+        ),
+        "{msg}"
+    );
 
     // A core module (built but not componentized) is refused with what to do.
     let core = out_dir().join("target/wasm32-unknown-unknown/policy/guest_good.wasm");
@@ -397,9 +465,56 @@ fn invalid_answers_are_refused() {
         .select(root.path(), &[entry("bigreason")])
         .unwrap_err();
     assert!(
-        matches!(&err, PolicyError::BadOutput(m) if m.contains("reason")),
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("detail for entry 0 is 100000 bytes")),
         "{err}"
     );
+    for (path, what) in [
+        ("skipcomplete", "skips entry 0 with category complete"),
+        ("publishlock", "publishes entry 0 with category lock"),
+        ("skiptraits", "skips entry 0 but gives it traits"),
+        ("silentincomplete", "incomplete cache without saying why"),
+    ] {
+        let err = hostile.select(root.path(), &[entry(path)]).unwrap_err();
+        assert!(
+            matches!(&err, PolicyError::BadOutput(m) if m.contains(what)),
+            "{path}: {err}"
+        );
+    }
+    // canonicalize/materialize answers are bounded; an echo is fine.
+    let grow = RelPath::parse("grow").unwrap();
+    let err = hostile
+        .canonicalize(root.path(), &grow, b"small")
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("canonicalize of grow answered")),
+        "{err}"
+    );
+    let err = hostile
+        .materialize(root.path(), &grow, b"small")
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::BadOutput(m) if m.contains("materialize of grow answered")),
+        "{err}"
+    );
+    let echo = RelPath::parse("echo").unwrap();
+    assert_eq!(
+        hostile.canonicalize(root.path(), &echo, b"same").unwrap(),
+        b"same"
+    );
+    let huge = vec![0u8; jitship::policy::host::MAX_REWRITE_BYTES + 1];
+    let t = hostile
+        .rewrite_traced(Rewrite::Canonicalize, root.path(), &echo, &huge)
+        .unwrap();
+    assert!(
+        matches!(&t.value, Err(PolicyError::InvalidInput(m)) if m.contains("at most")),
+        "{:?}",
+        t.value.as_ref().err()
+    );
+    let spin = RelPath::parse("spin").unwrap();
+    assert!(matches!(
+        hostile.materialize(root.path(), &spin, b"x"),
+        Err(PolicyError::OutOfFuel { .. })
+    ));
     let err = hostile
         .compat_key(&facts(&[("evil", "bigkey")]))
         .unwrap_err();
@@ -454,7 +569,8 @@ fn a_failing_policy_disables_its_kind_and_nothing_else() {
         &[
             cache("hostile", Some(wasm("hostile"))),
             cache("test", Some(wasm("good"))),
-            cache("future", Some(wasm("v2"))),
+            cache("future", Some(wasm("v3"))),
+            cache("past", Some(wasm("v1"))),
             cache("triton", Some(wasm("good"))),
             cache("plain", Some(jitship::config::NATIVE_POLICY.into())),
         ],
@@ -583,10 +699,8 @@ fn compiled_modules_are_cached_on_disk_and_only_trusted_files_are_loaded() {
 /// own workspace (like a third-party policy next to a plugins-sdk checkout).
 fn write_repro_crate(checkout: &Path, dep_in_workspace: bool) -> PathBuf {
     let lock = std::fs::read_to_string(guests_dir().join("Cargo.lock")).unwrap();
-    copy_tree(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins-sdk/wit"),
-        &checkout.join("wit"),
-    );
+    // Any WIT does for a build-reproducibility check; the v3 guest's is self-contained.
+    copy_tree(&guests_dir().join("wit-v3"), &checkout.join("wit"));
     write(
         &checkout.join("dep/Cargo.toml"),
         "[package]\nname = \"dep\"\nversion = \"0.1.0\"\nedition = \"2024\"\n",
@@ -615,9 +729,9 @@ fn write_repro_crate(checkout: &Path, dep_in_workspace: bool) -> PathBuf {
              wit-bindgen = {{ version = \"=0.60.0\", default-features = false, features = [\"macros\", \"realloc\"] }}\n"
         ),
     );
-    let source = std::fs::read_to_string(guests_dir().join("v2/src/lib.rs"))
+    let source = std::fs::read_to_string(guests_dir().join("v3/src/lib.rs"))
         .unwrap()
-        .replace("../wit-v2", "../wit")
+        .replace("../wit-v3", "../wit")
         .replace(
             "Err(PolicyError::Internal(format!(\"{} entries\", entries.len())))",
             "{ dep::check(entries.len()); Ok(vec![]) }",
@@ -720,12 +834,12 @@ fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables
     let config = format!(
         "[store]\nbackend = \"local\"\n[store.local]\npath = {store:?}\n\n\
          [[cache]]\nkind = \"test\"\nroot = {root:?}\npolicy = {good:?}\n\n\
-         [[cache]]\nkind = \"future\"\nroot = {root:?}\npolicy = {v2:?}\n\n\
+         [[cache]]\nkind = \"past\"\nroot = {root:?}\npolicy = {v1:?}\n\n\
          [facts]\n\"gpu.name\" = \"H100\"\n\"python.version\" = \"3.12.3\"\n\n\
          [policy]\ncache_dir = {cache:?}\n",
         store = dir.path().join("store"),
         good = wasm("good"),
-        v2 = wasm("v2"),
+        v1 = wasm("v1"),
         cache = dir.path().join("policy-cache"),
     );
     let config_path = dir.path().join("jitship.toml");
@@ -740,7 +854,8 @@ fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "one kind failed: {stderr}");
     assert!(
-        stderr.contains("future: publish failed") && stderr.contains("speaks jitship:policy@2.0.0"),
+        stderr.contains("past: publish failed")
+            && stderr.contains("rebuild it against jitship-policy-sdk 2"),
         "{stderr}"
     );
     let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -752,8 +867,25 @@ fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables
     );
     assert_eq!(test["files_selected"], 2, "a.json and sub/k.cubin: {test}");
     assert_eq!(
-        test["skipped"]["truncated json"], 1,
+        test["skipped"]["incomplete"], 1,
         "the policy read b.json through read-file: {test}"
     );
-    assert_eq!(test["skipped"]["in-flight temp file"], 1);
+    assert_eq!(test["skipped"]["temporary"], 1);
+    assert_eq!(test["skip_details"][0]["path"], "b.json", "{test}");
+    assert_eq!(test["skip_details"][0]["detail"], "truncated json");
+}
+
+/// `path` relative to `base` (both absolute), through `..` components.
+fn pathdiff_for_test(path: &Path, base: &Path) -> PathBuf {
+    let p: Vec<_> = path.components().collect();
+    let b: Vec<_> = base.components().collect();
+    let common = p.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut out = PathBuf::new();
+    for _ in common..b.len() {
+        out.push("..");
+    }
+    for c in &p[common..] {
+        out.push(c);
+    }
+    out
 }

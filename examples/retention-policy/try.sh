@@ -32,6 +32,12 @@ r = json.load(open(sys.argv[1]))
 assert r["compat_key"]["value"] == "triton-golden@1;driver.major=550;gpu.arch=sm_90;os.arch=x86_64;pkg.triton=3.9.0", r["compat_key"]
 verdicts = {d["path"]: d["verdict"] for d in r["select"]["call"]["value"]}
 assert verdicts == {"ABCD/__grp__k.json": "publish", "ABCD/k.cubin": "publish", "EFGH/tmp.pid_1_2/k.cubin": "skip"}, verdicts
+categories = {d["path"]: d["category"] for d in r["select"]["call"]["value"]}
+assert categories == {"ABCD/__grp__k.json": "complete", "ABCD/k.cubin": "complete", "EFGH/tmp.pid_1_2/k.cubin": "temporary"}, categories
+markers = [d["path"] for d in r["select"]["call"]["value"] if d.get("marker")]
+assert markers == ["ABCD/__grp__k.json"], markers
+assert r["select"]["complete"] is True, r["select"]
+assert r["contract"].startswith("2."), r["contract"]
 assert r["retain"]["call"]["value"] == ["4" * 64], r["retain"]
 PY
 echo "example policy: built, checked and dry-run as expected"

@@ -2,7 +2,7 @@ use std::cell::{Cell, RefCell};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use crate::{FileEntry, Level};
+use crate::{FileEntry, Level, Policy, PolicyError, Selection};
 
 /// What a policy may ask of the host: the contract's `host` interface.
 pub trait Host {
@@ -82,6 +82,29 @@ impl DirHost {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The root as a policy receives it: absolute, as text (the wasm host passes the absolute
+    /// root; tests that give a relative directory get the same).
+    pub fn root_str(&self) -> String {
+        std::path::absolute(&self.root)
+            .unwrap_or_else(|_| self.root.clone())
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Runs `policy`'s `select` over every file under the root, exactly as the wasm export
+    /// would (`run::select`: the checks, the completeness answer): the entries and the
+    /// selection.
+    pub fn select<P: Policy>(
+        &self,
+        policy: &P,
+    ) -> Result<(Vec<FileEntry>, Selection), PolicyError> {
+        let entries = self
+            .entries()
+            .map_err(|e| PolicyError::InvalidInput(format!("{}: {e}", self.root.display())))?;
+        let selection = crate::run::select(policy, self, &self.root_str(), &entries)?;
+        Ok((entries, selection))
     }
 
     pub fn logs(&self) -> Vec<(Level, String)> {

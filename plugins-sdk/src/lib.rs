@@ -3,25 +3,44 @@
 //! A jitship *policy* decides, for one cache kind, under which compatibility key a cache is
 //! published, which of its files are complete and publishable, and which stored generations to
 //! drop. Policies are WebAssembly components speaking the contract in `wit/policy.wit`
-//! (package `jitship:policy@1.0.0`). This crate lets you write one as a plain Rust trait
+//! (package `jitship:policy@2.0.0`, "policy contract 2"). This crate lets you write one as a plain Rust trait
 //! implementation:
 //!
-//! * the contract's types as plain Rust types ([`PolicyInfo`], [`FileEntry`], [`Decision`], ...);
+//! * the contract's types as plain Rust types ([`PolicyInfo`], [`FileEntry`], [`Decision`],
+//!   [`Selection`], [`ReasonCategory`], [`FileTraits`], ...);
 //! * the [`Policy`] trait and the [`export_policy!`] macro, which exports it from a wasm build and
 //!   installs a panic hook that forwards the panic message through the host's `log` (without it
 //!   a panic reaches the host as an opaque `unreachable` trap);
 //! * the host's two imports behind the [`Host`] trait, with [`DirHost`], a native implementation
 //!   reading from a real directory, so the same policy logic runs under `cargo test` with no wasm;
-//! * helpers every cache kind needs: [`never_publish`] (temp, lock and per-host files),
+//! * helpers every cache kind needs: [`never_publish`] (temp, lock and per-host files, with their
+//!   categories),
 //!   [`Facts::require`] (refuse with `missing-fact` rather than key weakly), [`KeyBuilder`]
 //!   (canonical keys from named factors) and [`default_retain`] (limits and pins honoured).
+//!
+//! ## Decisions: a category, a detail, traits
+//!
+//! Every decision carries a [`ReasonCategory`] from a small fixed set (jitship uses it as a metric
+//! label and in publish summaries, so its cardinality stays bounded whatever a cache holds) and a
+//! free `detail` (shown by `jitship policy test`, `-v` and reports). [`Decision::publish`] is
+//! always `Complete`; [`Decision::skip`] takes the category that fits (the WIT file documents
+//! each: `Temporary`, `Lock`, `PerHost`, `Incomplete`, `ForeignRoot`, `Unparseable`, `NotCache`,
+//! `Excluded`). A published file may carry traits: [`Decision::marker`] for a file the tool finds
+//! the others through (installs commit it last), [`Decision::embeds_root`] for a file whose bytes
+//! name the absolute root (the policy then implements [`Policy::canonicalize`] and
+//! [`Policy::materialize`]; the defaults refuse).
+//!
+//! [`Policy::completeness`] says whether the published files make a complete cache for the kind
+//! (default: complete); a generation published from an incomplete root is recorded as such and
+//! installs prefer the newest complete one.
 //!
 //! ## A complete policy
 //!
 //! ```
 //! use jitship_policy_sdk::{
 //!     default_retain, export_policy, never_publish, Decision, Facts, FileEntry, GenerationSummary,
-//!     Host, KeyBuilder, Policy, PolicyError, PolicyInfo, RetentionDefaults, RetentionLimits,
+//!     Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory, RetentionDefaults,
+//!     RetentionLimits,
 //! };
 //!
 //! #[derive(Default)]
@@ -48,18 +67,20 @@
 //!             .build()
 //!     }
 //!
-//!     fn select(&self, _host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+//!     fn select(&self, _host: &dyn Host, _root: &str, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
 //!         let names: std::collections::BTreeSet<&str> = entries.iter().map(|e| e.path.as_str()).collect();
 //!         Ok(entries
 //!             .iter()
 //!             .map(|e| {
-//!                 if let Some(why) = never_publish(&e.path) {
-//!                     return Decision::skip(why);
+//!                 if let Some(skip) = never_publish(&e.path) {
+//!                     return skip;
 //!                 }
 //!                 match e.path.strip_suffix(".bin") {
 //!                     Some(stem) if names.contains(format!("{stem}.done").as_str()) => Decision::publish("complete kernel"),
-//!                     Some(_) => Decision::skip("kernel without .done marker (in flight)"),
-//!                     None => Decision::publish("marker"),
+//!                     Some(_) => Decision::skip(ReasonCategory::Incomplete, "kernel without .done marker (in flight)"),
+//!                     // The JIT looks a kernel up through its .done file: install it last.
+//!                     None if e.path.ends_with(".done") => Decision::publish("completion marker").marker(),
+//!                     None => Decision::skip(ReasonCategory::NotCache, "not a file my JIT writes"),
 //!                 }
 //!             })
 //!             .collect())
@@ -78,11 +99,14 @@
 //! std::fs::write(dir.path().join("a.bin"), b"x").unwrap();
 //! std::fs::write(dir.path().join("a.done"), b"").unwrap();
 //! std::fs::write(dir.path().join("b.bin"), b"x").unwrap();
+//! std::fs::write(dir.path().join("b.bin.lock"), b"").unwrap();
 //! let host = jitship_policy_sdk::DirHost::new(dir.path());
-//! let entries = host.entries().unwrap();
-//! let decisions = MyCache.select(&host, &entries).unwrap();
-//! let published: Vec<_> = entries.iter().zip(&decisions).filter(|(_, d)| d.is_publish()).map(|(e, _)| e.path.as_str()).collect();
+//! let (entries, selection) = host.select(&MyCache).unwrap();
+//! let published: Vec<_> = entries.iter().zip(&selection.decisions).filter(|(_, d)| d.is_publish()).map(|(e, _)| e.path.as_str()).collect();
 //! assert_eq!(published, ["a.bin", "a.done"]);
+//! let categories: Vec<_> = selection.decisions.iter().map(|d| d.category).collect();
+//! assert_eq!(categories, [ReasonCategory::Complete, ReasonCategory::Complete, ReasonCategory::Incomplete, ReasonCategory::Lock]);
+//! assert!(selection.decisions[1].is_marker() && selection.complete);
 //!
 //! let facts = Facts::from_pairs([("gpu.arch", "sm_90"), ("driver.major", "550"), ("pkg.my_jit", "2.1")]).unwrap();
 //! assert_eq!(MyCache.compat_key(&facts).unwrap(), "my-cache@1;driver.major=550;gpu.arch=sm_90;pkg.my_jit=2.1");
@@ -109,6 +133,11 @@ pub use key::{KeyBuilder, MAX_FACTOR_BYTES, PER_HOST_FACTS};
 pub use retention::{RetentionDefaults, default_retain};
 pub use rules::{file_name, never_publish, parent_dir};
 
+/// What `canonicalize` puts where a file named its absolute root (and `materialize` replaces by
+/// the installing root). Chosen so that no real path contains it: `$` and braces are legal in
+/// paths but no tool writes this literal.
+pub const ROOT_TOKEN: &str = "${JITSHIP_ROOT}";
+
 /// Bindings generated from `wit/policy.wit`. Policy authors use the re-exports at the crate root.
 #[doc(hidden)]
 pub mod bindings {
@@ -124,12 +153,13 @@ pub mod bindings {
 
 pub use bindings::jitship::policy::host::Level;
 pub use bindings::jitship::policy::types::{
-    Decision, Fact, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Verdict,
+    Decision, Fact, FileEntry, FileTraits, GenerationSummary, PolicyError, PolicyInfo,
+    ReasonCategory, RetentionLimits, Selection, Verdict,
 };
 
-/// Longest reason the SDK lets through (the host refuses reasons over 1 KiB as a policy failure;
-/// reasons often quote paths read from cache files, which can be any length).
-pub const MAX_REASON_BYTES: usize = 512;
+/// Longest detail the SDK lets through (the host refuses details over 1 KiB as a policy failure;
+/// details often quote paths read from cache files, which can be any length).
+pub const MAX_DETAIL_BYTES: usize = 512;
 
 /// `s` cut to at most `max` bytes at a character boundary, marked with "..." when cut.
 pub fn truncate(mut s: String, max: usize) -> String {
@@ -145,21 +175,76 @@ pub fn truncate(mut s: String, max: usize) -> String {
 }
 
 impl Decision {
-    pub fn publish(reason: impl Into<String>) -> Self {
+    /// Publish: the file is complete (category `Complete`, no traits).
+    pub fn publish(detail: impl Into<String>) -> Self {
         Decision {
             verdict: Verdict::Publish,
-            reason: truncate(reason.into(), MAX_REASON_BYTES),
+            category: ReasonCategory::Complete,
+            detail: truncate(detail.into(), MAX_DETAIL_BYTES),
+            traits: FileTraits::empty(),
         }
     }
-    pub fn skip(reason: impl Into<String>) -> Self {
+
+    /// Skip, for the reason `category` (never `Complete`; the WIT documents each) and `detail`.
+    pub fn skip(category: ReasonCategory, detail: impl Into<String>) -> Self {
         Decision {
             verdict: Verdict::Skip,
-            reason: truncate(reason.into(), MAX_REASON_BYTES),
+            category,
+            detail: truncate(detail.into(), MAX_DETAIL_BYTES),
+            traits: FileTraits::empty(),
         }
     }
+
+    /// This published file is how the tool finds others (an install commits it last).
+    pub fn marker(mut self) -> Self {
+        self.traits |= FileTraits::MARKER;
+        self
+    }
+
+    /// This published file names the absolute root: jitship canonicalizes it at publish and
+    /// materializes it at install through the policy's `canonicalize`/`materialize`.
+    pub fn embeds_root(mut self) -> Self {
+        self.traits |= FileTraits::EMBEDS_ROOT;
+        self
+    }
+
     pub fn is_publish(&self) -> bool {
         self.verdict == Verdict::Publish
     }
+
+    pub fn is_marker(&self) -> bool {
+        self.traits.contains(FileTraits::MARKER)
+    }
+
+    pub fn is_embeds_root(&self) -> bool {
+        self.traits.contains(FileTraits::EMBEDS_ROOT)
+    }
+}
+
+impl ReasonCategory {
+    /// The contract's name, e.g. `per-host`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonCategory::Complete => "complete",
+            ReasonCategory::Temporary => "temporary",
+            ReasonCategory::Lock => "lock",
+            ReasonCategory::PerHost => "per-host",
+            ReasonCategory::Incomplete => "incomplete",
+            ReasonCategory::ForeignRoot => "foreign-root",
+            ReasonCategory::Unparseable => "unparseable",
+            ReasonCategory::NotCache => "not-cache",
+            ReasonCategory::Excluded => "excluded",
+        }
+    }
+}
+
+/// Whether the files a policy publishes make a complete cache for its kind (see
+/// [`Policy::completeness`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completeness {
+    Complete,
+    /// Not yet: why, in words ("2 graphs have kernels but no fxgraph entry yet").
+    Incomplete(String),
 }
 
 impl PolicyError {
@@ -180,9 +265,48 @@ pub trait Policy {
     /// `PolicyError::MissingFact(name)` for any fact the key depends on that is absent.
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError>;
 
-    /// One decision per entry, same order and length. Entries are regular files under the root
-    /// (paths relative, '/'-separated); `host` reads their bytes if the rule needs them.
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError>;
+    /// One decision per entry, same order and length. Entries are regular files under `root`
+    /// (the absolute root being judged, on the publishing or the installing side; entry paths are
+    /// relative, '/'-separated); `host` reads their bytes if the rule needs them.
+    fn select(
+        &self,
+        host: &dyn Host,
+        root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError>;
+
+    /// Whether the published files (`decisions` is what `select` answered) make a cache the tool
+    /// would start warm from. The default: complete (a kind with no such notion).
+    fn completeness(
+        &self,
+        host: &dyn Host,
+        root: &str,
+        entries: &[FileEntry],
+        decisions: &[Decision],
+    ) -> Result<Completeness, PolicyError> {
+        let _ = (host, root, entries, decisions);
+        Ok(Completeness::Complete)
+    }
+
+    /// The root-independent form of a file this policy marked `embeds_root` (replace the
+    /// mentions of `root` by [`ROOT_TOKEN`]). The default refuses: a policy that marks no file
+    /// has nothing to canonicalize.
+    fn canonicalize(&self, root: &str, path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
+        let _ = (root, content);
+        Err(PolicyError::InvalidInput(format!(
+            "policy {} marks no file as embedding the root, so it cannot canonicalize {path}",
+            self.info().name
+        )))
+    }
+
+    /// The inverse of [`Policy::canonicalize`] for the installing `root`. The default refuses.
+    fn materialize(&self, root: &str, path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
+        let _ = (root, content);
+        Err(PolicyError::InvalidInput(format!(
+            "policy {} marks no file as embedding the root, so it cannot materialize {path}",
+            self.info().name
+        )))
+    }
 
     /// Ids of generations to drop (all share one key, newest first). Pinned generations are never
     /// dropped by the host whatever this answers. The default keeps 3 and honours `limits`.
@@ -196,9 +320,10 @@ pub trait Policy {
     }
 }
 
-/// What the exported functions do around a [`Policy`]: build the facts view, check that `select`
-/// answers one decision per entry. Public so native tests can drive a policy exactly as the
-/// wasm export does.
+/// What the exported functions do around a [`Policy`]: build the facts view, assemble and check
+/// the selection (one decision per entry, `Complete` exactly for publish, traits only on
+/// published files, bounded details). Public so native tests drive a policy exactly as the wasm
+/// export does.
 pub mod run {
     use super::*;
 
@@ -210,22 +335,66 @@ pub mod run {
     pub fn select<P: Policy>(
         p: &P,
         host: &dyn Host,
+        root: &str,
         entries: &[FileEntry],
-    ) -> Result<Vec<Decision>, PolicyError> {
-        let mut out = p.select(host, entries)?;
-        for d in &mut out {
-            if d.reason.len() > MAX_REASON_BYTES {
-                d.reason = truncate(std::mem::take(&mut d.reason), MAX_REASON_BYTES);
-            }
-        }
-        if out.len() != entries.len() {
+    ) -> Result<Selection, PolicyError> {
+        let mut decisions = p.select(host, root, entries)?;
+        if decisions.len() != entries.len() {
             return Err(PolicyError::Internal(format!(
                 "select answered {} decisions for {} entries",
-                out.len(),
+                decisions.len(),
                 entries.len()
             )));
         }
-        Ok(out)
+        for (d, e) in decisions.iter_mut().zip(entries) {
+            if d.detail.len() > MAX_DETAIL_BYTES {
+                d.detail = truncate(std::mem::take(&mut d.detail), MAX_DETAIL_BYTES);
+            }
+            let consistent = match d.verdict {
+                Verdict::Publish => d.category == ReasonCategory::Complete,
+                Verdict::Skip => d.category != ReasonCategory::Complete && d.traits.is_empty(),
+            };
+            if !consistent {
+                return Err(PolicyError::Internal(format!(
+                    "decision for {} is {:?} with category {} and traits {:?}: a publish is complete, a skip \
+                     says why with another category and carries no traits",
+                    e.path,
+                    d.verdict,
+                    d.category.as_str(),
+                    d.traits
+                )));
+            }
+        }
+        let (complete, incomplete_detail) = match p.completeness(host, root, entries, &decisions)? {
+            Completeness::Complete => (true, String::new()),
+            Completeness::Incomplete(why) if why.trim().is_empty() => {
+                (false, "incomplete (the policy gave no detail)".to_string())
+            }
+            Completeness::Incomplete(why) => (false, truncate(why, MAX_DETAIL_BYTES)),
+        };
+        Ok(Selection {
+            decisions,
+            complete,
+            incomplete_detail,
+        })
+    }
+
+    pub fn canonicalize<P: Policy>(
+        p: &P,
+        root: &str,
+        path: &str,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        p.canonicalize(root, path, content)
+    }
+
+    pub fn materialize<P: Policy>(
+        p: &P,
+        root: &str,
+        path: &str,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        p.materialize(root, path, content)
     }
 
     pub fn retain<P: Policy>(
@@ -269,10 +438,27 @@ macro_rules! export_policy {
                     $crate::run::compat_key(&<$ty as ::core::default::Default>::default(), &facts)
                 }
                 fn select(
+                    root: ::std::string::String,
                     entries: ::std::vec::Vec<$crate::FileEntry>,
-                ) -> ::core::result::Result<::std::vec::Vec<$crate::Decision>, $crate::PolicyError> {
+                ) -> ::core::result::Result<$crate::Selection, $crate::PolicyError> {
                     $crate::__install_panic_hook();
-                    $crate::run::select(&<$ty as ::core::default::Default>::default(), &$crate::WasmHost, &entries)
+                    $crate::run::select(&<$ty as ::core::default::Default>::default(), &$crate::WasmHost, &root, &entries)
+                }
+                fn canonicalize(
+                    root: ::std::string::String,
+                    path: ::std::string::String,
+                    content: ::std::vec::Vec<u8>,
+                ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::PolicyError> {
+                    $crate::__install_panic_hook();
+                    $crate::run::canonicalize(&<$ty as ::core::default::Default>::default(), &root, &path, &content)
+                }
+                fn materialize(
+                    root: ::std::string::String,
+                    path: ::std::string::String,
+                    content: ::std::vec::Vec<u8>,
+                ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::PolicyError> {
+                    $crate::__install_panic_hook();
+                    $crate::run::materialize(&<$ty as ::core::default::Default>::default(), &root, &path, &content)
                 }
                 fn retain(
                     generations: ::std::vec::Vec<$crate::GenerationSummary>,
@@ -287,4 +473,97 @@ macro_rules! export_policy {
             $crate::bindings::__jitship_export_policy_world!(__JitshipPolicyExport with_types_in $crate::bindings);
         };
     };
+}
+
+#[cfg(test)]
+mod contract_tests {
+    use super::*;
+
+    /// Publishes everything; marks `m` files; skips `bad-*` files as the name says.
+    #[derive(Default)]
+    struct Probe;
+
+    impl Policy for Probe {
+        fn info(&self) -> PolicyInfo {
+            PolicyInfo {
+                name: "probe".into(),
+                version: "0".into(),
+                cache_kind: "probe".into(),
+                default_root: String::new(),
+                root_env: vec![],
+                description: String::new(),
+            }
+        }
+        fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
+            Ok("k".into())
+        }
+        fn select(
+            &self,
+            _: &dyn Host,
+            root: &str,
+            entries: &[FileEntry],
+        ) -> Result<Vec<Decision>, PolicyError> {
+            Ok(entries
+                .iter()
+                .map(|e| match e.path.as_str() {
+                    "m" => Decision::publish(format!("under {root}")).marker(),
+                    "bad-skip-complete" => Decision::skip(ReasonCategory::Complete, "x"),
+                    "bad-skip-traits" => Decision::skip(ReasonCategory::Lock, "x").marker(),
+                    _ => Decision::publish("ok"),
+                })
+                .collect())
+        }
+    }
+
+    fn entries(paths: &[&str]) -> Vec<FileEntry> {
+        paths
+            .iter()
+            .map(|p| FileEntry {
+                path: p.to_string(),
+                size: 1,
+                mtime_ms: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn run_select_assembles_a_complete_selection_and_refuses_inconsistent_decisions() {
+        let s = run::select(&Probe, &WasmHost, "/abs/root", &entries(&["a", "m"])).unwrap();
+        assert!(s.complete && s.incomplete_detail.is_empty());
+        assert!(!s.decisions[0].is_marker() && s.decisions[1].is_marker());
+        assert_eq!(s.decisions[1].detail, "under /abs/root");
+        for bad in ["bad-skip-complete", "bad-skip-traits"] {
+            let err = run::select(&Probe, &WasmHost, "/r", &entries(&[bad])).unwrap_err();
+            assert!(
+                matches!(err, PolicyError::Internal(m) if m.contains(bad)),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn relocation_is_refused_by_default() {
+        for r in [
+            run::canonicalize(&Probe, "/r", "a", b"x"),
+            run::materialize(&Probe, "/r", "a", b"x"),
+        ] {
+            assert!(
+                matches!(r, Err(PolicyError::InvalidInput(m)) if m.contains("marks no file as embedding the root"))
+            );
+        }
+    }
+
+    #[test]
+    fn dir_host_runs_select_with_the_absolute_root() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("m"), b"x").unwrap();
+        let host = DirHost::new(d.path());
+        let (entries, s) = host.select(&Probe).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            s.decisions[0].detail,
+            format!("under {}", d.path().display())
+        );
+        assert_eq!(ReasonCategory::PerHost.as_str(), "per-host");
+    }
 }

@@ -1,8 +1,16 @@
-/// Why `path` (relative to the root) must never be published by any cache kind, if it must not
-/// (research/jit-caches.md §5): in-flight temp files and directories (`tmp.pid_*`, `tmp.<uuid>`,
-/// `.<pid>.<tid>.tmp`, `model.<pid>.tmp`, `.staging-*`, `tmp/<uuid>`, `*_CxxBuild`), locks
-/// (`locks/`, `*.lock`), per-host files (`gpu_p2p_access_cache_*`) and NFS silly-renames.
-pub fn never_publish(path: &str) -> Option<&'static str> {
+use crate::{Decision, ReasonCategory};
+
+/// The skip decision for `path` (relative to the root) if no cache kind may ever publish it
+/// (research/jit-caches.md §5), with its category: in-flight temp files and directories
+/// (`tmp.pid_*`, `tmp.<uuid>`, `.<pid>.<tid>.tmp`, `model.<pid>.tmp`, `.staging-*`, `tmp/<uuid>`,
+/// `*_CxxBuild`) and NFS silly-renames are `Temporary`; locks (`locks/`, `*.lock`) are `Lock`;
+/// per-host files (`gpu_p2p_access_cache_*`) are `PerHost`.
+pub fn never_publish(path: &str) -> Option<Decision> {
+    never_publish_reason(path).map(|(category, detail)| Decision::skip(category, detail))
+}
+
+fn never_publish_reason(path: &str) -> Option<(ReasonCategory, &'static str)> {
+    use ReasonCategory::{Lock, PerHost, Temporary};
     let mut parts: Vec<&str> = path.split('/').collect();
     let name = parts.pop().unwrap_or(path);
     for d in &parts {
@@ -11,23 +19,23 @@ pub fn never_publish(path: &str) -> Option<&'static str> {
             || *d == "tmp"
             || d.ends_with("_CxxBuild")
         {
-            return Some("inside an in-flight temp directory");
+            return Some((Temporary, "inside an in-flight temp directory"));
         }
         if *d == "locks" {
-            return Some("inside a lock directory");
+            return Some((Lock, "inside a lock directory"));
         }
     }
     if name.starts_with("gpu_p2p_access_cache") {
-        return Some("per-host file (GPU topology probe)");
+        return Some((PerHost, "per-host file (GPU topology probe)"));
     }
     if name.ends_with(".lock") {
-        return Some("lock file");
+        return Some((Lock, "lock file"));
     }
     if name.ends_with(".tmp") || name.starts_with("tmp.pid_") {
-        return Some("in-flight temp file");
+        return Some((Temporary, "in-flight temp file"));
     }
     if name.starts_with(".nfs") {
-        return Some("NFS silly-rename file");
+        return Some((Temporary, "NFS silly-rename file"));
     }
     None
 }
@@ -48,22 +56,26 @@ mod tests {
 
     #[test]
     fn temp_lock_and_per_host_files_are_never_published() {
-        for p in [
-            "ab/tmp.pid_12_abc/x.cubin",
-            "tmp.pid_1_2",
-            "triton/0/tmp.1f2e3d/k.cubin",
-            "cache/tmp/5f1c/kernel.cu",
-            "fxgraph/ab/.1234.5678.tmp",
-            "torch_aot_compile/h/rank_0_0/model.4242.tmp",
-            "sm90/mod/build-1/.staging-77/m.so",
-            "cached_ops/tmp/batch_prefill.lock",
-            "locks/abc",
-            "x/locks/abc.lock",
-            "gpu_p2p_access_cache_for_0,1,2,3.json",
-            "ab/c_CxxBuild/o.o",
-            "ab/.nfs0000000012",
+        use ReasonCategory::*;
+        for (p, category) in [
+            ("ab/tmp.pid_12_abc/x.cubin", Temporary),
+            ("tmp.pid_1_2", Temporary),
+            ("triton/0/tmp.1f2e3d/k.cubin", Temporary),
+            ("cache/tmp/5f1c/kernel.cu", Temporary),
+            ("fxgraph/ab/.1234.5678.tmp", Temporary),
+            ("torch_aot_compile/h/rank_0_0/model.4242.tmp", Temporary),
+            ("sm90/mod/build-1/.staging-77/m.so", Temporary),
+            ("cached_ops/tmp/batch_prefill.lock", Temporary),
+            ("locks/abc", Lock),
+            ("x/locks/abc.lock", Lock),
+            ("y/abc.lock", Lock),
+            ("gpu_p2p_access_cache_for_0,1,2,3.json", PerHost),
+            ("ab/c_CxxBuild/o.o", Temporary),
+            ("ab/.nfs0000000012", Temporary),
         ] {
-            assert!(never_publish(p).is_some(), "{p} would be published");
+            let d = never_publish(p).unwrap_or_else(|| panic!("{p} would be published"));
+            assert_eq!((d.category, d.is_publish()), (category, false), "{p}");
+            assert!(d.traits.is_empty());
         }
         for p in [
             "ab/k.cubin",
@@ -83,13 +95,16 @@ mod tests {
 }
 
 #[cfg(test)]
-mod reason_tests {
-    use crate::{Decision, MAX_REASON_BYTES, truncate};
+mod detail_tests {
+    use crate::{Decision, MAX_DETAIL_BYTES, ReasonCategory, truncate};
 
     #[test]
-    fn reasons_are_bounded_at_char_boundaries() {
-        let d = Decision::skip(format!("child {} is bad", "é".repeat(1000)));
-        assert!(d.reason.len() <= MAX_REASON_BYTES && d.reason.ends_with("..."));
+    fn details_are_bounded_at_char_boundaries() {
+        let d = Decision::skip(
+            ReasonCategory::Unparseable,
+            format!("child {} is bad", "é".repeat(1000)),
+        );
+        assert!(d.detail.len() <= MAX_DETAIL_BYTES && d.detail.ends_with("..."));
         assert_eq!(truncate("short".into(), 10), "short");
     }
 }

@@ -507,7 +507,7 @@ impl jitship::policy::CachePolicy for Greedy {
         &self,
         root: &Path,
         entries: &[jitship::policy::FileEntry],
-    ) -> Result<Vec<jitship::policy::Decision>, jitship::policy::PolicyError> {
+    ) -> Result<jitship::policy::Selection, jitship::policy::PolicyError> {
         self.inner.select(root, entries)
     }
     fn retain(

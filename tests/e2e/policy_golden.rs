@@ -15,7 +15,7 @@ use jitship::config::PolicyConfig;
 use jitship::facts::Facts;
 use jitship::policy::host::{Limits, PolicyEngine, WasmPolicy};
 use jitship::policy::{
-    CachePolicy, GenerationSummary, PolicyError, RetentionLimits, Verdict, builtin,
+    CachePolicy, GenerationSummary, PolicyError, ReasonCategory, RetentionLimits, Verdict, builtin,
 };
 use jitship_tests::policy_fixtures;
 
@@ -112,17 +112,35 @@ fn report(engine: &Arc<PolicyEngine>, kind: &str) -> String {
         .iter()
         .map(|f| f.entry())
         .collect();
-    let decisions = policy
+    let selection = policy
         .select(&root, &entries)
         .unwrap_or_else(|e| panic!("{kind}: select: {e}"));
+    let decisions = &selection.decisions;
     assert_eq!(decisions.len(), entries.len());
     let abs = root.display().to_string();
-    for (e, d) in entries.iter().zip(&decisions) {
+    for (e, d) in entries.iter().zip(decisions) {
         let v = match d.verdict {
             Verdict::Publish => "publish",
             Verdict::Skip => "skip   ",
         };
-        writeln!(out, "{v} {} | {}", e.path, d.reason.replace(&abs, "$ROOT")).unwrap();
+        let traits = match (d.marker, d.embeds_root) {
+            (true, true) => " [marker, embeds-root]",
+            (true, false) => " [marker]",
+            (false, true) => " [embeds-root]",
+            (false, false) => "",
+        };
+        writeln!(
+            out,
+            "{v} {} | {}: {}{traits}",
+            e.path,
+            d.category,
+            d.detail.replace(&abs, "$ROOT")
+        )
+        .unwrap();
+    }
+    match selection.incomplete() {
+        None => writeln!(out, "cache: complete").unwrap(),
+        Some(why) => writeln!(out, "cache: incomplete: {}", why.replace(&abs, "$ROOT")).unwrap(),
     }
     let limits = RetentionLimits::default();
     let drop = policy
@@ -190,7 +208,10 @@ fn hard_cases_are_never_published() {
             .iter()
             .map(|f| f.entry())
             .collect();
-        let decisions = policy.select(dir.path(), &entries).expect("select");
+        let decisions = policy
+            .select(dir.path(), &entries)
+            .expect("select")
+            .decisions;
         for (e, d) in entries.iter().zip(&decisions) {
             let p = e.path.as_str();
             let hard = p.contains("tmp.pid_")
@@ -213,8 +234,9 @@ fn hard_cases_are_never_published() {
                     d.verdict,
                     Verdict::Skip,
                     "{kind}: {p} published ({})",
-                    d.reason
+                    d.detail
                 );
+                assert_ne!(d.category, ReasonCategory::Complete, "{kind}: {p}");
             }
         }
         assert!(

@@ -40,8 +40,27 @@ pub(crate) fn print_publish(r: &PublishReport) {
         bytesize::ByteSize(r.bytes_deduplicated),
         r.duration_ms
     );
-    for (reason, n) in &r.skipped {
-        println!("  skipped {n}: {reason}");
+    for (category, n) in &r.skipped {
+        println!("  skipped {n}: {category}");
+    }
+    // The policy's words for each skipped file only with -v: a tree can hold any number of them.
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for d in &r.skip_details {
+            println!("    {} {}: {}", d.category, d.path, d.detail);
+        }
+        let total: u64 = r.skipped.values().sum();
+        if total > r.skip_details.len() as u64 {
+            println!(
+                "    ... and {} more (the report lists the first {})",
+                total - r.skip_details.len() as u64,
+                r.skip_details.len()
+            );
+        }
+    }
+    if let Some(why) = &r.incomplete {
+        println!(
+            "  incomplete cache: {why} (recorded in the generation; installs prefer a complete one)"
+        );
     }
     if let Some(parent) = &r.parent_signer {
         println!("  built on a generation {parent}");
@@ -60,6 +79,17 @@ pub(crate) fn print_install(r: &InstallReport) {
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
     println!("{}: {outcome}: {}", r.cache_kind, r.detail);
+    if !r.newer_incomplete.is_empty() {
+        println!(
+            "  passed over {} newer incomplete generation(s): {}",
+            r.newer_incomplete.len(),
+            r.newer_incomplete
+                .iter()
+                .map(|g| short(g))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if matches!(
         r.outcome,
         InstallOutcome::Installed | InstallOutcome::Conflict
@@ -164,11 +194,15 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
                 print_call_cost(&s.call)
             ),
             None => println!(
-                "select on {}: {} to publish ({}), {} skipped {}",
+                "select on {}: {} to publish ({}), {} skipped; {} {}",
                 s.root.display(),
                 s.publish_files,
                 bytesize::ByteSize(s.publish_bytes),
                 s.skip_files,
+                match (&s.complete, &s.incomplete_detail) {
+                    (Some(false), Some(why)) => format!("INCOMPLETE cache: {why}"),
+                    _ => "complete cache".to_string(),
+                },
                 print_call_cost(&s.call)
             ),
         }
@@ -177,7 +211,16 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
                 crate::policy::Verdict::Publish => "publish",
                 crate::policy::Verdict::Skip => "skip   ",
             };
-            println!("  {verdict} {}  ({})", d.path, d.reason);
+            let traits = match (d.marker, d.embeds_root) {
+                (true, true) => " [marker, embeds-root]",
+                (true, false) => " [marker]",
+                (false, true) => " [embeds-root]",
+                (false, false) => "",
+            };
+            println!(
+                "  {verdict} {}  ({}: {}){traits}",
+                d.path, d.category, d.detail
+            );
         }
         for (path, why) in &s.never_offered {
             println!("  never   {path}  ({why}; not offered to the policy)");

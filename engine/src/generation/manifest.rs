@@ -62,6 +62,11 @@ pub struct Manifest {
     pub packs: Vec<PackRef>,
     /// Sorted by path, no duplicates, no file inside another file's path.
     pub files: Vec<FileRecord>,
+    /// Why the root this generation was published from was not a complete cache for its kind
+    /// (the policy's `incomplete-detail`); `None` = complete. Installs prefer complete
+    /// generations. Absent from manifests written before policy contract 2 (complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,13 +106,18 @@ pub struct FileRecord {
     pub blake3: ContentHash,
     /// Where the bytes live, in order; their lengths add up to `size`.
     pub chunks: Vec<Chunk>,
-    /// The engine finds other files through this one (Triton's `__grp__*.json`, `*.so.load_ok`,
-    /// vLLM's `model`), so an install moves it into the root after every other file. Absent
-    /// (false) in manifests written before markers existed, which therefore decode unchanged.
+    /// The engine finds other files through this one (policy trait `marker`): an install
+    /// commits it after every other file.
     #[serde(default, skip_serializing_if = "is_false")]
     pub marker: bool,
+    /// The bytes stored are the root-independent form (policy trait `embeds-root`): verified as
+    /// stored, materialized for the installing root.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub canonical: bool,
 }
 
+/// For `skip_serializing_if`: optional flags are left out when false, so manifests written
+/// before they existed decode and re-encode to the same bytes.
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -301,6 +311,7 @@ pub(crate) mod tests {
                         len: 4,
                     }],
                     marker: false,
+                    canonical: false,
                 },
                 FileRecord {
                     path: RelPath::parse("b").unwrap(),
@@ -311,11 +322,36 @@ pub(crate) mod tests {
                     blake3: ContentHash::of(b""),
                     chunks: vec![],
                     marker: true,
+                    canonical: false,
                 },
             ],
+            incomplete: None,
         };
         m.normalize();
         m
+    }
+
+    #[test]
+    fn marker_and_incomplete_are_optional_and_round_trip() {
+        let plain = sample();
+        let text = String::from_utf8(plain.encode()).unwrap();
+        assert!(
+            !text.contains("marker") && !text.contains("canonical") && !text.contains("incomplete"),
+            "false/None flags must not change the bytes of manifests written before them: {text}"
+        );
+        let mut m = sample();
+        m.files[0].marker = true;
+        m.files[0].canonical = true;
+        m.incomplete = Some("2 graphs without an fxgraph entry".into());
+        let bytes = m.encode();
+        assert_eq!(Manifest::decode(&bytes, m.id()).unwrap(), m);
+        // Spelling a default out is not the canonical form.
+        let spelled = text.replacen("\"chunks\":[]", "\"chunks\":[],\"marker\":false", 1);
+        let id = GenerationId(ContentHash::of(spelled.as_bytes()));
+        assert!(matches!(
+            Manifest::decode(spelled.as_bytes(), id),
+            Err(ManifestError::NotCanonical)
+        ));
     }
 
     #[test]

@@ -119,6 +119,7 @@ mod tests {
                 len: 1,
             }],
             marker: false,
+            canonical: false,
         }
     }
 

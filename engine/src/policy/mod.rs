@@ -11,7 +11,7 @@ pub mod set;
 use std::path::Path;
 
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef};
+use crate::generation::{GenerationId, PolicyRef, RelPath};
 
 /// What a policy says about itself (mirrors `policy-info` in plugins-sdk/wit/policy.wit).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -41,29 +41,120 @@ pub enum Verdict {
     Skip,
 }
 
+/// Why a file is published or skipped, from the fixed set of the contract (`reason-category` in
+/// plugins-sdk/wit/policy.wit, which documents each). Used as metric labels and in publish
+/// summaries, so their cardinality is bounded whatever a cache holds; the free text is `detail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReasonCategory {
+    Complete,
+    Temporary,
+    Lock,
+    PerHost,
+    Incomplete,
+    ForeignRoot,
+    Unparseable,
+    NotCache,
+    Excluded,
+}
+
+impl ReasonCategory {
+    pub const ALL: [ReasonCategory; 9] = [
+        Self::Complete,
+        Self::Temporary,
+        Self::Lock,
+        Self::PerHost,
+        Self::Incomplete,
+        Self::ForeignRoot,
+        Self::Unparseable,
+        Self::NotCache,
+        Self::Excluded,
+    ];
+
+    /// The contract's name, e.g. `per-host`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::Temporary => "temporary",
+            Self::Lock => "lock",
+            Self::PerHost => "per-host",
+            Self::Incomplete => "incomplete",
+            Self::ForeignRoot => "foreign-root",
+            Self::Unparseable => "unparseable",
+            Self::NotCache => "not-cache",
+            Self::Excluded => "excluded",
+        }
+    }
+}
+
+impl std::fmt::Display for ReasonCategory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A policy's answer for one file.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Decision {
     pub verdict: Verdict,
-    pub reason: String,
-    /// The engine finds other files through this one; an install commits it after the others.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    /// `Complete` for every publish; one of the others for a skip.
+    pub category: ReasonCategory,
+    /// Free text for `-v`, reports and `jitship policy test` (never a metric label).
+    pub detail: String,
+    /// The engine finds other files through this one: an install commits it last.
     pub marker: bool,
+    /// The file names the absolute root: canonicalized at publish, materialized at install.
+    pub embeds_root: bool,
 }
 
 impl Decision {
-    pub fn publish(reason: impl Into<String>) -> Self {
+    pub fn publish(detail: impl Into<String>) -> Self {
         Self {
             verdict: Verdict::Publish,
-            reason: reason.into(),
+            category: ReasonCategory::Complete,
+            detail: detail.into(),
             marker: false,
+            embeds_root: false,
         }
     }
-    pub fn skip(reason: impl Into<String>) -> Self {
+    pub fn skip(category: ReasonCategory, detail: impl Into<String>) -> Self {
         Self {
             verdict: Verdict::Skip,
-            reason: reason.into(),
+            category,
+            detail: detail.into(),
             marker: false,
+            embeds_root: false,
         }
+    }
+    pub fn is_publish(&self) -> bool {
+        self.verdict == Verdict::Publish
+    }
+}
+
+/// The answer of `select`: one decision per entry, and whether the root holds a cache that is
+/// complete for its kind (a generation published from an incomplete root is recorded as such, and
+/// installs prefer the newest complete one).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Selection {
+    pub decisions: Vec<Decision>,
+    pub complete: bool,
+    /// Why not complete; empty when `complete`.
+    pub incomplete_detail: String,
+}
+
+impl Selection {
+    /// A complete selection of these decisions.
+    pub fn complete(decisions: Vec<Decision>) -> Self {
+        Self {
+            decisions,
+            complete: true,
+            incomplete_detail: String::new(),
+        }
+    }
+
+    /// `None` when complete, else why not: what `Manifest::incomplete` records.
+    pub fn incomplete(&self) -> Option<String> {
+        (!self.complete).then(|| self.incomplete_detail.clone())
     }
 }
 
@@ -149,9 +240,39 @@ pub trait CachePolicy: Send + Sync {
 
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError>;
 
-    /// One decision per entry, same order. `root` is where the entries live (a policy may read
-    /// files under it, e.g. Triton group files).
-    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError>;
+    /// One decision per entry, same order, and whether the root is a complete cache. `root` is
+    /// where the entries live (a policy may read files under it, e.g. Triton group files, and
+    /// compares absolute paths they name with it).
+    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Selection, PolicyError>;
+
+    /// The root-independent form of `content`, the file at `path` under `root`, whose decision
+    /// had `embeds_root`. A policy that marks no file so refuses.
+    fn canonicalize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        let _ = (root, content);
+        Err(PolicyError::InvalidInput(format!(
+            "policy {} marks no file as embedding the root, so it cannot canonicalize {path}",
+            self.info().name
+        )))
+    }
+
+    /// The inverse of `canonicalize`, for the installing `root`.
+    fn materialize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        let _ = (root, content);
+        Err(PolicyError::InvalidInput(format!(
+            "policy {} marks no file as embedding the root, so it cannot materialize {path}",
+            self.info().name
+        )))
+    }
 
     /// Ids to drop among `generations` (one compat key, newest first).
     fn retain(

@@ -9,7 +9,8 @@
 use std::path::Path;
 
 use super::{
-    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
+    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
+    RetentionLimits, Selection,
 };
 use crate::facts::Facts;
 use crate::generation::{GenerationId, PolicyRef};
@@ -35,23 +36,34 @@ impl NativeRules {
     }
 }
 
-/// Why a path must never be published, if it must not.
-pub fn never_publish_reason(path: &str) -> Option<&'static str> {
+/// Why a path must never be published, if it must not: its category (temporary, lock, per-host)
+/// and a detail.
+pub fn never_publish_reason(path: &str) -> Option<(ReasonCategory, &'static str)> {
     let name = path.rsplit('/').next().unwrap_or(path);
     let in_dir = |pred: &dyn Fn(&str) -> bool| path.split('/').rev().skip(1).any(pred);
-    if in_dir(&|d| {
-        d.starts_with("tmp.") || d.starts_with(".staging-") || d == "tmp" || d == "locks"
-    }) {
-        return Some("inside an in-flight temp or lock directory");
+    if in_dir(&|d| d == "locks") {
+        return Some((ReasonCategory::Lock, "inside a lock directory"));
+    }
+    if in_dir(&|d| d.starts_with("tmp.") || d.starts_with(".staging-") || d == "tmp") {
+        return Some((
+            ReasonCategory::Temporary,
+            "inside an in-flight temp directory",
+        ));
     }
     if name.ends_with(".tmp") || name.starts_with("tmp.") || name.contains(".tmp.") {
-        return Some("in-flight temp file");
+        return Some((ReasonCategory::Temporary, "in-flight temp file"));
+    }
+    if name.starts_with(".nfs") {
+        return Some((ReasonCategory::Temporary, "NFS silly-rename file"));
     }
     if name.ends_with(".lock") || name.ends_with(".lck") {
-        return Some("lock file");
+        return Some((ReasonCategory::Lock, "lock file"));
     }
     if name.starts_with("gpu_p2p_access_cache") {
-        return Some("per-host file");
+        return Some((
+            ReasonCategory::PerHost,
+            "per-host file (GPU topology probe)",
+        ));
     }
     None
 }
@@ -78,14 +90,16 @@ impl CachePolicy for NativeRules {
             .join(";"))
     }
 
-    fn select(&self, _root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
-        Ok(entries
-            .iter()
-            .map(|e| match never_publish_reason(&e.path) {
-                Some(reason) => Decision::skip(reason),
-                None => Decision::publish("complete file"),
-            })
-            .collect())
+    fn select(&self, _root: &Path, entries: &[FileEntry]) -> Result<Selection, PolicyError> {
+        Ok(Selection::complete(
+            entries
+                .iter()
+                .map(|e| match never_publish_reason(&e.path) {
+                    Some((category, detail)) => Decision::skip(category, detail),
+                    None => Decision::publish("complete file"),
+                })
+                .collect(),
+        ))
     }
 
     fn retain(
@@ -148,18 +162,25 @@ mod tests {
 
     #[test]
     fn skips_what_no_cache_kind_wants() {
-        for p in [
-            "tmp.pid_12_abc/x.cubin",
-            "ab/tmp.pid_1_2/k.json",
-            "cache/tmp/uuid/kernel.cu",
-            "model.123.tmp",
-            "x/.staging-1234/m.so",
-            "cached_ops/tmp/a.lock",
-            "gpu_p2p_access_cache_for_0,1.json",
-            "locks/abc",
-            "fx/.1.2.tmp",
+        use ReasonCategory::*;
+        for (p, category) in [
+            ("tmp.pid_12_abc/x.cubin", Temporary),
+            ("ab/tmp.pid_1_2/k.json", Temporary),
+            ("cache/tmp/uuid/kernel.cu", Temporary),
+            ("model.123.tmp", Temporary),
+            ("x/.staging-1234/m.so", Temporary),
+            ("cached_ops/tmp/a.lock", Temporary),
+            ("gpu_p2p_access_cache_for_0,1.json", PerHost),
+            ("locks/abc", Lock),
+            ("x/y.lock", Lock),
+            ("fx/.1.2.tmp", Temporary),
+            ("ab/.nfs000012", Temporary),
         ] {
-            assert!(never_publish_reason(p).is_some(), "{p} would be published");
+            assert_eq!(
+                never_publish_reason(p).map(|(c, _)| c),
+                Some(category),
+                "{p}"
+            );
         }
         for p in [
             "ab/k.cubin",

@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::host::PolicyEngine;
 use super::native::NativeRules;
 use super::{
-    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
+    CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
     builtin,
 };
 use crate::config::{CacheConfig, Config};
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef};
+use crate::generation::{GenerationId, PolicyRef, RelPath};
 
 /// Where a kind's policy came from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -89,8 +89,28 @@ impl CachePolicy for GuardedPolicy {
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         self.guard("compat-key", || self.inner.compat_key(facts))
     }
-    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Selection, PolicyError> {
         self.guard("select", || self.inner.select(root, entries))
+    }
+    fn canonicalize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        self.guard("canonicalize", || {
+            self.inner.canonicalize(root, path, content)
+        })
+    }
+    fn materialize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        self.guard("materialize", || {
+            self.inner.materialize(root, path, content)
+        })
     }
     fn retain(
         &self,
@@ -343,7 +363,13 @@ impl CachePolicy for DisabledPolicy {
     fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
         self.err()
     }
-    fn select(&self, _: &Path, _: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(&self, _: &Path, _: &[FileEntry]) -> Result<Selection, PolicyError> {
+        self.err()
+    }
+    fn canonicalize(&self, _: &Path, _: &RelPath, _: &[u8]) -> Result<Vec<u8>, PolicyError> {
+        self.err()
+    }
+    fn materialize(&self, _: &Path, _: &RelPath, _: &[u8]) -> Result<Vec<u8>, PolicyError> {
         self.err()
     }
     fn retain(

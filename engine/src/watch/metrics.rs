@@ -4,14 +4,16 @@
 //! Names (prefix `jitship_watch_`): `publish_cycles_total{cache,outcome}`,
 //! `generations_published_total{cache}`, `bytes_uploaded_total{cache}`,
 //! `bytes_deduplicated_total{cache}`, `files_hashed_total{cache}`, `files_selected{cache}` and
-//! `files_skipped{cache,reason}` (both as of the last cycle), `last_publish_timestamp_seconds{cache}`
+//! `files_skipped{cache,category}` (both as of the last cycle; `category` is one of the policy
+//! contract's fixed reason categories, every one always exported, so the label set is bounded
+//! whatever a cache holds), `cache_incomplete{cache}` (1 when the last cycle's root was not a
+//! complete cache for its kind), `last_publish_timestamp_seconds{cache}`
 //! (last new generation), `last_cycle_timestamp_seconds{cache}`, `errors_total{cache,kind}`,
 //! `pending{cache}`, `ready`, `rescans_total`, `events_total`.
 
-use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -22,6 +24,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::policy::ReasonCategory;
 use crate::publish::{PublishOutcome, PublishReport};
 
 type Labels = Vec<(&'static str, String)>;
@@ -38,6 +41,7 @@ pub struct Metrics {
     files_hashed: Family<Labels, Counter>,
     files_selected: Family<Labels, Gauge>,
     files_skipped: Family<Labels, Gauge>,
+    incomplete: Family<Labels, Gauge>,
     last_publish: Family<Labels, Gauge>,
     last_cycle: Family<Labels, Gauge>,
     errors: Family<Labels, Counter>,
@@ -45,8 +49,6 @@ pub struct Metrics {
     ready: Gauge,
     rescans: Counter,
     events: Counter,
-    /// Skip reasons seen per cache, so a reason that disappears is reset to 0, not left stale.
-    skip_reasons: Mutex<BTreeSet<(String, String)>>,
 }
 
 impl Default for Metrics {
@@ -66,6 +68,7 @@ impl Metrics {
             files_hashed: Family::default(),
             files_selected: Family::default(),
             files_skipped: Family::default(),
+            incomplete: Family::default(),
             last_publish: Family::default(),
             last_cycle: Family::default(),
             errors: Family::default(),
@@ -73,7 +76,6 @@ impl Metrics {
             ready: Gauge::default(),
             rescans: Counter::default(),
             events: Counter::default(),
-            skip_reasons: Mutex::new(BTreeSet::new()),
             registry: Registry::default(),
         };
         registry.register(
@@ -108,8 +110,14 @@ impl Metrics {
         );
         registry.register(
             "files_skipped",
-            "Files not published in the last cycle, by reason",
+            "Files not published in the last cycle, by reason category (complete, temporary, lock, per-host, \
+             incomplete, foreign-root, unparseable, not-cache, excluded)",
             m.files_skipped.clone(),
+        );
+        registry.register(
+            "cache_incomplete",
+            "1 when the last cycle's root was not a complete cache for its kind (the policy said so)",
+            m.incomplete.clone(),
         );
         registry.register(
             "last_publish_timestamp_seconds",
@@ -176,21 +184,23 @@ impl Metrics {
         self.files_selected
             .get_or_create(&l)
             .set(r.files_selected as i64);
-        if let Ok(mut seen) = self.skip_reasons.lock() {
-            for (c, reason) in seen.iter().filter(|(c, _)| *c == cache) {
-                if !r.skipped.contains_key(reason) {
-                    self.files_skipped
-                        .get_or_create(&vec![("cache", c.clone()), ("reason", reason.clone())])
-                        .set(0);
-                }
+        // Every skip category, every cycle: a category that disappears reads 0, not a stale count,
+        // and the series per cache are a fixed set whatever the tree holds.
+        for category in ReasonCategory::ALL {
+            if category == ReasonCategory::Complete {
+                continue;
             }
-            for (reason, n) in &r.skipped {
-                seen.insert((cache.clone(), reason.clone()));
-                self.files_skipped
-                    .get_or_create(&vec![("cache", cache.clone()), ("reason", reason.clone())])
-                    .set(*n as i64);
-            }
+            let n = r.skipped.get(&category).copied().unwrap_or(0);
+            self.files_skipped
+                .get_or_create(&vec![
+                    ("cache", cache.clone()),
+                    ("category", category.as_str().to_owned()),
+                ])
+                .set(n as i64);
         }
+        self.incomplete
+            .get_or_create(&l)
+            .set(i64::from(r.incomplete.is_some()));
     }
 
     pub fn record_error(&self, cache: &str, kind: &str) {
@@ -312,7 +322,7 @@ mod tests {
     use crate::generation::CompatId;
     use std::collections::BTreeMap;
 
-    fn report(outcome: PublishOutcome, skipped: &[(&str, u64)]) -> PublishReport {
+    fn report(outcome: PublishOutcome, skipped: &[(ReasonCategory, u64)]) -> PublishReport {
         PublishReport {
             cache_kind: "triton".into(),
             root: "/r".into(),
@@ -320,10 +330,9 @@ mod tests {
             compat_id: CompatId::new("triton", "k"),
             outcome,
             files_selected: 3,
-            skipped: skipped
-                .iter()
-                .map(|(r, n)| ((*r).to_owned(), *n))
-                .collect::<BTreeMap<_, _>>(),
+            skipped: skipped.iter().copied().collect::<BTreeMap<_, _>>(),
+            skip_details: vec![],
+            incomplete: None,
             files_new: 3,
             files_hashed: 3,
             bytes_uploaded: 1000,
@@ -343,7 +352,7 @@ mod tests {
     #[test]
     fn reports_become_metrics_and_stale_skip_reasons_reset() {
         let m = Metrics::new();
-        m.record_report(&report(PublishOutcome::Empty, &[("lock file", 2)]));
+        m.record_report(&report(PublishOutcome::Empty, &[(ReasonCategory::Lock, 2)]));
         m.record_report(&report(PublishOutcome::Empty, &[]));
         m.record_cycle_error("triton", "store");
         let text = m.encode();
@@ -351,10 +360,100 @@ mod tests {
             "jitship_watch_publish_cycles_total{cache=\"triton\",outcome=\"empty\"} 2",
             "jitship_watch_publish_cycles_total{cache=\"triton\",outcome=\"error\"} 1",
             "jitship_watch_bytes_uploaded_total{cache=\"triton\"} 2000",
-            "jitship_watch_files_skipped{cache=\"triton\",reason=\"lock file\"} 0",
+            "jitship_watch_files_skipped{cache=\"triton\",category=\"lock\"} 0",
+            "jitship_watch_files_skipped{cache=\"triton\",category=\"foreign-root\"} 0",
+            "jitship_watch_cache_incomplete{cache=\"triton\"} 0",
             "jitship_watch_errors_total{cache=\"triton\",kind=\"store\"} 1",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+    }
+
+    /// A tree full of distinct bad files (temp, lock, per-host, each name different) gives the same
+    /// fixed set of `files_skipped` series as an empty one: categories, never file names.
+    #[test]
+    fn skip_labels_are_bounded_whatever_the_tree_holds() {
+        use crate::policy::native::NativeRules;
+        use crate::publish::{HashCache, PublishOptions, publish};
+        use crate::store::{KeyLayout, LocalStore};
+
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        for i in 0..300 {
+            let files = [
+                format!("k{i}/tmp.pid_{i}_abc/kernel.cubin"),
+                format!("k{i}/model.{i}.tmp"),
+                format!("locks/{i}.lock"),
+                format!("k{i}/x{i}.lock"),
+                format!("gpu_p2p_access_cache_for_{i}.json"),
+                format!("k{i}/ok.bin"),
+            ];
+            for f in files {
+                let p = root.join(f);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, i.to_string()).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+        let store = LocalStore::open(dir.path().join("store")).unwrap();
+        let layout = KeyLayout::new("t").unwrap();
+        let opts = PublishOptions {
+            pack_size: 1 << 20,
+            producer: crate::generation::Producer {
+                host: "h".into(),
+                pod: None,
+                jitship_version: "0".into(),
+            },
+            facts: crate::facts::Facts::new(),
+            max_head_attempts: 4,
+        };
+        let policy = NativeRules::new("triton");
+        let r = publish(
+            &store,
+            &layout,
+            &policy,
+            &root,
+            &opts,
+            &mut HashCache::default(),
+        )
+        .unwrap();
+        assert_eq!(r.files_selected, 300);
+        assert_eq!(
+            r.skipped.values().sum::<u64>(),
+            4 * 300 + 1,
+            "{:?}",
+            r.skipped
+        );
+        assert_eq!(r.skip_details.len(), crate::publish::MAX_SKIP_DETAILS);
+
+        let m = Metrics::new();
+        m.record_report(&r);
+        let text = m.encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("jitship_watch_files_skipped{"))
+            .collect();
+        assert_eq!(
+            series.len(),
+            ReasonCategory::ALL.len() - 1,
+            "one series per skip category, whatever the tree holds:\n{}",
+            series.join("\n")
+        );
+        for (category, n) in [
+            ("temporary", 600),
+            ("lock", 600),
+            ("per-host", 300),
+            ("excluded", 1),
+        ] {
+            let line = format!(
+                "jitship_watch_files_skipped{{cache=\"triton\",category=\"{category}\"}} {n}"
+            );
+            assert!(
+                series.contains(&line.as_str()),
+                "{line} missing from:\n{}",
+                series.join("\n")
+            );
+        }
+        assert!(!text.contains("k17"), "a file name leaked into a label");
     }
 }

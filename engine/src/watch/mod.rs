@@ -738,7 +738,7 @@ mod tests {
     use crate::generation::{GenerationId, PolicyRef, Producer};
     use crate::policy::native::NativeRules;
     use crate::policy::{
-        Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
+        FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
     };
     use crate::store::LocalStore;
 
@@ -759,11 +759,7 @@ mod tests {
         fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
             Err(PolicyError::Internal("out of fuel".into()))
         }
-        fn select(
-            &self,
-            _: &std::path::Path,
-            _: &[FileEntry],
-        ) -> Result<Vec<Decision>, PolicyError> {
+        fn select(&self, _: &std::path::Path, _: &[FileEntry]) -> Result<Selection, PolicyError> {
             Err(PolicyError::Internal("out of fuel".into()))
         }
         fn retain(

@@ -10,7 +10,7 @@
 
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, GenerationSummary, Host, KeyBuilder, Policy, PolicyError,
-    PolicyInfo, RetentionLimits, export_policy, file_name, never_publish,
+    PolicyInfo, ReasonCategory, RetentionLimits, export_policy, file_name, never_publish,
 };
 
 pub const DEFAULT_QUOTA_BYTES: u64 = 20 << 30;
@@ -41,10 +41,13 @@ impl Policy for GoldenRetention {
     }
 
     /// A deliberately simple rule: publish the files of kernel directories that have a group
-    /// file (the built-in `triton` policy also checks what the group names).
+    /// file (the built-in `triton` policy also checks what the group names, and relocates
+    /// groups to the installing root). The group is a marker: Triton finds the kernel through it,
+    /// so an install commits it last.
     fn select(
         &self,
         _host: &dyn Host,
+        _root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let grouped: std::collections::BTreeSet<&str> = entries
@@ -55,12 +58,17 @@ impl Policy for GoldenRetention {
         Ok(entries
             .iter()
             .map(|e| match never_publish(&e.path) {
-                Some(why) => Decision::skip(why),
+                Some(skip) => skip,
                 None => match e.path.rsplit_once('/') {
                     Some((d, _)) if grouped.contains(d) => {
-                        Decision::publish("kernel directory with a group file")
+                        let d = Decision::publish("kernel directory with a group file");
+                        if file_name(&e.path).starts_with("__grp__") {
+                            d.marker()
+                        } else {
+                            d
+                        }
                     }
-                    _ => Decision::skip("no group file beside it"),
+                    _ => Decision::skip(ReasonCategory::Incomplete, "no group file beside it"),
                 },
             })
             .collect())
@@ -211,10 +219,25 @@ mod tests {
         })
         .collect();
         let host = jitship_policy_sdk::WasmHost;
-        let d = GoldenRetention.select(&host, &entries).unwrap();
+        let s =
+            jitship_policy_sdk::run::select(&GoldenRetention, &host, "/cache", &entries).unwrap();
         assert_eq!(
-            d.iter().map(Decision::is_publish).collect::<Vec<_>>(),
+            s.decisions
+                .iter()
+                .map(Decision::is_publish)
+                .collect::<Vec<_>>(),
             [true, true, false, false]
         );
+        assert_eq!(
+            s.decisions.iter().map(|d| d.category).collect::<Vec<_>>(),
+            [
+                ReasonCategory::Complete,
+                ReasonCategory::Complete,
+                ReasonCategory::Incomplete,
+                ReasonCategory::Temporary
+            ]
+        );
+        assert!(s.decisions[0].is_marker() && !s.decisions[1].is_marker());
+        assert!(s.complete);
     }
 }

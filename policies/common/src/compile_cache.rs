@@ -5,10 +5,13 @@
 //! every `artifact_compile_range_*` it names exists; then every file of the directory publishes.
 //! `<hash>/rank_<r>_<dp>/inductor_cache/` and `.../triton_cache/` (vLLM without AOT) follow the
 //! Inductor and Triton rules.
+//!
+//! The index is a `marker`: the engine finds the graph artifacts through it, so an install
+//! commits it after them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use jitship_policy_sdk::{Decision, FileEntry, Host};
+use jitship_policy_sdk::{Decision, FileEntry, Host, ReasonCategory};
 
 use crate::check::python_literal;
 use crate::{Decisions, inductor, triton};
@@ -48,7 +51,10 @@ pub fn decide(
         if parts.len() < 4 || !is_rank_dir(parts[1]) {
             out.set(
                 i,
-                Decision::skip("not inside <hash>/rank_<r>_<dp>/<prefix>/"),
+                Decision::skip(
+                    ReasonCategory::NotCache,
+                    "not inside <hash>/rank_<r>_<dp>/<prefix>/",
+                ),
             );
             continue;
         }
@@ -100,14 +106,19 @@ pub fn decide(
                 }
             }
         };
-        for (i, _) in members {
+        for (i, name) in members {
             out.set(
                 *i,
                 match &verdict {
+                    Ok(()) if name == index_name => Decision::publish(format!(
+                        "{index_name} complete and every artifact it names exists; the engine finds \
+                         the artifacts through it"
+                    ))
+                    .marker(),
                     Ok(()) => Decision::publish(format!(
                         "{index_name} complete and every artifact it names exists"
                     )),
-                    Err(why) => Decision::skip(why.clone()),
+                    Err(why) => Decision::skip(ReasonCategory::Incomplete, why.clone()),
                 },
             );
         }

@@ -28,8 +28,8 @@ impl Decisions {
     pub fn with_never_publish(entries: &[FileEntry]) -> Self {
         let mut d = Self::new(entries.len());
         for (i, e) in entries.iter().enumerate() {
-            if let Some(why) = never_publish(&e.path) {
-                d.set(i, Decision::skip(why));
+            if let Some(skip) = never_publish(&e.path) {
+                d.set(i, skip);
             }
         }
         d

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use jitship_policy_sdk::{DirHost, Policy, run};
+use jitship_policy_sdk::{Decision, DirHost, Policy, Selection};
 
 /// A temporary directory removed on drop.
 pub struct Tree {
@@ -60,15 +60,47 @@ impl Tree {
         self
     }
 
-    /// `select` over the whole tree: path -> (published, reason).
+    /// `select` over the whole tree: path -> (published, "category: detail").
     pub fn select<P: Policy>(&self, p: &P) -> BTreeMap<String, (bool, String)> {
-        let host = DirHost::new(&self.root);
-        let entries = host.entries().expect("walk fixture");
-        let d = run::select(p, &host, &entries).expect("select");
+        self.decisions(p)
+            .into_iter()
+            .map(|(path, d)| {
+                let why = format!("{}: {}", d.category.as_str(), d.detail);
+                (path, (d.is_publish(), why))
+            })
+            .collect()
+    }
+
+    /// `select` over the whole tree, as the wasm export runs it: the selection.
+    pub fn selection<P: Policy>(&self, p: &P) -> Selection {
+        DirHost::new(&self.root).select(p).expect("select").1
+    }
+
+    /// `select` over the whole tree: path -> the full decision (category, detail, traits).
+    pub fn decisions<P: Policy>(&self, p: &P) -> BTreeMap<String, Decision> {
+        let (entries, selection) = DirHost::new(&self.root).select(p).expect("select");
         entries
             .into_iter()
-            .zip(d)
-            .map(|(e, d)| (e.path, (d.is_publish(), d.reason)))
+            .zip(selection.decisions)
+            .map(|(e, d)| (e.path, d))
+            .collect()
+    }
+
+    /// Published paths carrying the `marker` trait, sorted.
+    pub fn markers<P: Policy>(&self, p: &P) -> Vec<String> {
+        self.decisions(p)
+            .into_iter()
+            .filter(|(_, d)| d.is_publish() && d.is_marker())
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    /// Published paths carrying the `embeds-root` trait, sorted.
+    pub fn embedding_root<P: Policy>(&self, p: &P) -> Vec<String> {
+        self.decisions(p)
+            .into_iter()
+            .filter(|(_, d)| d.is_publish() && d.is_embeds_root())
+            .map(|(k, _)| k)
             .collect()
     }
 

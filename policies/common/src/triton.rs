@@ -15,12 +15,19 @@
 //! launcher `.so` files and `*.autotune.json` results when it is complete (both written with one
 //! atomic `put`); anything else there is a kernel still compiling.
 //!
-//! What this cannot see: a whole cache copied from another root, whose groups all agree on that
-//! other root (the contract does not tell a policy the root's absolute path).
+//! A published group file is a `marker` (Triton finds the kernel's files through it) and
+//! `embeds-root` (its `child_paths` are absolute): [`canonicalize_group`] and [`materialize_group`]
+//! move it between the root it was written under and a root-independent form.
+//!
+//! Skips say why in the contract's categories: a group that does not parse or names children
+//! in a shape Triton never writes is `unparseable`; a missing child or a directory without its
+//! group yet is `incomplete`; a group naming another cache root is `foreign-root`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use jitship_policy_sdk::{Decision, FileEntry, Host, file_name};
+use jitship_policy_sdk::{
+    Decision, FileEntry, Host, PolicyError, ROOT_TOKEN, ReasonCategory, file_name,
+};
 
 use crate::Decisions;
 use crate::check::json_value;
@@ -62,61 +69,74 @@ struct Group {
     root: String,
 }
 
+/// Why a group is unusable: the contract's category and the detail.
+type Unusable = (ReasonCategory, String);
+
+fn unparseable(detail: impl Into<String>) -> Unusable {
+    (ReasonCategory::Unparseable, detail.into())
+}
+
 fn parse_group(
     host: &dyn Host,
     kernel_dir: &str,
     name: &str,
     present: &BTreeSet<&str>,
-) -> Result<Group, String> {
+) -> Result<Group, Unusable> {
     let path = format!("{kernel_dir}/{name}");
-    let v =
-        json_value(host, &path, GROUP_LIMIT).map_err(|m| format!("group file unusable: {m}"))?;
+    let v = json_value(host, &path, GROUP_LIMIT)
+        .map_err(|m| unparseable(format!("group file unusable: {m}")))?;
     let cp = v
         .as_object()
         .and_then(|o| o.get("child_paths"))
         .and_then(|c| c.as_object())
-        .ok_or("group file has no child_paths object")?;
+        .ok_or_else(|| unparseable("group file has no child_paths object"))?;
     if cp.is_empty() {
-        return Err("group file names no children".into());
+        return Err(unparseable("group file names no children"));
     }
     let mut children = BTreeSet::new();
     let mut root: Option<String> = None;
     for (fname, p) in cp {
         let p = p
             .as_str()
-            .ok_or_else(|| format!("child path of {fname:?} is not a string"))?;
+            .ok_or_else(|| unparseable(format!("child path of {fname:?} is not a string")))?;
         if fname.is_empty() || fname.contains('/') || fname == name {
-            return Err(format!("group names an invalid child {fname:?}"));
+            return Err(unparseable(format!(
+                "group names an invalid child {fname:?}"
+            )));
         }
         let Some(abs) = p.strip_prefix('/') else {
-            return Err(format!("child path {p:?} is not absolute"));
+            return Err(unparseable(format!("child path {p:?} is not absolute")));
         };
         if abs
             .split('/')
             .any(|c| c.is_empty() || c == "." || c == "..")
         {
-            return Err(format!("child path {p:?} is not normalized"));
+            return Err(unparseable(format!("child path {p:?} is not normalized")));
         }
         if file_name(p) != fname {
-            return Err(format!(
+            return Err(unparseable(format!(
                 "child path {p:?} does not end with its file name {fname:?}"
-            ));
+            )));
         }
         let suffix = format!("/{kernel_dir}/{fname}");
         let Some(r) = p.strip_suffix(suffix.as_str()) else {
-            return Err(format!(
-                "child {fname} points outside the group's own directory ({p})"
+            return Err((
+                ReasonCategory::ForeignRoot,
+                format!("child {fname} points outside the group's own directory ({p})"),
             ));
         };
         match &root {
             None => root = Some(r.to_string()),
             Some(known) if known != r => {
-                return Err("child paths disagree on the cache root".into());
+                return Err(unparseable("child paths disagree on the cache root"));
             }
             Some(_) => {}
         }
         if !present.contains(fname.as_str()) {
-            return Err(format!("child {fname} does not exist (group incomplete)"));
+            return Err((
+                ReasonCategory::Incomplete,
+                format!("child {fname} does not exist (group incomplete)"),
+            ));
         }
         children.insert(fname.clone());
     }
@@ -135,7 +155,7 @@ pub fn decide(host: &dyn Host, entries: &[FileEntry], files: &[KernelFile], out:
         }
     }
     // Parse every group of every directory.
-    let mut groups: BTreeMap<(&str, &str), Result<Group, String>> = BTreeMap::new();
+    let mut groups: BTreeMap<(&str, &str), Result<Group, Unusable>> = BTreeMap::new();
     for (dir, fs) in &dirs {
         let present: BTreeSet<&str> = fs.iter().map(|f| f.name.as_str()).collect();
         for f in fs {
@@ -178,12 +198,12 @@ pub fn decide(host: &dyn Host, entries: &[FileEntry], files: &[KernelFile], out:
                 _ => None,
             };
             if let Some(why) = foreign {
-                *g = Err(why);
+                *g = Err((ReasonCategory::ForeignRoot, why));
             }
         }
     }
     for (dir, fs) in &dirs {
-        let dir_groups: Vec<(&str, &Result<Group, String>)> = groups
+        let dir_groups: Vec<(&str, &Result<Group, Unusable>)> = groups
             .iter()
             .filter(|((d, _), _)| d == dir)
             .map(|((_, n), g)| (*n, g))
@@ -195,25 +215,39 @@ pub fn decide(host: &dyn Host, entries: &[FileEntry], files: &[KernelFile], out:
                     .find(|(n, _)| *n == f.name)
                     .map(|(_, g)| g)
                 {
-                    Some(Ok(_)) => Decision::publish("group file parses and every child exists"),
-                    Some(Err(why)) => Decision::skip(why.clone()),
-                    None => Decision::skip("group file unusable"),
+                    // Triton finds the kernel through its group, and the group names the root.
+                    Some(Ok(_)) => Decision::publish("group file parses and every child exists")
+                        .marker()
+                        .embeds_root(),
+                    Some(Err((category, why))) => Decision::skip(*category, why.clone()),
+                    None => Decision::skip(ReasonCategory::Unparseable, "group file unusable"),
                 }
             } else if let Some((g, _)) = dir_groups
                 .iter()
                 .find(|(_, g)| matches!(g, Ok(grp) if grp.children.contains(&f.name)))
             {
                 Decision::publish(format!("named by complete group {g}"))
-            } else if let Some((g, Err(why))) = dir_groups.iter().find(|(_, g)| g.is_err()) {
-                Decision::skip(format!("its kernel's group {g} is unusable: {why}"))
+            } else if let Some((g, Err((category, why)))) =
+                dir_groups.iter().find(|(_, g)| g.is_err())
+            {
+                Decision::skip(
+                    *category,
+                    format!("its kernel's group {g} is unusable: {why}"),
+                )
             } else if !dir_groups.is_empty() {
-                Decision::skip("not named by its directory's group file")
+                Decision::skip(
+                    ReasonCategory::NotCache,
+                    "not named by its directory's group file",
+                )
             } else if f.name.ends_with(".so") {
                 Decision::publish("launcher shared object (written by one atomic put)")
             } else if f.name.ends_with(".autotune.json") {
                 Decision::publish("autotune result (written by one atomic put)")
             } else {
-                Decision::skip("kernel directory without a group file (compile in flight)")
+                Decision::skip(
+                    ReasonCategory::Incomplete,
+                    "kernel directory without a group file (compile in flight)",
+                )
             };
             out.set(f.index, d);
         }
@@ -222,4 +256,101 @@ pub fn decide(host: &dyn Host, entries: &[FileEntry], files: &[KernelFile], out:
 
 fn is_group(name: &str) -> bool {
     name.starts_with("__grp__") && name.ends_with(".json")
+}
+
+/// The root-independent form of a Triton group file written under the absolute `root`: every
+/// `child_paths` value `<root>/<rest>` becomes `${JITSHIP_ROOT}/<rest>` (the SDK's
+/// [`ROOT_TOKEN`]). Refuses a group that does not parse or names a child outside `root`, so the
+/// file is never stored in a form that cannot be materialized elsewhere.
+pub fn canonicalize_group(root: &str, bytes: &[u8]) -> Result<Vec<u8>, PolicyError> {
+    let root = root.trim_end_matches('/');
+    rewrite_children(bytes, |p| {
+        p.strip_prefix(root)
+            .filter(|rest| rest.starts_with('/'))
+            .map(|rest| format!("{ROOT_TOKEN}{rest}"))
+            .ok_or_else(|| format!("child path {p:?} is not under the root {root:?}"))
+    })
+}
+
+/// The group file for the absolute `root` from its canonical form (the inverse of
+/// [`canonicalize_group`]).
+pub fn materialize_group(root: &str, bytes: &[u8]) -> Result<Vec<u8>, PolicyError> {
+    let root = root.trim_end_matches('/');
+    rewrite_children(bytes, |p| {
+        p.strip_prefix(ROOT_TOKEN)
+            .filter(|rest| rest.starts_with('/'))
+            .map(|rest| format!("{root}{rest}"))
+            .ok_or_else(|| format!("child path {p:?} is not in canonical form ({ROOT_TOKEN}/...)"))
+    })
+}
+
+/// Parses a group, rewrites every `child_paths` value with `f`, and serializes it as compact JSON
+/// with sorted keys: Triton reads groups only with `json.loads`, so any JSON text of the same
+/// object is equivalent, and one fixed form makes canonical bytes equal across roots.
+fn rewrite_children(
+    bytes: &[u8],
+    f: impl Fn(&str) -> Result<String, String>,
+) -> Result<Vec<u8>, PolicyError> {
+    let mut v: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| PolicyError::InvalidInput(format!("group file does not parse: {e}")))?;
+    let children = v
+        .as_object_mut()
+        .and_then(|o| o.get_mut("child_paths"))
+        .and_then(|c| c.as_object_mut())
+        .ok_or_else(|| PolicyError::InvalidInput("group file has no child_paths object".into()))?;
+    for (name, p) in children.iter_mut() {
+        let s = p.as_str().ok_or_else(|| {
+            PolicyError::InvalidInput(format!("child path of {name:?} is not a string"))
+        })?;
+        *p = serde_json::Value::String(f(s).map_err(PolicyError::InvalidInput)?);
+    }
+    serde_json::to_vec(&v)
+        .map_err(|e| PolicyError::Internal(format!("cannot serialize the group: {e}")))
+}
+
+#[cfg(test)]
+mod rewrite_tests {
+    use super::*;
+
+    #[test]
+    fn groups_canonicalize_and_materialize_at_another_root() {
+        let group = br#"{"child_paths": {"k.cubin": "/home/a/.triton/cache/ab/k.cubin", "k.json": "/home/a/.triton/cache/ab/k.json"}}"#;
+        let canon = canonicalize_group("/home/a/.triton/cache", group).unwrap();
+        let text = String::from_utf8(canon.clone()).unwrap();
+        assert!(!text.contains("/home/a"), "{text}");
+        assert!(text.contains("${JITSHIP_ROOT}/ab/k.cubin"), "{text}");
+        // Canonical bytes do not depend on the root they came from.
+        let other =
+            br#"{"child_paths": {"k.cubin": "/srv/b/ab/k.cubin", "k.json": "/srv/b/ab/k.json"}}"#;
+        assert_eq!(canonicalize_group("/srv/b/", other).unwrap(), canon);
+
+        let there: serde_json::Value =
+            serde_json::from_slice(&materialize_group("/data/c", &canon).unwrap()).unwrap();
+        assert_eq!(there["child_paths"]["k.cubin"], "/data/c/ab/k.cubin");
+        assert_eq!(there["child_paths"]["k.json"], "/data/c/ab/k.json");
+        let back: serde_json::Value =
+            serde_json::from_slice(&materialize_group("/home/a/.triton/cache", &canon).unwrap())
+                .unwrap();
+        assert_eq!(
+            back,
+            serde_json::from_slice::<serde_json::Value>(group).unwrap()
+        );
+    }
+
+    #[test]
+    fn rewrites_refuse_what_they_cannot_invert() {
+        let foreign = br#"{"child_paths": {"k.cubin": "/elsewhere/ab/k.cubin"}}"#;
+        assert!(matches!(
+            canonicalize_group("/home/a/cache", foreign),
+            Err(PolicyError::InvalidInput(m)) if m.contains("not under the root")
+        ));
+        // A sibling directory sharing the root's prefix is not under it.
+        let sibling = br#"{"child_paths": {"k.cubin": "/home/a/cache2/ab/k.cubin"}}"#;
+        assert!(canonicalize_group("/home/a/cache", sibling).is_err());
+        assert!(materialize_group("/x", foreign).is_err(), "not canonical");
+        for bad in [&b"{"[..], b"[]", br#"{"child_paths": {"k": 1}}"#] {
+            assert!(canonicalize_group("/r", bad).is_err());
+            assert!(materialize_group("/r", bad).is_err());
+        }
+    }
 }

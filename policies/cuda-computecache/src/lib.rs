@@ -40,6 +40,7 @@ impl Policy for ComputeCache {
     fn select(
         &self,
         _host: &dyn Host,
+        _root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let out = Decisions::with_never_publish(entries);

@@ -48,6 +48,7 @@ impl Policy for CuteDsl {
     fn select(
         &self,
         _host: &dyn Host,
+        _root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         Ok(Decisions::with_never_publish(entries)

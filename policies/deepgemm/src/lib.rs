@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jitship_policy_common::Decisions;
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -53,6 +54,7 @@ impl Policy for DeepGemm {
     fn select(
         &self,
         _host: &dyn Host,
+        _root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
@@ -65,7 +67,10 @@ impl Policy for DeepGemm {
                 ["cache", d, f] if d.starts_with("kernel.") => {
                     dirs.entry(d).or_default().insert(f);
                 }
-                _ => out.set(i, Decision::skip("not inside cache/kernel.*/")),
+                _ => out.set(
+                    i,
+                    Decision::skip(ReasonCategory::NotCache, "not inside cache/kernel.*/"),
+                ),
             }
         }
         for (i, e) in entries.iter().enumerate() {
@@ -77,12 +82,15 @@ impl Policy for DeepGemm {
                     if files.contains("kernel.cu") && files.contains("kernel.cubin") {
                         Decision::publish("kernel directory has kernel.cu and kernel.cubin")
                     } else {
-                        Decision::skip("kernel directory lacks kernel.cu or kernel.cubin")
+                        Decision::skip(
+                            ReasonCategory::Incomplete,
+                            "kernel directory lacks kernel.cu or kernel.cubin",
+                        )
                     },
                 );
             }
         }
-        Ok(out.finish(|| Decision::skip("not inside cache/kernel.*/")))
+        Ok(out.finish(|| Decision::skip(ReasonCategory::NotCache, "not inside cache/kernel.*/")))
     }
 }
 

@@ -14,8 +14,8 @@
 use jitship_policy_common::Decisions;
 use jitship_policy_common::check::json_value;
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
-    file_name,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy, file_name,
 };
 
 #[derive(Default)]
@@ -54,7 +54,12 @@ impl Policy for FlashinferAutotune {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         for (i, e) in entries.iter().enumerate() {
             let name = file_name(&e.path);
@@ -64,16 +69,22 @@ impl Policy for FlashinferAutotune {
             out.set(
                 i,
                 if !shaped {
-                    Decision::skip("not <fi-version>/<arch>/<hash>/autotune_configs*.json")
+                    Decision::skip(
+                        ReasonCategory::NotCache,
+                        "not <fi-version>/<arch>/<hash>/autotune_configs*.json",
+                    )
                 } else {
                     match json_value(host, &e.path, 16 << 20) {
                         Ok(_) => Decision::publish("autotune table parses"),
-                        Err(why) => Decision::skip(format!("autotune table incomplete: {why}")),
+                        Err(why) => Decision::skip(
+                            ReasonCategory::Incomplete,
+                            format!("autotune table incomplete: {why}"),
+                        ),
                     }
                 },
             );
         }
-        Ok(out.finish(|| Decision::skip("unreachable")))
+        Ok(out.finish(|| Decision::skip(ReasonCategory::NotCache, "unreachable")))
     }
 }
 

@@ -22,7 +22,8 @@ use jitship_policy_common::Decisions;
 use jitship_policy_common::check::elf_complete;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, GenerationSummary, Host, KeyBuilder, Policy, PolicyError,
-    PolicyInfo, RetentionDefaults, RetentionLimits, default_retain, export_policy, read_to_end,
+    PolicyInfo, ReasonCategory, RetentionDefaults, RetentionLimits, default_retain, export_policy,
+    read_to_end,
 };
 
 #[derive(Default)]
@@ -98,7 +99,12 @@ impl Policy for FlashinferJit {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         // (workspace, uri) -> files of cached_ops/<uri>/ ; and generated/<uri>/ members
         let mut modules: BTreeMap<(String, String), Vec<&FileEntry>> = BTreeMap::new();
@@ -125,7 +131,10 @@ impl Policy for FlashinferJit {
                 [ver, arch, "generated", uri, _, ..] => {
                     generated.push((i, format!("{ver}/{arch}"), uri.to_string()))
                 }
-                _ => out.set(i, Decision::skip("not a FlashInfer module file")),
+                _ => out.set(
+                    i,
+                    Decision::skip(ReasonCategory::NotCache, "not a FlashInfer module file"),
+                ),
             }
         }
         let mut complete = BTreeSet::new();
@@ -151,7 +160,7 @@ impl Policy for FlashinferJit {
                         None => {
                             Decision::publish("module built: .so linked and recorded in .ninja_log")
                         }
-                        Some(why) => Decision::skip(why.clone()),
+                        Some(why) => Decision::skip(ReasonCategory::Incomplete, why.clone()),
                     },
                 );
             }
@@ -163,11 +172,14 @@ impl Policy for FlashinferJit {
                 if built {
                     Decision::publish("source of a built module")
                 } else {
-                    Decision::skip("source of a module that is not built")
+                    Decision::skip(
+                        ReasonCategory::Incomplete,
+                        "source of a module that is not built",
+                    )
                 },
             );
         }
-        Ok(out.finish(|| Decision::skip("not a FlashInfer module file")))
+        Ok(out.finish(|| Decision::skip(ReasonCategory::NotCache, "not a FlashInfer module file")))
     }
 
     fn retain(

@@ -12,9 +12,10 @@
 //!   `python.site_packages`, `os.arch`.
 //! * Retention: the newest 3.
 
-use jitship_policy_common::{Decisions, inductor};
+use jitship_policy_common::{Decisions, inductor, triton};
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -50,10 +51,33 @@ impl Policy for Inductor {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         inductor::decide(host, entries, "", &mut out);
-        Ok(out.finish(|| Decision::skip("not part of an Inductor cache")))
+        Ok(
+            out.finish(|| {
+                Decision::skip(ReasonCategory::NotCache, "not part of an Inductor cache")
+            }),
+        )
+    }
+
+    /// Only `triton/<dev>/<hash>/__grp__*.json` files are marked `embeds-root`.
+    fn canonicalize(
+        &self,
+        root: &str,
+        _path: &str,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        triton::canonicalize_group(root, content)
+    }
+
+    fn materialize(&self, root: &str, _path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
+        triton::materialize_group(root, content)
     }
 }
 
@@ -100,10 +124,50 @@ mod tests {
         }
         let want: Vec<&str> = want.iter().map(String::as_str).collect();
         assert_paths(&t.published(&Inductor), &want);
+        let sel = t.select(&Inductor);
+        assert!(sel["ni/cnil5uz245tw.main.so"].1.starts_with("incomplete: "));
+        assert!(sel["ni/cnil5uz245tw.main.so"].1.contains("cut short"));
+        assert!(sel["locks/cexa62frrkzf.lock"].1.starts_with("lock: "));
         assert!(
-            t.select(&Inductor)["ni/cnil5uz245tw.main.so"]
+            sel["fxgraph/ab/abcdef/.4242.17.tmp"]
                 .1
-                .contains("cut short")
+                .starts_with("temporary: ")
+        );
+        assert!(
+            sel["triton/0/TRUNCAAAAAAAA/__grp__k.json"]
+                .1
+                .starts_with("unparseable: ")
+        );
+        // Inductor finds kernels through its FX/AOT entries, load_ok probes and Triton groups.
+        assert_paths(
+            &t.markers(&Inductor),
+            &[
+                "fxgraph/pe/fpegyiq3v3wz/fcktj476mi6x",
+                "aotautograd/aum56c7mhu3x/i4arff5cfkq2",
+                "dv/cdvx2tvfeqbc.so.load_ok",
+                "triton/0/HASHAAAAAAAA/__grp__triton_poi_fused_0.json",
+            ],
+        );
+        assert_paths(
+            &t.embedding_root(&Inductor),
+            &["triton/0/HASHAAAAAAAA/__grp__triton_poi_fused_0.json"],
+        );
+        assert!(t.selection(&Inductor).complete);
+    }
+
+    #[test]
+    fn triton_groups_relocate() {
+        let t = Tree::new();
+        t.triton_kernel("triton/0/HASHAAAAAAAA", "k", &t.abs());
+        let path = "triton/0/HASHAAAAAAAA/__grp__k.json";
+        let bytes = std::fs::read(t.root().join(path)).unwrap();
+        let canon = Inductor.canonicalize(&t.abs(), path, &bytes).unwrap();
+        let there: serde_json::Value =
+            serde_json::from_slice(&Inductor.materialize("/new/root", path, &canon).unwrap())
+                .unwrap();
+        assert_eq!(
+            there["child_paths"]["k.cubin"],
+            "/new/root/triton/0/HASHAAAAAAAA/k.cubin"
         );
     }
 

@@ -11,9 +11,10 @@
 //!   `driver.major`, `model.id`, `model.revision`, `engine.config_digest`, `os.arch`.
 //! * Retention: the newest 3.
 
-use jitship_policy_common::{Decisions, compile_cache};
+use jitship_policy_common::{Decisions, compile_cache, triton};
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -53,10 +54,35 @@ impl Policy for SglangCompile {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         compile_cache::decide(host, entries, "", "sglang_compile_cache.py", &mut out);
-        Ok(out.finish(|| Decision::skip("not part of an SGLang compile cache")))
+        Ok(out.finish(|| {
+            Decision::skip(
+                ReasonCategory::NotCache,
+                "not part of an SGLang compile cache",
+            )
+        }))
+    }
+
+    /// Only Triton group files (under `inductor_cache/triton/` and `triton_cache/`) are marked
+    /// `embeds-root`.
+    fn canonicalize(
+        &self,
+        root: &str,
+        _path: &str,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        triton::canonicalize_group(root, content)
+    }
+
+    fn materialize(&self, root: &str, _path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
+        triton::materialize_group(root, content)
     }
 }
 

@@ -11,7 +11,8 @@
 
 use jitship_policy_common::Decisions;
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -47,6 +48,7 @@ impl Policy for SglangJit {
     fn select(
         &self,
         _host: &dyn Host,
+        _root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
@@ -58,11 +60,14 @@ impl Policy for SglangJit {
                 if leaf {
                     Decision::publish("inside a deps-* leaf (published by atomic rename)")
                 } else {
-                    Decision::skip("not inside <target>/<module>/build-*/deps-*/")
+                    Decision::skip(
+                        ReasonCategory::NotCache,
+                        "not inside <target>/<module>/build-*/deps-*/",
+                    )
                 },
             );
         }
-        Ok(out.finish(|| Decision::skip("unreachable")))
+        Ok(out.finish(|| Decision::skip(ReasonCategory::NotCache, "unreachable")))
     }
 }
 

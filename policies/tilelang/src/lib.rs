@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use jitship_policy_common::Decisions;
 use jitship_policy_common::check::elf_complete;
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -67,7 +68,12 @@ impl Policy for Tilelang {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         let mut dirs: BTreeMap<&str, Vec<(usize, &FileEntry)>> = BTreeMap::new();
         for (i, e) in entries.iter().enumerate() {
@@ -75,11 +81,15 @@ impl Policy for Tilelang {
                 continue;
             }
             match e.path.split_once('/') {
-                Some((d, _)) if d.starts_with('.') || d.starts_with("tmp") => {
-                    out.set(i, Decision::skip("in-flight save directory"))
-                }
+                Some((d, _)) if d.starts_with('.') || d.starts_with("tmp") => out.set(
+                    i,
+                    Decision::skip(ReasonCategory::Temporary, "in-flight save directory"),
+                ),
                 Some((d, _)) => dirs.entry(d).or_default().push((i, e)),
-                None => out.set(i, Decision::skip("not inside a kernel directory")),
+                None => out.set(
+                    i,
+                    Decision::skip(ReasonCategory::NotCache, "not inside a kernel directory"),
+                ),
             }
         }
         for members in dirs.values() {
@@ -92,12 +102,12 @@ impl Policy for Tilelang {
                         Ok(()) => {
                             Decision::publish("kernel directory complete (params.pkl and library)")
                         }
-                        Err(why) => Decision::skip(why.clone()),
+                        Err(why) => Decision::skip(ReasonCategory::Incomplete, why.clone()),
                     },
                 );
             }
         }
-        Ok(out.finish(|| Decision::skip("unreachable")))
+        Ok(out.finish(|| Decision::skip(ReasonCategory::NotCache, "unreachable")))
     }
 }
 

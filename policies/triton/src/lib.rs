@@ -12,7 +12,8 @@
 
 use jitship_policy_common::{Decisions, triton};
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -46,11 +47,35 @@ impl Policy for Triton {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         let files = triton::kernel_files(entries, "");
         triton::decide(host, entries, &files, &mut out);
-        Ok(out.finish(|| Decision::skip("not inside a Triton kernel directory")))
+        Ok(out.finish(|| {
+            Decision::skip(
+                ReasonCategory::NotCache,
+                "not inside a Triton kernel directory",
+            )
+        }))
+    }
+
+    /// Only `__grp__*.json` group files are marked `embeds-root`.
+    fn canonicalize(
+        &self,
+        root: &str,
+        _path: &str,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        triton::canonicalize_group(root, content)
+    }
+
+    fn materialize(&self, root: &str, _path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
+        triton::materialize_group(root, content)
     }
 }
 
@@ -145,6 +170,54 @@ mod tests {
             sel["gpu_p2p_access_cache_for_0,1.json"]
                 .1
                 .contains("per-host")
+        );
+        // Each skip in its category.
+        for (path, category) in [
+            ("OUTSIDEDIRAA/__grp__o.json", "foreign-root"),
+            ("OUTSIDEDIRAA/o.cubin", "foreign-root"),
+            ("FOREIGNAAAAA/__grp__f.json", "foreign-root"),
+            ("TRUNCATEDAAA/__grp__t.json", "unparseable"),
+            ("GARBAGEAAAAA/g.cubin", "unparseable"),
+            ("RELATIVEAAAA/__grp__r.json", "unparseable"),
+            ("MISSINGAAAAA/__grp__m.json", "incomplete"),
+            ("INFLIGHTAAAA/k.ttir", "incomplete"),
+            ("INFLIGHTAAAA/tmp.pid_42_abc/k.cubin", "temporary"),
+            ("gpu_p2p_access_cache_for_0,1.json", "per-host"),
+            ("x.lock", "lock"),
+            ("README", "not-cache"),
+        ] {
+            assert!(
+                sel[path].1.starts_with(&format!("{category}: ")),
+                "{path}: {:?}",
+                sel[path]
+            );
+        }
+        // Triton finds a kernel's files through its group, whose child paths are absolute.
+        let groups = [
+            format!("{H1}/__grp__add_kernel.json"),
+            format!("{H2}/__grp__mul_kernel.json"),
+        ];
+        let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+        assert_paths(&t.markers(&Triton), &groups);
+        assert_paths(&t.embedding_root(&Triton), &groups);
+        assert!(t.selection(&Triton).complete);
+    }
+
+    #[test]
+    fn groups_canonicalize_to_the_same_bytes_from_any_root() {
+        let (a, b) = (Tree::new(), Tree::new());
+        a.triton_kernel(H1, "k", &a.abs());
+        b.triton_kernel(H1, "k", &b.abs());
+        let path = format!("{H1}/__grp__k.json");
+        let read = |t: &Tree| std::fs::read(t.root().join(&path)).unwrap();
+        let ca = Triton.canonicalize(&a.abs(), &path, &read(&a)).unwrap();
+        let cb = Triton.canonicalize(&b.abs(), &path, &read(&b)).unwrap();
+        assert_eq!(ca, cb, "canonical group bytes must not depend on the root");
+        let at_b: serde_json::Value =
+            serde_json::from_slice(&Triton.materialize(&b.abs(), &path, &ca).unwrap()).unwrap();
+        assert_eq!(
+            at_b,
+            serde_json::from_slice::<serde_json::Value>(&read(&b)).unwrap()
         );
     }
 

@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use jitship_policy_common::Decisions;
 use jitship_policy_common::check::elf_complete;
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -70,7 +71,12 @@ impl Policy for TvmFfi {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         let mut dirs: BTreeMap<&str, Vec<(usize, &FileEntry)>> = BTreeMap::new();
         for (i, e) in entries.iter().enumerate() {
@@ -79,7 +85,10 @@ impl Policy for TvmFfi {
             }
             match e.path.split_once('/') {
                 Some((d, _)) => dirs.entry(d).or_default().push((i, e)),
-                None => out.set(i, Decision::skip("not inside a build directory")),
+                None => out.set(
+                    i,
+                    Decision::skip(ReasonCategory::NotCache, "not inside a build directory"),
+                ),
             }
         }
         for members in dirs.values() {
@@ -90,12 +99,12 @@ impl Policy for TvmFfi {
                     *i,
                     match &state {
                         Ok(()) => Decision::publish("build directory complete"),
-                        Err(why) => Decision::skip(why.clone()),
+                        Err(why) => Decision::skip(ReasonCategory::Incomplete, why.clone()),
                     },
                 );
             }
         }
-        Ok(out.finish(|| Decision::skip("unreachable")))
+        Ok(out.finish(|| Decision::skip(ReasonCategory::NotCache, "unreachable")))
     }
 }
 

@@ -14,9 +14,10 @@
 //!   `engine.config_digest`, `os.arch`.
 //! * Retention: the newest 3.
 
-use jitship_policy_common::{Decisions, compile_cache, inductor};
+use jitship_policy_common::{Decisions, compile_cache, inductor, triton};
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    export_policy,
 };
 
 #[derive(Default)]
@@ -56,7 +57,12 @@ impl Policy for VllmCompile {
             .build()
     }
 
-    fn select(&self, host: &dyn Host, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(
+        &self,
+        host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+    ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
         let mut aot_bases = std::collections::BTreeSet::new();
         for (i, e) in entries.iter().enumerate() {
@@ -70,19 +76,44 @@ impl Policy for VllmCompile {
             match p.as_slice() {
                 [_, h, rank, "model"] if rank.starts_with("rank_") && !h.is_empty() => out.set(
                     i,
-                    Decision::publish("AOT artifact (written to model.<pid>.tmp, then renamed)"),
+                    // vLLM finds the rank's compiled graph (and its inductor_cache) through it.
+                    Decision::publish("AOT artifact (written to model.<pid>.tmp, then renamed)")
+                        .marker(),
                 ),
                 [_, h, "inductor_cache", _, ..] => {
                     aot_bases.insert(format!("torch_aot_compile/{h}/inductor_cache/"));
                 }
-                _ => out.set(i, Decision::skip("unexpected path in the AOT layout")),
+                _ => out.set(
+                    i,
+                    Decision::skip(
+                        ReasonCategory::NotCache,
+                        "unexpected path in the AOT layout",
+                    ),
+                ),
             }
         }
         for b in &aot_bases {
             inductor::decide(host, entries, b, &mut out);
         }
         compile_cache::decide(host, entries, "", "vllm_compile_cache.py", &mut out);
-        Ok(out.finish(|| Decision::skip("not part of a vLLM compile cache")))
+        Ok(out.finish(|| {
+            Decision::skip(ReasonCategory::NotCache, "not part of a vLLM compile cache")
+        }))
+    }
+
+    /// Only Triton group files (under `inductor_cache/triton/` and `triton_cache/`) are marked
+    /// `embeds-root`.
+    fn canonicalize(
+        &self,
+        root: &str,
+        _path: &str,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        triton::canonicalize_group(root, content)
+    }
+
+    fn materialize(&self, root: &str, _path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
+        triton::materialize_group(root, content)
     }
 }
 
@@ -130,6 +161,21 @@ mod tests {
                 "gpu_p2p_access_cache_for_0,1.json",
             ],
         );
+        // vLLM finds the compiled graph through `model`, Inductor through its FX entries and
+        // Triton through its groups (which name the absolute root).
+        let group = format!("{AOT}/inductor_cache/triton/0/HASHAAAA/__grp__k.json");
+        assert_paths(
+            &t.markers(&VllmCompile),
+            &[
+                &format!("{AOT}/rank_0_0/model"),
+                &format!("{AOT}/inductor_cache/fxgraph/pe/fpeg/abc"),
+                &group,
+            ],
+        );
+        assert_paths(&t.embedding_root(&VllmCompile), &[&group]);
+        let bytes = std::fs::read(t.root().join(&group)).unwrap();
+        let canon = VllmCompile.canonicalize(&abs, &group, &bytes).unwrap();
+        assert!(!String::from_utf8(canon).unwrap().contains(&abs));
     }
 
     #[test]
@@ -173,6 +219,19 @@ mod tests {
         ] {
             assert!(sel[&format!("{done}/{f}")].0, "{f}");
         }
+        // The engine finds a prefix's artifacts through its index: it is the marker.
+        assert_paths(
+            &t.markers(&VllmCompile),
+            &[
+                &format!("{done}/vllm_compile_cache.py"),
+                "1c5863dba3/rank_0_0/triton_cache/HASHAAAA/__grp__k.json",
+            ],
+        );
+        assert!(
+            sel[&format!("{busy}/cache_key_factors.json")]
+                .1
+                .starts_with("incomplete: ")
+        );
         assert!(!sel[&format!("{busy}/cache_key_factors.json")].0);
         assert!(
             sel[&format!("{busy}/cache_key_factors.json")]

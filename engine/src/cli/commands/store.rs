@@ -73,6 +73,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                         bytesize::ByteSize(s.size_bytes).to_string(),
                         s.packs.len().to_string(),
                         age(s.created_at),
+                        if s.complete { "complete" } else { "incomplete" }.to_owned(),
                         signed,
                         flags.join(" "),
                     ],
@@ -92,6 +93,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                             "-".into(),
                             "-".into(),
                             age(g.head_written_at),
+                            "-".into(),
                             signed,
                             flags.join(" "),
                         ]
@@ -107,6 +109,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                 "SIZE",
                 "PACKS",
                 "AGE",
+                "CACHE",
                 "SIGNED",
                 "",
             ],
@@ -172,6 +175,10 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
         )
     };
     println!("heads       {heads}");
+    match &i.incomplete {
+        None => println!("complete    yes (a complete cache for its kind)"),
+        Some(why) => println!("complete    NO: {why} (installs prefer a complete generation)"),
+    }
     for s in &i.signatures {
         println!("signed      head {}: {}", s.seq, s.signer);
     }

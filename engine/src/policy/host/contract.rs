@@ -1,6 +1,6 @@
 //! Which contract a component speaks, read from its import and export names before it is
 //! instantiated (no custom section needed: the WIT package version is in the names, e.g.
-//! `jitship:policy/host@1.0.0`).
+//! `jitship:policy/host@2.0.0`).
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -11,18 +11,25 @@ use super::super::PolicyError;
 /// The WIT package this jitship speaks.
 pub const CONTRACT_PACKAGE: &str = "jitship:policy";
 /// Its version, as in plugins-sdk/wit/policy.wit. Minor versions only add; majors break.
-pub const CONTRACT_MAJOR: u64 = 1;
+pub const CONTRACT_MAJOR: u64 = 2;
 pub const CONTRACT_MINOR: u64 = 0;
 /// Interfaces of the package the host provides.
 const PROVIDED_INTERFACES: &[&str] = &["types", "host"];
 /// World exports the host calls.
-pub const REQUIRED_EXPORTS: &[&str] = &["info", "compat-key", "select", "retain"];
+pub const REQUIRED_EXPORTS: &[&str] = &[
+    "info",
+    "compat-key",
+    "select",
+    "canonicalize",
+    "materialize",
+    "retain",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ContractInfo {
-    /// The contract version the component was built against, e.g. "1.0.0".
+    /// The contract version the component was built against, e.g. "2.0.0".
     pub version: String,
-    /// Every import, down to the function: `jitship:policy/host@1.0.0#read-file`.
+    /// Every import, down to the function: `jitship:policy/host@2.0.0#read-file`.
     pub imports: Vec<String>,
     pub exports: Vec<String>,
 }
@@ -153,8 +160,16 @@ pub fn check(
 }
 
 fn mismatch(source: &str, theirs: &str, ours: &str) -> PolicyError {
+    let major = parse_version(theirs).map_or(0, |v| v.major);
+    if major < CONTRACT_MAJOR {
+        return PolicyError::Contract(format!(
+            "policy {source} was built for policy contract {major} ({CONTRACT_PACKAGE}@{theirs}); this jitship \
+             speaks contract {CONTRACT_MAJOR} ({ours}): rebuild it against jitship-policy-sdk {CONTRACT_MAJOR} \
+             (jitship policy build)"
+        ));
+    }
     PolicyError::Contract(format!(
-        "policy {source} speaks {CONTRACT_PACKAGE}@{theirs}; this jitship speaks {CONTRACT_MAJOR}.x ({ours}); \
-         rebuild it with plugins-sdk {CONTRACT_MAJOR}.x"
+        "policy {source} speaks {CONTRACT_PACKAGE}@{theirs}, a newer contract than this jitship's {ours}; \
+         upgrade jitship, or rebuild the policy against jitship-policy-sdk {CONTRACT_MAJOR}"
     ))
 }

@@ -29,12 +29,12 @@ pub use self::state::{
     MemoryLimitExceeded,
 };
 use super::{
-    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits,
-    Verdict,
+    CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
+    RetentionLimits, Selection, Verdict,
 };
 use crate::config::PolicyConfig;
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef};
+use crate::generation::{GenerationId, PolicyRef, RelPath};
 
 mod bindings {
     wasmtime::component::bindgen!({ path: "../plugins-sdk/wit", world: "policy" });
@@ -47,8 +47,14 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Longest compatibility key a policy may answer (it is hashed into the compat id, but it is also
 /// stored in manifests and shown to operators).
 pub const MAX_KEY_BYTES: usize = 4096;
-/// Longest reason for one decision.
-pub const MAX_REASON_BYTES: usize = 1024;
+/// Longest detail of one decision, and of a selection's incomplete-detail.
+pub const MAX_DETAIL_BYTES: usize = 1024;
+/// Largest file `canonicalize`/`materialize` are handed or may answer (group and index files are
+/// kilobytes; this bounds what a policy can make the host hold).
+pub const MAX_REWRITE_BYTES: usize = 16 << 20;
+/// How much larger than its input a rewritten file may be: a root is at most PATH_MAX (4 KiB) and a
+/// file names it a bounded number of times.
+pub const MAX_REWRITE_GROWTH: usize = 1 << 20;
 /// Bounds on `info()` fields.
 const MAX_NAME_BYTES: usize = 64;
 const MAX_INFO_TEXT_BYTES: usize = 1024;
@@ -449,12 +455,14 @@ impl WasmPolicy {
         })
     }
 
-    /// `select`, with its cost and logs. `root` is the only directory `read-file` can see.
+    /// `select`, with its cost and logs. `root` is the only directory `read-file` can see, and is
+    /// handed to the policy as an absolute path.
     pub fn select_traced(
         &self,
         root: &Path,
         entries: &[FileEntry],
-    ) -> Result<Traced<Result<Vec<Decision>, PolicyError>>, PolicyError> {
+    ) -> Result<Traced<Result<Selection, PolicyError>>, PolicyError> {
+        let root_text = absolute_root(root)?;
         let wit_entries: Vec<wit::FileEntry> = entries
             .iter()
             .map(|e| wit::FileEntry {
@@ -463,11 +471,65 @@ impl WasmPolicy {
                 mtime_ms: e.mtime_ms,
             })
             .collect();
-        let t = self.evaluate(Some(root), |p, s| p.call_select(s, &wit_entries))?;
+        let t = self.evaluate(Some(root), |p, s| {
+            p.call_select(s, &root_text, &wit_entries)
+        })?;
         let value = t
             .value
             .map_err(from_wit)
-            .and_then(|d| validate_decisions(d, entries.len()));
+            .and_then(|sel| validate_selection(sel, entries.len()));
+        Ok(Traced {
+            value,
+            fuel_used: t.fuel_used,
+            wall: t.wall,
+            bytes_read: t.bytes_read,
+            logs: t.logs,
+            logs_dropped: t.logs_dropped,
+        })
+    }
+
+    /// `canonicalize` (`to_canonical`) or `materialize` of one file, with its cost and logs. The
+    /// policy gets no root to read from: the file's bytes are the argument.
+    pub fn rewrite_traced(
+        &self,
+        direction: Rewrite,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Traced<Result<Vec<u8>, PolicyError>>, PolicyError> {
+        let root_text = absolute_root(root)?;
+        let op = direction.export_name();
+        if content.len() > MAX_REWRITE_BYTES {
+            return Ok(Traced {
+                value: Err(PolicyError::InvalidInput(format!(
+                    "{path} is {} bytes; jitship hands {op} files of at most {MAX_REWRITE_BYTES} bytes",
+                    content.len()
+                ))),
+                fuel_used: 0,
+                wall: Duration::ZERO,
+                bytes_read: 0,
+                logs: vec![],
+                logs_dropped: 0,
+            });
+        }
+        let t = self.evaluate(None, |p, s| match direction {
+            Rewrite::Canonicalize => p.call_canonicalize(s, &root_text, path.as_str(), content),
+            Rewrite::Materialize => p.call_materialize(s, &root_text, path.as_str(), content),
+        })?;
+        let limit = content
+            .len()
+            .saturating_add(MAX_REWRITE_GROWTH)
+            .min(MAX_REWRITE_BYTES);
+        let value = t.value.map_err(from_wit).and_then(|out| {
+            if out.len() > limit {
+                return Err(bad(format!(
+                    "{op} of {path} answered {} bytes for {} bytes of input; at most {limit} are allowed",
+                    out.len(),
+                    content.len()
+                )));
+            }
+            Ok(out)
+        });
         Ok(Traced {
             value,
             fuel_used: t.fuel_used,
@@ -603,35 +665,133 @@ fn validate_key(key: String) -> Result<String, PolicyError> {
     Ok(key)
 }
 
-fn validate_decisions(
-    decisions: Vec<wit::Decision>,
-    expected: usize,
-) -> Result<Vec<Decision>, PolicyError> {
-    if decisions.len() != expected {
+/// The contract's category, as the host's.
+fn category(c: wit::ReasonCategory) -> ReasonCategory {
+    match c {
+        wit::ReasonCategory::Complete => ReasonCategory::Complete,
+        wit::ReasonCategory::Temporary => ReasonCategory::Temporary,
+        wit::ReasonCategory::Lock => ReasonCategory::Lock,
+        wit::ReasonCategory::PerHost => ReasonCategory::PerHost,
+        wit::ReasonCategory::Incomplete => ReasonCategory::Incomplete,
+        wit::ReasonCategory::ForeignRoot => ReasonCategory::ForeignRoot,
+        wit::ReasonCategory::Unparseable => ReasonCategory::Unparseable,
+        wit::ReasonCategory::NotCache => ReasonCategory::NotCache,
+        wit::ReasonCategory::Excluded => ReasonCategory::Excluded,
+    }
+}
+
+/// Checks a selection: one decision per entry; `complete` exactly for publish; traits only on
+/// published files and only the defined ones; bounded details; a reason for an incomplete cache.
+fn validate_selection(sel: wit::Selection, expected: usize) -> Result<Selection, PolicyError> {
+    if sel.decisions.len() != expected {
         return Err(bad(format!(
             "select answered {} decisions for {expected} entries; it must answer one per entry, in order",
-            decisions.len()
+            sel.decisions.len()
         )));
     }
-    decisions
+    if sel.incomplete_detail.len() > MAX_DETAIL_BYTES {
+        return Err(bad(format!(
+            "select's incomplete-detail is {} bytes; at most {MAX_DETAIL_BYTES} are allowed",
+            sel.incomplete_detail.len()
+        )));
+    }
+    if !sel.complete && sel.incomplete_detail.trim().is_empty() {
+        return Err(bad(
+            "select answered an incomplete cache without saying why (incomplete-detail is empty)"
+                .into(),
+        ));
+    }
+    let defined = wit::FileTraits::MARKER | wit::FileTraits::EMBEDS_ROOT;
+    let decisions = sel
+        .decisions
         .into_iter()
         .enumerate()
         .map(|(i, d)| {
-            if d.reason.len() > MAX_REASON_BYTES {
-                return Err(bad(format!("select's reason for entry {i} is {} bytes; at most {MAX_REASON_BYTES} are allowed", d.reason.len())));
+            if d.detail.len() > MAX_DETAIL_BYTES {
+                return Err(bad(format!(
+                    "select's detail for entry {i} is {} bytes; at most {MAX_DETAIL_BYTES} are allowed",
+                    d.detail.len()
+                )));
             }
+            if !defined.contains(d.traits) {
+                return Err(bad(format!(
+                    "select's traits for entry {i} hold flags the contract does not define"
+                )));
+            }
+            let category = category(d.category);
             let verdict = match d.verdict {
                 wit::Verdict::Publish => Verdict::Publish,
                 wit::Verdict::Skip => Verdict::Skip,
             };
-            // Contract 1 has no marker flag; contract 2 (branch h10-contract) maps `traits.marker`.
+            match (verdict, category) {
+                (Verdict::Publish, ReasonCategory::Complete) => {}
+                (Verdict::Publish, c) => {
+                    return Err(bad(format!(
+                        "select publishes entry {i} with category {c}; a published file's category is complete"
+                    )));
+                }
+                (Verdict::Skip, ReasonCategory::Complete) => {
+                    return Err(bad(format!(
+                        "select skips entry {i} with category complete; say why it is skipped (temporary, \
+                         lock, per-host, incomplete, foreign-root, unparseable, not-cache, excluded)"
+                    )));
+                }
+                (Verdict::Skip, _) if d.traits != wit::FileTraits::empty() => {
+                    return Err(bad(format!(
+                        "select skips entry {i} but gives it traits; traits belong to published files"
+                    )));
+                }
+                (Verdict::Skip, _) => {}
+            }
             Ok(Decision {
                 verdict,
-                reason: d.reason,
-                marker: false,
+                category,
+                detail: d.detail,
+                marker: d.traits.contains(wit::FileTraits::MARKER),
+                embeds_root: d.traits.contains(wit::FileTraits::EMBEDS_ROOT),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Selection {
+        decisions,
+        complete: sel.complete,
+        incomplete_detail: if sel.complete {
+            String::new()
+        } else {
+            sel.incomplete_detail
+        },
+    })
+}
+
+/// Which way `rewrite_traced` goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewrite {
+    /// Publish side: the file as written under its root -> the root-independent form.
+    Canonicalize,
+    /// Install side: the root-independent form -> the file for the installing root.
+    Materialize,
+}
+
+impl Rewrite {
+    fn export_name(self) -> &'static str {
+        match self {
+            Self::Canonicalize => "canonicalize",
+            Self::Materialize => "materialize",
+        }
+    }
+}
+
+/// The root as the policy sees it: absolute and UTF-8 (the contract passes strings).
+fn absolute_root(root: &Path) -> Result<String, PolicyError> {
+    let abs = std::path::absolute(root).map_err(|e| {
+        PolicyError::InvalidInput(format!("cannot make {} absolute: {e}", root.display()))
+    })?;
+    abs.to_str().map(str::to_owned).ok_or_else(|| {
+        PolicyError::InvalidInput(format!(
+            "cache root {} is not valid UTF-8; policies receive roots as text, so move the cache to a UTF-8 path",
+            abs.display()
+        ))
+    })
 }
 
 fn validate_drops(
@@ -675,8 +835,28 @@ impl CachePolicy for WasmPolicy {
         self.compat_key_traced(facts)?.value
     }
 
-    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Vec<Decision>, PolicyError> {
+    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Selection, PolicyError> {
         self.select_traced(root, entries)?.value
+    }
+
+    fn canonicalize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        self.rewrite_traced(Rewrite::Canonicalize, root, path, content)?
+            .value
+    }
+
+    fn materialize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        self.rewrite_traced(Rewrite::Materialize, root, path, content)?
+            .value
     }
 
     fn retain(

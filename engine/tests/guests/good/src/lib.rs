@@ -1,11 +1,13 @@
 //! A well-behaved policy for the host's golden round trip and benchmarks: keys on two facts,
-//! skips temp and lock files, reads JSON files through `read-file` to check they are complete,
-//! keeps the newest generations.
+//! skips temp and lock files, reads JSON files through `read-file` to check they are complete
+//! (a complete `*.grp.json` is a marker that embeds the root), answers the cache incomplete while
+//! a `*.partial` file exists, keeps the newest generations, and relocates by replacing the root
+//! with a token.
 
 wit_bindgen::generate!({ path: "../../../../plugins-sdk/wit", world: "policy" });
 
 use jitship::policy::host::{self, Level};
-use jitship::policy::types::Verdict;
+use jitship::policy::types::{FileTraits, ReasonCategory, Verdict};
 
 struct Good;
 
@@ -18,11 +20,33 @@ fn forward_panics() {
     });
 }
 
-fn decision(verdict: Verdict, reason: &str) -> Decision {
+fn publish(detail: &str) -> Decision {
     Decision {
-        verdict,
-        reason: reason.to_string(),
+        verdict: Verdict::Publish,
+        category: ReasonCategory::Complete,
+        detail: detail.to_string(),
+        traits: FileTraits::empty(),
     }
+}
+
+fn skip(category: ReasonCategory, detail: &str) -> Decision {
+    Decision {
+        verdict: Verdict::Skip,
+        category,
+        detail: detail.to_string(),
+        traits: FileTraits::empty(),
+    }
+}
+
+const TOKEN: &str = "${ROOT}";
+
+fn replace(content: &[u8], from: &str, to: &str) -> Result<Vec<u8>, PolicyError> {
+    let text = std::str::from_utf8(content)
+        .map_err(|_| PolicyError::InvalidInput("not UTF-8".into()))?;
+    if !text.contains(from) {
+        return Err(PolicyError::InvalidInput(format!("does not name {from}")));
+    }
+    Ok(text.replace(from, to).into_bytes())
 }
 
 impl Guest for Good {
@@ -47,31 +71,58 @@ impl Guest for Good {
         Ok(format!("test-v1;gpu={gpu};py={py}"))
     }
 
-    fn select(entries: Vec<FileEntry>) -> Result<Vec<Decision>, PolicyError> {
+    fn select(root: String, entries: Vec<FileEntry>) -> Result<Selection, PolicyError> {
         forward_panics();
-        Ok(entries
+        let decisions = entries
             .iter()
             .map(|e| {
                 let name = e.path.rsplit('/').next().unwrap_or(&e.path);
                 if name.ends_with(".tmp") {
-                    decision(Verdict::Skip, "in-flight temp file")
+                    skip(ReasonCategory::Temporary, "in-flight temp file")
                 } else if name.ends_with(".lock") {
-                    decision(Verdict::Skip, "lock file")
+                    skip(ReasonCategory::Lock, "lock file")
+                } else if name == "root-probe" {
+                    // Says which root it was given (tests check it is the absolute root).
+                    skip(ReasonCategory::Excluded, &format!("root is {root}"))
                 } else if name.ends_with(".json") {
                     match host::read_file(&e.path, 0, 4096) {
                         Ok(bytes)
                             if bytes.first() == Some(&b'{') && bytes.last() == Some(&b'}') =>
                         {
-                            decision(Verdict::Publish, "complete json")
+                            let mut d = publish("complete json");
+                            if name.ends_with(".grp.json") {
+                                d.traits = FileTraits::MARKER | FileTraits::EMBEDS_ROOT;
+                            }
+                            d
                         }
-                        Ok(_) => decision(Verdict::Skip, "truncated json"),
-                        Err(e) => decision(Verdict::Skip, &format!("unreadable: {e}")),
+                        Ok(_) => skip(ReasonCategory::Incomplete, "truncated json"),
+                        Err(e) => skip(ReasonCategory::Unparseable, &format!("unreadable: {e}")),
                     }
                 } else {
-                    decision(Verdict::Publish, "complete file")
+                    publish("complete file")
                 }
             })
-            .collect())
+            .collect();
+        let partial = entries.iter().filter(|e| e.path.ends_with(".partial")).count();
+        Ok(Selection {
+            decisions,
+            complete: partial == 0,
+            incomplete_detail: if partial == 0 {
+                String::new()
+            } else {
+                format!("{partial} partial file(s) still being written")
+            },
+        })
+    }
+
+    fn canonicalize(root: String, _path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+        forward_panics();
+        replace(&content, &root, TOKEN)
+    }
+
+    fn materialize(root: String, _path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+        forward_panics();
+        replace(&content, TOKEN, &root)
     }
 
     fn retain(

@@ -1,13 +1,17 @@
 //! A policy that misbehaves on request, so the host's containment can be tested one misbehaviour
 //! at a time from a single build. `compat-key` obeys the fact `evil`; `select` obeys entry paths
-//! (`read:PATH` tries to read PATH and reports the outcome as the reason; `short` answers one
-//! decision too few; `bigreason` answers an oversized reason; `readall:PATH` reads PATH 1 MiB at a
-//! time until refused); `retain` answers ids it was never given.
+//! (`read:PATH` tries to read PATH and reports the outcome as the detail; `short` answers one
+//! decision too few; `bigreason` answers an oversized detail; `readall:PATH` reads PATH 1 MiB at a
+//! time until refused; `skipcomplete` skips with category complete; `publishlock` publishes with
+//! category lock; `skiptraits` gives a skipped file traits; `silentincomplete` answers an
+//! incomplete cache without a detail); `canonicalize`/`materialize` obey the path (`grow` answers
+//! far more bytes than given, `spin` never returns, anything else echoes); `retain` answers ids it
+//! was never given.
 
 wit_bindgen::generate!({ path: "../../../../plugins-sdk/wit", world: "policy" });
 
 use jitship::policy::host::{self, Level};
-use jitship::policy::types::Verdict;
+use jitship::policy::types::{FileTraits, ReasonCategory, Verdict};
 
 struct Hostile;
 
@@ -76,21 +80,35 @@ impl Guest for Hostile {
         }
     }
 
-    fn select(entries: Vec<FileEntry>) -> Result<Vec<Decision>, PolicyError> {
+    fn select(_root: String, entries: Vec<FileEntry>) -> Result<Selection, PolicyError> {
         forward_panics();
-        if entries.first().is_some_and(|e| e.path == "short") {
-            return Ok(vec![
+        let complete = |decisions| Selection {
+            decisions,
+            complete: true,
+            incomplete_detail: String::new(),
+        };
+        let first = entries.first().map(|e| e.path.as_str());
+        if first == Some("short") {
+            return Ok(complete(vec![
                 Decision {
                     verdict: Verdict::Publish,
-                    reason: "one too few".into()
+                    category: ReasonCategory::Complete,
+                    detail: "one too few".into(),
+                    traits: FileTraits::empty(),
                 };
                 entries.len() - 1
-            ]);
+            ]));
         }
-        Ok(entries
+        let decisions: Vec<Decision> = entries
             .iter()
             .map(|e| {
-                let reason = if let Some(path) = e.path.strip_prefix("read:") {
+                let (verdict, category, traits) = match e.path.as_str() {
+                    "skipcomplete" => (Verdict::Skip, ReasonCategory::Complete, FileTraits::empty()),
+                    "publishlock" => (Verdict::Publish, ReasonCategory::Lock, FileTraits::empty()),
+                    "skiptraits" => (Verdict::Skip, ReasonCategory::Excluded, FileTraits::MARKER),
+                    _ => (Verdict::Skip, ReasonCategory::Excluded, FileTraits::empty()),
+                };
+                let detail = if let Some(path) = e.path.strip_prefix("read:") {
                     match host::read_file(path, 0, 64) {
                         Ok(bytes) => format!("read ok: {}", String::from_utf8_lossy(&bytes)),
                         Err(msg) => format!("refused: {msg}"),
@@ -112,11 +130,31 @@ impl Guest for Hostile {
                     "fine".into()
                 };
                 Decision {
-                    verdict: Verdict::Skip,
-                    reason,
+                    verdict,
+                    category,
+                    detail,
+                    traits,
                 }
             })
-            .collect())
+            .collect();
+        if first == Some("silentincomplete") {
+            return Ok(Selection {
+                decisions,
+                complete: false,
+                incomplete_detail: String::new(),
+            });
+        }
+        Ok(complete(decisions))
+    }
+
+    fn canonicalize(_root: String, path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+        forward_panics();
+        rewrite(&path, content)
+    }
+
+    fn materialize(_root: String, path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+        forward_panics();
+        rewrite(&path, content)
     }
 
     fn retain(
@@ -127,6 +165,14 @@ impl Guest for Hostile {
         let mut ids: Vec<String> = generations.iter().map(|g| g.id.clone()).collect();
         ids.push("not-a-generation-we-gave-you".into());
         Ok(ids)
+    }
+}
+
+fn rewrite(path: &str, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+    match path {
+        "grow" => Ok(vec![b'x'; content.len() + (4 << 20)]),
+        "spin" => spin(),
+        _ => Ok(content),
     }
 }
 

@@ -1,15 +1,15 @@
-//! A policy built against a future major of the contract (jitship:policy@2.0.0): the host must
-//! refuse it before instantiating it.
+//! A policy built against policy contract 1 (jitship:policy@1.0.0, the WIT as it was before
+//! contract 2): the host must refuse it before instantiating it and say how to rebuild it.
 
-wit_bindgen::generate!({ path: "../wit-v2", world: "policy" });
+wit_bindgen::generate!({ path: "../wit-v1", world: "policy" });
 
-struct V2;
+struct V1;
 
-impl Guest for V2 {
+impl Guest for V1 {
     fn info() -> PolicyInfo {
         PolicyInfo {
-            name: "from-the-future".into(),
-            version: "2.0.0".into(),
+            name: "from-the-past".into(),
+            version: "1.0.0".into(),
             cache_kind: "test".into(),
             default_root: String::new(),
             root_env: vec![],
@@ -18,7 +18,7 @@ impl Guest for V2 {
     }
     fn compat_key(_: Vec<Fact>) -> Result<String, PolicyError> {
         // Uses the host import so the component's import names carry the version too.
-        jitship::policy::host::log(jitship::policy::host::Level::Info, "v2");
+        jitship::policy::host::log(jitship::policy::host::Level::Info, "v1");
         Ok("k".into())
     }
     fn select(entries: Vec<FileEntry>) -> Result<Vec<Decision>, PolicyError> {
@@ -33,4 +33,4 @@ impl Guest for V2 {
     }
 }
 
-export!(V2);
+export!(V1);
