@@ -1,7 +1,13 @@
-//! Policy host figures: compile time, cold load with and without the compiled-module cache, and
-//! per-call latency of `select` over 200 entries on a fresh instance (the way jitship calls it).
+//! Policy host figures: compile time, cold load with and without the compiled-module cache,
+//! per-call latency of `select` over 200 entries on a fresh instance (the way jitship calls it),
+//! and for every built-in policy the fuel and time per 1,000 entries of `select` on trees of its
+//! kind at 10,000 and 100,000 entries (`tests/src/policy_scale.rs`; a linear policy shows the same
+//! figure at both sizes, the ratio is printed).
 //!
-//! Run: `cargo bench -p jitship --bench policy_host` (builds the test guest first, like the tests).
+//! Run: `cargo bench -p jitship --bench policy_host` (builds the test guest first, like the tests);
+//! `cargo bench -p jitship --bench policy_host -- builtins` for the built-in figures alone. Fuel is
+//! deterministic, so `cargo test -p jitship --bench policy_host -- builtins` (dev profile, no
+//! release build of wasmtime) gives the same fuel figures with slower times.
 //! Reports min / median / p90 over N runs; on a shared machine compare minima (see
 //! research/wasm-plugins.md §2.1 on noise).
 
@@ -12,7 +18,16 @@ use std::time::{Duration, Instant};
 use jitship::facts::Facts;
 use jitship::policy::FileEntry;
 use jitship::policy::build::{BuildOptions, build_policy_crate_to};
+use jitship::policy::builtin;
 use jitship::policy::host::{Limits, PolicyEngine};
+
+// The trees of the scale test, shared with it (the bench cannot depend on jitship-tests, which
+// depends on this crate).
+#[path = "../../tests/src/policy_fixtures.rs"]
+#[allow(dead_code)]
+mod policy_fixtures;
+#[path = "../../tests/src/policy_scale.rs"]
+mod policy_scale;
 
 fn stats(name: &str, mut us: Vec<f64>) {
     us.sort_by(f64::total_cmp);
@@ -27,6 +42,16 @@ fn stats(name: &str, mut us: Vec<f64>) {
 }
 
 fn main() {
+    // `-- builtins` prints only the per-built-in figures (no guest build, no load figures).
+    if std::env::args().any(|a| a == "builtins") {
+        builtin_scale(Limits {
+            fuel: 1_000_000_000,
+            deadline: Duration::from_secs(5),
+            memory: 64 << 20,
+            read_budget: 16 << 20,
+        });
+        return;
+    }
     let guests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guests");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-guests");
     let wasm = out.join("good.wasm");
@@ -112,7 +137,7 @@ fn main() {
         let t0 = Instant::now();
         let t = policy.select_traced(root.path(), &entries).expect("select");
         select.push(t0.elapsed().as_secs_f64() * 1e6);
-        assert_eq!(t.value.expect("decisions").len(), 200);
+        assert_eq!(t.value.expect("decisions").decisions.len(), 200);
         fuel = t.fuel_used;
     }
     stats("select(200 entries), fresh store+instance per call", select);
@@ -133,6 +158,8 @@ fn main() {
         assert!(t.value.is_ok());
     }
     stats("compat-key(2 facts), fresh store+instance per call", key);
+
+    builtin_scale(limits);
 
     // Optional: compile and cache figures for other modules (e.g. a built-in policy), given as
     // arguments after `--`.
@@ -166,5 +193,52 @@ fn main() {
             })
             .collect();
         stats(&format!("cold load with cache {path}"), cached);
+    }
+}
+
+/// Fuel and wall time per 1,000 entries of each built-in's `select`, at two tree sizes.
+fn builtin_scale(limits: Limits) {
+    let limits = Limits {
+        fuel: u64::MAX / 4,
+        deadline: Duration::from_secs(600),
+        ..limits
+    };
+    let engine = PolicyEngine::with_cache_dir(limits, None).expect("engine");
+    println!(
+        "{:<20} {:>8} {:>14} {:>12} {:>8}   (per 1,000 entries; ratio = fuel/1k at 100k vs 10k)",
+        "built-in", "entries", "fuel", "time", "ratio"
+    );
+    for kind in builtin::kinds() {
+        let policy = engine
+            .load(builtin::lookup(kind).expect("built-in"), kind)
+            .expect("load");
+        let mut base = None;
+        for n in [10_000, 100_000] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let entries = policy_scale::tree(kind, dir.path(), n);
+            let per_k = 1000.0 / entries.len() as f64;
+            let mut best: Option<(u64, Duration)> = None;
+            // Best of three at 10k; one run at 100k (a quadratic policy takes minutes there).
+            for _ in 0..if n == 10_000 { 3 } else { 1 } {
+                let t = policy.select_traced(dir.path(), &entries).expect("select");
+                if let Err(e) = &t.value {
+                    println!("{kind:<20} {n:>8} failed: {e}");
+                }
+                if best.is_none_or(|(_, w)| t.wall < w) {
+                    best = Some((t.fuel_used, t.wall));
+                }
+            }
+            let (fuel, wall) = best.expect("one run at least");
+            let fuel_k = fuel as f64 * per_k;
+            let ratio = base.map_or(String::from("-"), |b: f64| format!("{:.2}", fuel_k / b));
+            base.get_or_insert(fuel_k);
+            println!(
+                "{kind:<20} {:>8} {:>14.0} {:>9.3} ms {:>8}",
+                entries.len(),
+                fuel_k,
+                wall.as_secs_f64() * 1e3 * per_k,
+                ratio
+            );
+        }
     }
 }

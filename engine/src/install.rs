@@ -30,6 +30,11 @@
 //! a pack turns out corrupt or vanishes while it is fetched (checked in staging, before anything
 //! enters the root). The newest candidate left is installed; if every candidate was refused by
 //! the trust the outcome is `untrusted`.
+//!
+//! Files stored in their root-independent form (`FileRecord::canonical`, e.g. Triton group files)
+//! are verified as stored, then materialized for this root by the policy before they are written
+//! to staging (`Materializer`); "already on disk" compares such a file by canonicalizing the copy
+//! on disk.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
@@ -47,7 +52,7 @@ use crate::facts::Facts;
 use crate::generation::{
     CompatId, ContentHash, FileRecord, GenerationId, Manifest, hash_open_file,
 };
-use crate::policy::CachePolicy;
+use crate::policy::{CachePolicy, PolicyError};
 use crate::scan::STAGING_PREFIX;
 use crate::store::{KeyLayout, Store, StoreError};
 use crate::trust::{Signer, TrustPolicy};
@@ -150,6 +155,8 @@ pub struct InstallReport {
     pub files_installed: u64,
     pub bytes_installed: u64,
     pub files_already_present: u64,
+    /// Files written in the form the policy materialized for this root (they embed the root).
+    pub files_materialized: Vec<String>,
     /// Paths present on disk with other content (left alone).
     pub conflicts: Vec<String>,
     pub packs_fetched: u64,
@@ -193,6 +200,10 @@ pub enum InstallError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "{path}: the policy could not write this file for this root ({source}); the root was left as it was"
+    )]
+    Materialize { path: String, source: PolicyError },
     #[error("deadline of {0:?} passed; the root was left as it was")]
     Deadline(Duration),
     #[error("cancelled at the deadline")]
@@ -225,7 +236,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> In
 pub fn install(
     store: Arc<dyn Store>,
     layout: &KeyLayout,
-    policy: &dyn CachePolicy,
+    policy: Arc<dyn CachePolicy>,
     root: &Path,
     facts: &Facts,
     opts: &InstallOptions,
@@ -249,6 +260,7 @@ pub fn install(
         files_installed: 0,
         bytes_installed: 0,
         files_already_present: 0,
+        files_materialized: vec![],
         conflicts: vec![],
         packs_fetched: 0,
         bytes_fetched: 0,
@@ -277,6 +289,10 @@ pub fn install(
         store,
         layout: layout.clone(),
         root: root.to_owned(),
+        materializer: Materializer {
+            policy,
+            root: root.to_owned(),
+        },
         compat,
         deadline: started + opts.deadline,
         gate: gate.clone(),
@@ -374,6 +390,7 @@ struct Job {
     store: Arc<dyn Store>,
     layout: KeyLayout,
     root: PathBuf,
+    materializer: Materializer,
     compat: CompatId,
     deadline: Instant,
     gate: Arc<CommitGate>,
@@ -515,6 +532,7 @@ impl Job {
                         .push(format!("generation {}: {e}", manifest.id()));
                     self.report.packs_fetched = 0;
                     self.report.bytes_fetched = 0;
+                    self.report.files_materialized.clear();
                 }
                 other => return other,
             }
@@ -527,7 +545,8 @@ impl Job {
         manifest: &Manifest,
         target: &Target,
     ) -> Result<(InstallOutcome, String), InstallError> {
-        let (todo, conflicts, present) = diff_with_disk(target.dir.as_ref(), manifest)?;
+        let (todo, conflicts, present) =
+            diff_with_disk(target.dir.as_ref(), manifest, &self.materializer)?;
         self.report.conflicts = conflicts;
         self.report.files_already_present = present;
         if !todo.is_empty() {
@@ -822,7 +841,7 @@ impl Job {
         pending: &[Pending],
         staging: &Confined,
     ) -> Result<(), InstallError> {
-        let mut writer = StagingWriter::new(staging)?;
+        let mut writer = StagingWriter::new(staging, &self.materializer)?;
         // Which pending files need which pack, in pack order.
         let mut by_pack: BTreeMap<u32, Vec<(usize, u64, u64, u64)>> = BTreeMap::new();
         for (i, p) in pending.iter().enumerate() {
@@ -882,6 +901,7 @@ impl Job {
                 }
             }
         }
+        self.report.files_materialized = std::mem::take(&mut writer.materialized);
         if let Some(fi) = writer.unfinished.keys().next() {
             // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
             return Err(InstallError::Corrupt {
@@ -898,13 +918,65 @@ impl Job {
 /// does not exist yet receives it in one rename).
 const STAGED_TREE: &str = "tree";
 
+/// Largest file on disk compared in canonical form (files that embed the root are small metadata,
+/// as at publish); a larger one at such a path is not the installed file.
+const CANONICAL_COMPARE_LIMIT: u64 = 16 << 20;
+
+/// Turns the root-independent form of a file that embeds the root back into the file for this
+/// root (`CachePolicy::materialize`), and the other way for comparing a copy on disk. `root` is
+/// the root as configured (the path the engine names its files by), as at publish.
+struct Materializer {
+    policy: Arc<dyn CachePolicy>,
+    root: PathBuf,
+}
+
+impl Materializer {
+    /// The bytes to write for `record` given its verified stored bytes.
+    fn for_root<'b>(
+        &self,
+        record: &FileRecord,
+        verified: &'b [u8],
+    ) -> Result<std::borrow::Cow<'b, [u8]>, InstallError> {
+        if !record.canonical {
+            return Ok(verified.into());
+        }
+        self.policy
+            .materialize(&self.root, &record.path, verified)
+            .map(Into::into)
+            .map_err(|source| InstallError::Materialize {
+                path: record.path.to_string(),
+                source,
+            })
+    }
+
+    /// Whether `file` (the copy on disk of `record`, read through the root's descriptor) is
+    /// `record` as materialized for this root: its canonical form hashes to the record's (a file
+    /// the policy cannot canonicalize, e.g. one naming another root, is not).
+    fn on_disk_matches(
+        &self,
+        record: &FileRecord,
+        mut file: File,
+        shown: &Path,
+    ) -> Result<bool, InstallError> {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io("read", shown))?;
+        Ok(self
+            .policy
+            .canonicalize(&self.root, &record.path, &bytes)
+            .is_ok_and(|c| ContentHash::of(&c) == record.blake3))
+    }
+}
+
 /// Writes staged files: a single-piece file (nearly all of them) is checked in memory and written
 /// in one go; a file spread over several packs is written piece by piece and checked once the
-/// last piece is in. Everything goes through the staging directory's descriptor.
+/// last piece is in. Everything goes through the staging directory's descriptor. A file stored
+/// canonical is verified as stored, then written as materialized for this root.
 struct StagingWriter<'s> {
     staging: &'s Confined,
     created_dirs: HashSet<String>,
     unfinished: HashMap<usize, Unfinished>,
+    materializer: &'s Materializer,
+    materialized: Vec<String>,
 }
 
 struct Unfinished {
@@ -915,7 +987,7 @@ struct Unfinished {
 }
 
 impl<'s> StagingWriter<'s> {
-    fn new(staging: &'s Confined) -> Result<Self, InstallError> {
+    fn new(staging: &'s Confined, materializer: &'s Materializer) -> Result<Self, InstallError> {
         staging
             .mkdir(STAGED_TREE, 0o777)
             .map_err(io("create", &staging.display(STAGED_TREE)))?;
@@ -923,7 +995,22 @@ impl<'s> StagingWriter<'s> {
             staging,
             created_dirs: HashSet::from([STAGED_TREE.to_owned()]),
             unfinished: HashMap::new(),
+            materializer,
+            materialized: Vec::new(),
         })
+    }
+
+    /// The bytes to stage for a verified file: as stored, or materialized for this root.
+    fn bytes_for_root<'b>(
+        &mut self,
+        p: &Pending,
+        verified: &'b [u8],
+    ) -> Result<std::borrow::Cow<'b, [u8]>, InstallError> {
+        let bytes = self.materializer.for_root(p.record, verified)?;
+        if p.record.canonical {
+            self.materialized.push(p.record.path.to_string());
+        }
+        Ok(bytes)
     }
 
     fn ensure_parent(&mut self, staged: &str) -> Result<(), InstallError> {
@@ -948,13 +1035,7 @@ impl<'s> StagingWriter<'s> {
             });
         }
         self.ensure_parent(&p.staged)?;
-        let shown = self.staging.display(&p.staged);
-        let mut file = self
-            .staging
-            .create_new(&p.staged, 0o600)
-            .map_err(io("create", &shown))?;
-        file.write_all(bytes).map_err(io("write", &shown))?;
-        finish_file(&file, p, &shown)
+        self.write_whole_verified(p, bytes)
     }
 
     fn write_piece(
@@ -1005,6 +1086,34 @@ impl<'s> StagingWriter<'s> {
                 actual,
             });
         }
+        if p.record.canonical {
+            // Verified as stored; now the same file rewritten for this root.
+            drop(file);
+            let mut verified = Vec::new();
+            let mut f = self
+                .staging
+                .open_read(&p.staged)
+                .map_err(io("read", &shown))?;
+            std::io::Read::read_to_end(&mut f, &mut verified).map_err(io("read", &shown))?;
+            drop(f);
+            self.staging
+                .remove_file(&p.staged)
+                .map_err(io("remove", &shown))?;
+            return self.write_whole_verified(p, &verified);
+        }
+        finish_file(&file, p, &shown)
+    }
+
+    /// Writes a verified file into staging: the point where a stored file becomes the file for
+    /// this root.
+    fn write_whole_verified(&mut self, p: &Pending, verified: &[u8]) -> Result<(), InstallError> {
+        let bytes = self.bytes_for_root(p, verified)?;
+        let shown = self.staging.display(&p.staged);
+        let mut file = self
+            .staging
+            .create_new(&p.staged, 0o600)
+            .map_err(io("create", &shown))?;
+        file.write_all(&bytes).map_err(io("write", &shown))?;
         finish_file(&file, p, &shown)
     }
 }
@@ -1028,6 +1137,7 @@ fn finish_file(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallErro
 fn diff_with_disk<'m>(
     root: Option<&Confined>,
     manifest: &'m Manifest,
+    materializer: &Materializer,
 ) -> Result<(Vec<&'m FileRecord>, Vec<String>, u64), InstallError> {
     let Some(root) = root else {
         return Ok((manifest.files.iter().collect(), vec![], 0));
@@ -1053,6 +1163,18 @@ fn diff_with_disk<'m>(
         let shown = || root.display(rel);
         match root.entry(rel).map_err(io("stat", &shown()))? {
             None => todo.push(f),
+            // Stored canonical: the size differs from the file's; compare in canonical form.
+            Some(e) if e.kind == Kind::File && f.canonical => {
+                let matches = e.size <= CANONICAL_COMPARE_LIMIT && {
+                    let file = root.open_read(rel).map_err(io("read", &shown()))?;
+                    materializer.on_disk_matches(f, file, &shown())?
+                };
+                if matches {
+                    present += 1;
+                } else {
+                    conflicts.push(format!("{}: present with other content", f.path));
+                }
+            }
             // Same size and the exact mtime an install sets: the file is ours; skip rehashing it.
             Some(e)
                 if e.kind == Kind::File
@@ -1216,6 +1338,7 @@ fn commit(
         }
         report.files_installed = 0;
         report.bytes_installed = 0;
+        report.files_materialized.clear();
     }
     result
 }
@@ -1383,6 +1506,7 @@ mod tests {
                     len: content(p).len() as u64,
                 }],
                 marker: false,
+                canonical: false,
             })
             .collect();
         m.normalize();
@@ -1448,7 +1572,11 @@ mod tests {
             }
             let before = listing(tmp.path());
             let dir = Confined::open(&root).unwrap();
-            let (todo, conflicts, present) = diff_with_disk(Some(&dir), &m).unwrap();
+            let plain = Materializer {
+                policy: Arc::new(crate::policy::native::NativeRules::new("t")),
+                root: root.clone(),
+            };
+            let (todo, conflicts, present) = diff_with_disk(Some(&dir), &m, &plain).unwrap();
             prop_assert_eq!(listing(tmp.path()), before, "the diff wrote something");
             prop_assert_eq!(todo.len() + conflicts.len() + present as usize, m.files.len());
             let todo: HashSet<&str> = todo.iter().map(|f| f.path.as_str()).collect();

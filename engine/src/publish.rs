@@ -134,6 +134,10 @@ pub enum PublishError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The policy refused or failed to give the root-independent form of a file it said embeds
+    /// the root.
+    #[error("policy could not canonicalize {path}: {source}")]
+    Canonicalize { path: RelPath, source: PolicyError },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -171,22 +175,70 @@ pub fn check_root_exists(root: &Path) -> Result<(), PublishError> {
 }
 
 /// Remembers file hashes between publishes of one root (the watcher keeps one), keyed by path and
-/// checked against size, mtime and inode, so an unchanged file is never hashed twice.
+/// checked against size, mtime and inode, so an unchanged file is never hashed (or canonicalized)
+/// twice.
 #[derive(Debug, Default)]
 pub struct HashCache {
-    entries: HashMap<RelPath, (u64, i64, u32, u64, ContentHash)>,
+    entries: HashMap<RelPath, (u64, i64, u32, u64, Stored)>,
 }
 
 impl HashCache {
-    fn lookup(&self, f: &ScannedFile) -> Option<ContentHash> {
-        let &(size, s, ns, ino, hash) = self.entries.get(&f.path)?;
-        (size == f.size && s == f.mtime_s && ns == f.mtime_ns && ino == f.ino).then_some(hash)
+    fn lookup(&self, f: &ScannedFile) -> Option<Stored> {
+        let &(size, s, ns, ino, stored) = self.entries.get(&f.path)?;
+        (size == f.size && s == f.mtime_s && ns == f.mtime_ns && ino == f.ino).then_some(stored)
     }
 
-    fn remember(&mut self, f: &ScannedFile, hash: ContentHash) {
-        self.entries
-            .insert(f.path.clone(), (f.size, f.mtime_s, f.mtime_ns, f.ino, hash));
+    fn remember(&mut self, f: &ScannedFile, stored: Stored) {
+        self.entries.insert(
+            f.path.clone(),
+            (f.size, f.mtime_s, f.mtime_ns, f.ino, stored),
+        );
     }
+}
+
+/// What a selected file is stored as: its bytes, or for a file whose decision says it embeds the
+/// root, the policy's root-independent form of them (so pods at different roots store the same
+/// bytes once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stored {
+    hash: ContentHash,
+    size: u64,
+    canonical: bool,
+}
+
+/// Largest file jitship canonicalizes (files that embed the root are small metadata: Triton
+/// groups are a few KiB); a larger one is refused rather than read whole into memory.
+const CANONICALIZE_LIMIT: u64 = 16 << 20;
+
+/// The root-independent form of `f` (`policy.canonicalize` on its whole content).
+fn canonical_bytes(
+    policy: &dyn CachePolicy,
+    root: &Path,
+    f: &ScannedFile,
+) -> Result<Vec<u8>, PublishError> {
+    let path = f.path.to_path(root);
+    let read_err = |source| PublishError::Read {
+        path: path.clone(),
+        source,
+    };
+    if f.size > CANONICALIZE_LIMIT {
+        return Err(read_err(std::io::Error::other(format!(
+            "{} bytes: too large for a file that embeds the cache root (limit {CANONICALIZE_LIMIT})",
+            f.size
+        ))));
+    }
+    let bytes = std::fs::read(&path).map_err(read_err)?;
+    if bytes.len() as u64 != f.size {
+        return Err(read_err(std::io::Error::other(
+            "file changed while it was read; retry the publish",
+        )));
+    }
+    policy
+        .canonicalize(root, &f.path, &bytes)
+        .map_err(|source| PublishError::Canonicalize {
+            path: f.path.clone(),
+            source,
+        })
 }
 
 pub fn publish(
@@ -264,7 +316,11 @@ pub fn publish(
         .filter(|(_, d)| d.marker)
         .map(|(f, _)| &f.path)
         .collect();
-    let selected: Vec<&ScannedFile> = selected.into_iter().map(|(f, _)| f).collect();
+    // Files that name the root are stored in the policy's root-independent form.
+    let selected: Vec<(&ScannedFile, bool)> = selected
+        .into_iter()
+        .map(|(f, d)| (f, d.embeds_root))
+        .collect();
 
     let mut report = PublishReport {
         cache_kind: kind.clone(),
@@ -313,14 +369,21 @@ pub fn publish(
     };
 
     let hashing = Instant::now();
-    let local = hash_selected(root, &selected, parent.as_ref(), hashes, &mut report)?;
+    let local = hash_selected(
+        policy,
+        root,
+        &selected,
+        parent.as_ref(),
+        hashes,
+        &mut report,
+    )?;
     report.hash_ms = hashing.elapsed().as_millis() as u64;
     let parent_paths: HashMap<&RelPath, &FileRecord> = parent
         .iter()
         .flat_map(|m| &m.files)
         .map(|f| (&f.path, f))
         .collect();
-    let new_files: Vec<&(&ScannedFile, ContentHash)> = local
+    let new_files: Vec<&(&ScannedFile, Stored)> = local
         .iter()
         .filter(|(f, _)| !parent_paths.contains_key(&f.path))
         .collect();
@@ -329,17 +392,19 @@ pub fn publish(
     // a new generation: the same files, now known to make a complete cache.
     let completes_parent =
         report.incomplete.is_none() && parent.as_ref().is_some_and(|p| p.incomplete.is_some());
-    if new_files.is_empty() && !parent_damaged && !completes_parent
+    if new_files.is_empty()
+        && !parent_damaged
+        && !completes_parent
         && !(covers_refused_head && parent.is_some())
     {
         report.conflicts = local
             .iter()
-            .filter_map(|(f, h)| {
+            .filter_map(|(f, s)| {
                 let p = parent_paths.get(&f.path)?;
-                (p.blake3 != *h).then(|| Conflict {
+                (p.blake3 != s.hash).then(|| Conflict {
                     path: f.path.clone(),
                     kept: p.blake3,
-                    dropped: *h,
+                    dropped: s.hash,
                 })
             })
             .collect();
@@ -361,16 +426,16 @@ pub fn publish(
         })
         .collect();
     let mut order: Vec<(ContentHash, u64)> = Vec::new();
-    let mut source_of: HashMap<ContentHash, &ScannedFile> = HashMap::new();
-    for (f, h) in &new_files {
-        if !parent_contents.contains_key(h) && !source_of.contains_key(h) {
-            source_of.insert(*h, f);
-            order.push((*h, f.size));
+    let mut source_of: HashMap<ContentHash, (&ScannedFile, Stored)> = HashMap::new();
+    for (f, s) in &new_files {
+        if !parent_contents.contains_key(&s.hash) && !source_of.contains_key(&s.hash) {
+            source_of.insert(s.hash, (*f, *s));
+            order.push((s.hash, s.size));
         }
     }
     let plans = plan_packs(&order, opts.pack_size);
     let uploading = Instant::now();
-    upload_packs(store, layout, root, &plans, &source_of, &mut report)?;
+    upload_packs(store, layout, policy, root, &plans, &source_of, &mut report)?;
     report.upload_ms = uploading.elapsed().as_millis() as u64;
 
     // Our side: the new files, located in parent packs or in the packs just uploaded.
@@ -392,19 +457,19 @@ pub fn publish(
     }
     let ours_files: Vec<FileRecord> = new_files
         .iter()
-        .map(|(f, h)| FileRecord {
+        .map(|(f, s)| FileRecord {
             path: f.path.clone(),
-            size: f.size,
+            size: s.size,
             mode: f.mode,
             mtime_s: f.mtime_s,
             mtime_ns: f.mtime_ns,
-            blake3: *h,
-            chunks: match parent_contents.get(h) {
+            blake3: s.hash,
+            chunks: match parent_contents.get(&s.hash) {
                 Some((chunks, _)) => chunks.to_vec(),
-                None => located.get(h).cloned().unwrap_or_default(),
+                None => located.get(&s.hash).cloned().unwrap_or_default(),
             },
             marker: markers.contains(&f.path),
-            canonical: false,
+            canonical: s.canonical,
         })
         .collect();
 
@@ -527,30 +592,49 @@ fn usable_parent(
 }
 
 /// Hashes of the selected files: from the hash cache, from the parent manifest when size and
-/// mtime match, otherwise by reading the file (in parallel).
+/// mtime match, otherwise by reading the file (in parallel). A file that embeds the root
+/// (`embeds_root` in its decision) is hashed in its canonical form, never taken from the parent
+/// by size (the parent's size is that of the canonical bytes).
 fn hash_selected<'a>(
+    policy: &dyn CachePolicy,
     root: &Path,
-    selected: &[&'a ScannedFile],
+    selected: &[(&'a ScannedFile, bool)],
     parent: Option<&Manifest>,
     cache: &mut HashCache,
     report: &mut PublishReport,
-) -> Result<Vec<(&'a ScannedFile, ContentHash)>, PublishError> {
+) -> Result<Vec<(&'a ScannedFile, Stored)>, PublishError> {
     let known: HashMap<&RelPath, &FileRecord> = parent
         .iter()
         .flat_map(|m| &m.files)
         .map(|f| (&f.path, f))
         .collect();
-    let results: Vec<Result<(ContentHash, bool), PublishError>> = selected
+    let results: Vec<Result<(Stored, bool), PublishError>> = selected
         .par_iter()
-        .map(|f| {
-            if let Some(h) = cache.lookup(f) {
-                return Ok((h, false));
+        .map(|&(f, embeds_root)| {
+            if let Some(s) = cache.lookup(f).filter(|s| s.canonical == embeds_root) {
+                return Ok((s, false));
             }
-            if let Some(p) = known
-                .get(&f.path)
-                .filter(|p| p.size == f.size && p.mtime_s == f.mtime_s && p.mtime_ns == f.mtime_ns)
-            {
-                return Ok((p.blake3, false));
+            if embeds_root {
+                let bytes = canonical_bytes(policy, root, f)?;
+                let stored = Stored {
+                    hash: ContentHash::of(&bytes),
+                    size: bytes.len() as u64,
+                    canonical: true,
+                };
+                return Ok((stored, true));
+            }
+            if let Some(p) = known.get(&f.path).filter(|p| {
+                !p.canonical
+                    && p.size == f.size
+                    && p.mtime_s == f.mtime_s
+                    && p.mtime_ns == f.mtime_ns
+            }) {
+                let stored = Stored {
+                    hash: p.blake3,
+                    size: p.size,
+                    canonical: false,
+                };
+                return Ok((stored, false));
             }
             let path = f.path.to_path(root);
             let (hash, len) = hash_file(&path).map_err(|source| PublishError::Read {
@@ -565,15 +649,20 @@ fn hash_selected<'a>(
                     ),
                 });
             }
-            Ok((hash, true))
+            let stored = Stored {
+                hash,
+                size: len,
+                canonical: false,
+            };
+            Ok((stored, true))
         })
         .collect();
     let mut out = Vec::with_capacity(selected.len());
-    for (f, r) in selected.iter().zip(results) {
-        let (hash, hashed) = r?;
+    for ((f, _), r) in selected.iter().zip(results) {
+        let (stored, hashed) = r?;
         report.files_hashed += u64::from(hashed);
-        cache.remember(f, hash);
-        out.push((*f, hash));
+        cache.remember(f, stored);
+        out.push((*f, stored));
     }
     Ok(out)
 }
@@ -583,9 +672,10 @@ fn hash_selected<'a>(
 fn upload_packs(
     store: &dyn Store,
     layout: &KeyLayout,
+    policy: &dyn CachePolicy,
     root: &Path,
     plans: &[PackPlan],
-    source_of: &HashMap<ContentHash, &ScannedFile>,
+    source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
     report: &mut PublishReport,
 ) -> Result<(), PublishError> {
     let keys: Vec<String> = plans.iter().map(|p| layout.pack(&p.id)).collect();
@@ -604,7 +694,7 @@ fn upload_packs(
         let missing_ref = &missing;
         scope.spawn(move || {
             for (i, plan) in missing_ref.iter().enumerate() {
-                let r = fill_pack(root, plan, source_of).map(|bytes| (i, bytes));
+                let r = fill_pack(policy, root, plan, source_of).map(|bytes| (i, bytes));
                 let failed = r.is_err();
                 if tx.send(r).is_err() || failed {
                     return;
@@ -622,20 +712,34 @@ fn upload_packs(
 }
 
 fn fill_pack(
+    policy: &dyn CachePolicy,
     root: &Path,
     plan: &PackPlan,
-    source_of: &HashMap<ContentHash, &ScannedFile>,
+    source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
 ) -> Result<Vec<u8>, PublishError> {
     let mut buf = vec![0u8; plan.size as usize];
     for piece in &plan.pieces {
-        let f = source_of[&piece.content];
+        let (f, stored) = source_of[&piece.content];
         let path = f.path.to_path(root);
         let read_err = |source| PublishError::Read {
             path: path.clone(),
             source,
         };
-        let mut file = std::fs::File::open(&path).map_err(read_err)?;
         let dst = &mut buf[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize];
+        if stored.canonical {
+            // Canonicalized again rather than kept from hashing (memory stays bounded); the hash
+            // says whether the file is still what was hashed.
+            let bytes = canonical_bytes(policy, root, f)?;
+            if ContentHash::of(&bytes) != stored.hash {
+                return Err(read_err(std::io::Error::other(
+                    "file changed while it was published; retry the publish",
+                )));
+            }
+            let from = piece.content_offset as usize;
+            dst.copy_from_slice(&bytes[from..from + piece.len as usize]);
+            continue;
+        }
+        let mut file = std::fs::File::open(&path).map_err(read_err)?;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(piece.content_offset))
             .map_err(read_err)?;
         file.read_exact(dst).map_err(read_err)?;

@@ -47,7 +47,7 @@ fn publish(
     jitship::publish::publish(
         s.store.as_ref(),
         &s.layout,
-        &s.policy,
+        s.policy.as_ref(),
         root,
         &opts,
         &mut HashCache::default(),
@@ -66,7 +66,14 @@ fn install(s: &Scenario, root: &Path, trust: TrustPolicy) -> InstallReport {
         trust: Arc::new(trust),
         ..InstallOptions::default()
     };
-    jitship::install::install(s.store.clone(), &s.layout, &s.policy, root, &s.facts, &opts)
+    jitship::install::install(
+        s.store.clone(),
+        &s.layout,
+        s.policy.clone(),
+        root,
+        &s.facts,
+        &opts,
+    )
 }
 
 fn head(s: &Scenario, seq: u64) -> HeadRecord {

@@ -15,7 +15,7 @@ use jitship::store::{KeyLayout, Store};
 pub struct Scenario {
     pub store: Arc<dyn Store>,
     pub layout: KeyLayout,
-    pub policy: NativeRules,
+    pub policy: Arc<NativeRules>,
     pub facts: Facts,
     pub pack_size: u64,
 }
@@ -28,7 +28,7 @@ impl Scenario {
         Self {
             store,
             layout: KeyLayout::new("jitship").unwrap(),
-            policy: NativeRules::new(kind),
+            policy: Arc::new(NativeRules::new(kind)),
             facts,
             pack_size: 1 << 20,
         }
@@ -52,7 +52,7 @@ impl Scenario {
         jitship::publish::publish(
             self.store.as_ref(),
             &self.layout,
-            &self.policy,
+            self.policy.as_ref(),
             root,
             &self.publish_opts("pod-a"),
             &mut HashCache::default(),
@@ -71,7 +71,7 @@ impl Scenario {
         jitship::install::install(
             self.store.clone(),
             &self.layout,
-            &self.policy,
+            self.policy.clone(),
             root,
             &self.facts,
             &opts,

@@ -8,3 +8,4 @@ pub mod fixtures;
 pub mod harness;
 pub mod mooncake;
 pub mod policy_fixtures;
+pub mod policy_scale;

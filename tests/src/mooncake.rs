@@ -163,7 +163,7 @@ pub mod flow {
         install::install(
             store,
             layout,
-            &NativeRules::new("triton"),
+            Arc::new(NativeRules::new("triton")),
             root,
             facts,
             &opts,

@@ -433,6 +433,7 @@ mod props {
                                 }]
                             },
                             marker,
+                            canonical: false,
                         })
                     })
                     .collect();

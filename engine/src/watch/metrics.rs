@@ -406,6 +406,7 @@ mod tests {
             },
             facts: crate::facts::Facts::new(),
             max_head_attempts: 4,
+            trust: Default::default(),
         };
         let policy = NativeRules::new("triton");
         let r = publish(

@@ -308,7 +308,9 @@ async fn bounded<F: std::future::Future>(
 
 fn error_kind(e: &PublishError) -> &'static str {
     match e {
-        PublishError::Policy { .. } | PublishError::PolicyContract(..) => "policy",
+        PublishError::Policy { .. }
+        | PublishError::PolicyContract(..)
+        | PublishError::Canonicalize { .. } => "policy",
         PublishError::Scan { .. } | PublishError::RootMissing(_) | PublishError::RootNotDir(_) => {
             "scan"
         }

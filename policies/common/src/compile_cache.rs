@@ -28,9 +28,11 @@ fn is_rank_dir(s: &str) -> bool {
         })
 }
 
-/// Decides undecided entries of the form `<base><hash>/rank_<r>_<dp>/...`.
+/// Decides undecided entries of the form `<base><hash>/rank_<r>_<dp>/...`; `root` is the absolute
+/// root the entries live under.
 pub fn decide(
     host: &dyn Host,
+    root: &str,
     entries: &[FileEntry],
     base: &str,
     index_name: &str,
@@ -38,8 +40,9 @@ pub fn decide(
 ) {
     // prefix dir -> member entry indices (relative names inside the prefix dir)
     let mut prefixes: BTreeMap<String, Vec<(usize, String)>> = BTreeMap::new();
-    let mut inductor_bases = BTreeSet::new();
-    let mut triton_areas = BTreeSet::new();
+    // base or area -> its entries: each sub-cache looks only at its own (linear in the tree).
+    let mut inductor_bases: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut triton_areas: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, e) in entries.iter().enumerate() {
         if out.is_decided(i) {
             continue;
@@ -60,24 +63,26 @@ pub fn decide(
         }
         let rank_dir = format!("{base}{}/{}/", parts[0], parts[1]);
         match parts[2] {
-            "inductor_cache" => {
-                inductor_bases.insert(format!("{rank_dir}inductor_cache/"));
-            }
-            "triton_cache" => {
-                triton_areas.insert(format!("{rank_dir}triton_cache/"));
-            }
+            "inductor_cache" => inductor_bases
+                .entry(format!("{rank_dir}inductor_cache/"))
+                .or_default()
+                .push(i),
+            "triton_cache" => triton_areas
+                .entry(format!("{rank_dir}triton_cache/"))
+                .or_default()
+                .push(i),
             p => prefixes
                 .entry(format!("{rank_dir}{p}"))
                 .or_default()
                 .push((i, parts[3..].join("/"))),
         }
     }
-    for b in &inductor_bases {
-        inductor::decide(host, entries, b, out);
+    for (b, members) in &inductor_bases {
+        inductor::decide(host, root, entries, members.iter().copied(), b, out);
     }
-    for a in &triton_areas {
-        let files = triton::kernel_files(entries, a);
-        triton::decide(host, entries, &files, out);
+    for (a, members) in &triton_areas {
+        let files = triton::kernel_files(entries, members.iter().copied(), a);
+        triton::decide(host, root, entries, &files, out);
     }
     for (dir, members) in &prefixes {
         let index = format!("{dir}/{index_name}");

@@ -17,11 +17,20 @@ use jitship_policy_sdk::{Decision, FileEntry, Host, ReasonCategory, file_name};
 use crate::check::elf_complete;
 use crate::{Decisions, triton};
 
-/// Decides the undecided entries under `base` ("" or a directory ending with '/') as an Inductor
-/// cache directory.
-pub fn decide(host: &dyn Host, entries: &[FileEntry], base: &str, out: &mut Decisions) {
+/// Decides the undecided entries among `candidates` (indices into `entries`) under `base` ("" or
+/// a directory ending with '/') as an Inductor cache directory; `root` is the absolute root the
+/// entries live under.
+pub fn decide(
+    host: &dyn Host,
+    root: &str,
+    entries: &[FileEntry],
+    candidates: impl IntoIterator<Item = usize>,
+    base: &str,
+    out: &mut Decisions,
+) {
     let mut kernels = Vec::new();
-    for (i, e) in entries.iter().enumerate() {
+    for i in candidates {
+        let Some(e) = entries.get(i) else { continue };
         if out.is_decided(i) {
             continue;
         }
@@ -65,7 +74,7 @@ pub fn decide(host: &dyn Host, entries: &[FileEntry], base: &str, out: &mut Deci
             out.set(i, Decision::publish("written atomically by Inductor"));
         }
     }
-    triton::decide(host, entries, &kernels, out);
+    triton::decide(host, root, entries, &kernels, out);
 }
 
 /// Whether the file at `rel` (first component `top`) is how Inductor finds other files: an FX

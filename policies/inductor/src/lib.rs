@@ -54,11 +54,11 @@ impl Policy for Inductor {
     fn select(
         &self,
         host: &dyn Host,
-        _root: &str,
+        root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
-        inductor::decide(host, entries, "", &mut out);
+        inductor::decide(host, root, entries, 0..entries.len(), "", &mut out);
         Ok(
             out.finish(|| {
                 Decision::skip(ReasonCategory::NotCache, "not part of an Inductor cache")

@@ -57,11 +57,11 @@ impl Policy for SglangCompile {
     fn select(
         &self,
         host: &dyn Host,
-        _root: &str,
+        root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
-        compile_cache::decide(host, entries, "", "sglang_compile_cache.py", &mut out);
+        compile_cache::decide(host, root, entries, "", "sglang_compile_cache.py", &mut out);
         Ok(out.finish(|| {
             Decision::skip(
                 ReasonCategory::NotCache,

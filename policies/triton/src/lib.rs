@@ -2,8 +2,9 @@
 //!
 //! * Root: `~/.triton/cache`, moved by `TRITON_CACHE_DIR`, or `$TRITON_HOME/.triton/cache`.
 //! * Complete: a kernel directory whose `__grp__<k>.json` (written last) parses and names only
-//!   files of its own directory, all present, under the same root as the rest of the cache
-//!   (see `jitship_policy_common::triton`). Launcher `.so` and `*.autotune.json` files stand alone.
+//!   files of its own directory, all present, under the root being judged (a group naming
+//!   another root is foreign; see `jitship_policy_common::triton`). Launcher `.so` and
+//!   `*.autotune.json` files stand alone.
 //! * Key: Triton's own key is triton_key (the installed Triton) + ptxas (bundled with Triton) +
 //!   target arch + options; cubins also need a driver new enough for that toolchain, and the
 //!   launcher `.so` is native code. So: `pkg.triton`, `gpu.arch`, `gpu.cc`, `driver.major`,
@@ -50,12 +51,12 @@ impl Policy for Triton {
     fn select(
         &self,
         host: &dyn Host,
-        _root: &str,
+        root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
-        let files = triton::kernel_files(entries, "");
-        triton::decide(host, entries, &files, &mut out);
+        let files = triton::kernel_files(entries, 0..entries.len(), "");
+        triton::decide(host, root, entries, &files, &mut out);
         Ok(out.finish(|| {
             Decision::skip(
                 ReasonCategory::NotCache,
@@ -218,6 +219,36 @@ mod tests {
         assert_eq!(
             at_b,
             serde_json::from_slice::<serde_json::Value>(&read(&b)).unwrap()
+        );
+    }
+
+    #[test]
+    fn mixed_roots_publish_what_triton_would_load_from_this_root() {
+        // A pod that installed kernels produced at another root (without relocation, as older
+        // jitship did) and then compiled its own: its own kernels publish, the others are foreign.
+        let t = Tree::new();
+        let abs = t.abs();
+        t.triton_kernel(H1, "installed_kernel", "/srv/producer/.triton/cache");
+        t.triton_kernel(H2, "own_kernel", &abs);
+        t.triton_kernel("THIRDAAAAAAA", "own_too", &abs);
+        let sel = t.select(&Triton);
+        let published = t.published(&Triton);
+        assert_eq!(published.len(), 16, "{published:?}");
+        assert!(
+            published.iter().all(|p| !p.starts_with(H1)),
+            "{published:?}"
+        );
+        let g = &sel[&format!("{H1}/__grp__installed_kernel.json")];
+        assert!(
+            !g.0 && g
+                .1
+                .contains("another cache root (/srv/producer/.triton/cache/...)"),
+            "{g:?}"
+        );
+        let child = &sel[&format!("{H1}/installed_kernel.cubin")];
+        assert!(
+            !child.0 && child.1.contains("another cache root"),
+            "{child:?}"
         );
     }
 

@@ -60,11 +60,12 @@ impl Policy for VllmCompile {
     fn select(
         &self,
         host: &dyn Host,
-        _root: &str,
+        root: &str,
         entries: &[FileEntry],
     ) -> Result<Vec<Decision>, PolicyError> {
         let mut out = Decisions::with_never_publish(entries);
-        let mut aot_bases = std::collections::BTreeSet::new();
+        // AOT inductor cache -> its entries (each looks only at its own: linear in the tree).
+        let mut aot_bases: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
         for (i, e) in entries.iter().enumerate() {
             if out.is_decided(i) {
                 continue;
@@ -80,9 +81,10 @@ impl Policy for VllmCompile {
                     Decision::publish("AOT artifact (written to model.<pid>.tmp, then renamed)")
                         .marker(),
                 ),
-                [_, h, "inductor_cache", _, ..] => {
-                    aot_bases.insert(format!("torch_aot_compile/{h}/inductor_cache/"));
-                }
+                [_, h, "inductor_cache", _, ..] => aot_bases
+                    .entry(format!("torch_aot_compile/{h}/inductor_cache/"))
+                    .or_default()
+                    .push(i),
                 _ => out.set(
                     i,
                     Decision::skip(
@@ -92,10 +94,10 @@ impl Policy for VllmCompile {
                 ),
             }
         }
-        for b in &aot_bases {
-            inductor::decide(host, entries, b, &mut out);
+        for (b, members) in &aot_bases {
+            inductor::decide(host, root, entries, members.iter().copied(), b, &mut out);
         }
-        compile_cache::decide(host, entries, "", "vllm_compile_cache.py", &mut out);
+        compile_cache::decide(host, root, entries, "", "vllm_compile_cache.py", &mut out);
         Ok(out.finish(|| {
             Decision::skip(ReasonCategory::NotCache, "not part of a vLLM compile cache")
         }))

@@ -190,7 +190,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
         let report = crate::install::install(
             session.store.clone(),
             &session.layout,
-            policy.as_ref(),
+            policy.clone(),
             &cache.root,
             &session.facts,
             &opts,
