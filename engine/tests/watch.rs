@@ -17,6 +17,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use jitship::catalog;
+use jitship::policy::CachePolicy;
 use jitship::generation::{ContentHash, HeadRecord, Manifest};
 use jitship::store::{KeyLayout, LocalStore, Store};
 
@@ -171,6 +172,20 @@ fn generations(store_dir: &Path, kind: &str) -> Vec<Manifest> {
     out
 }
 
+/// The embedded policy of `kind`, run by the real wasm host.
+fn builtin_policy(kind: &str) -> jitship::policy::host::WasmPolicy {
+    use jitship::policy::host::{Limits, PolicyEngine};
+    let engine = PolicyEngine::with_cache_dir(
+        Limits::from_config(&jitship::config::PolicyConfig::default()),
+        None,
+    )
+    .expect("policy engine");
+    let bytes = jitship::policy::builtin::lookup(kind).expect("a built-in policy");
+    engine
+        .load(bytes, &format!("builtin:{kind}"))
+        .expect("loading the built-in policy")
+}
+
 fn paths(m: &Manifest) -> BTreeSet<String> {
     m.files.iter().map(|f| f.path.to_string()).collect()
 }
@@ -210,8 +225,11 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// Asserts every file in every generation has exactly the content the writer finished it with.
+/// A file stored in its root-independent form (`canonical`, e.g. a Triton group file) is compared
+/// as the kind's real built-in policy canonicalizes the final content under `root`.
 fn assert_only_final_contents(
     gens: &[Manifest],
+    root: &Path,
     finals: &std::collections::BTreeMap<String, Vec<u8>>,
 ) {
     for m in gens {
@@ -219,9 +237,16 @@ fn assert_only_final_contents(
             let want = finals
                 .get(f.path.as_str())
                 .unwrap_or_else(|| panic!("generation {} holds unexpected {}", m.id(), f.path));
+            let want = if f.canonical {
+                builtin_policy(&m.cache_kind)
+                    .canonicalize(root, &f.path, want)
+                    .unwrap_or_else(|e| panic!("canonicalizing the final {}: {e}", f.path))
+            } else {
+                want.clone()
+            };
             assert_eq!(
                 f.blake3,
-                ContentHash::of(want),
+                ContentHash::of(&want),
                 "generation {} holds a partial {}",
                 m.id(),
                 f.path
@@ -356,7 +381,7 @@ fn triton_temp_dirs_are_never_published() {
         gens.len()
     );
     gens.iter().for_each(assert_triton_complete);
-    assert_only_final_contents(&gens, &finals);
+    assert_only_final_contents(&gens, &root, &finals);
     assert!(
         latency <= SETTLE + LATENCY_SLACK,
         "generation {latency:?} after the writes stopped"
@@ -420,7 +445,7 @@ fn deepgemm_tmp_dirs_are_never_published_and_entries_are_whole() {
             );
         }
     }
-    assert_only_final_contents(&gens, &finals);
+    assert_only_final_contents(&gens, &root, &finals);
     let (status, log) = w.terminate();
     assert!(status.success(), "exit {status}; log:\n{log}");
 }
@@ -486,7 +511,7 @@ fn vllm_model_tmp_files_are_never_published() {
             paths(m)
         );
     }
-    assert_only_final_contents(&gens, &finals);
+    assert_only_final_contents(&gens, &root, &finals);
     let (status, log) = w.terminate();
     assert!(status.success(), "exit {status}; log:\n{log}");
 }
@@ -540,7 +565,7 @@ fn flashinfer_in_place_writes_are_published_only_when_quiet() {
     });
     let latency = seen - writes_stopped;
     let gens = generations(&store, "flashinfer");
-    assert_only_final_contents(&gens, &finals);
+    assert_only_final_contents(&gens, &root, &finals);
     for m in &gens {
         assert!(
             paths(m).iter().all(|p| !p.ends_with(".lock")),

@@ -321,7 +321,7 @@ pub(crate) mod tests {
                     mtime_ns: 6,
                     blake3: ContentHash::of(b""),
                     chunks: vec![],
-                    marker: true,
+                    marker: false,
                     canonical: false,
                 },
             ],

@@ -421,7 +421,7 @@ mod tests {
         assert_eq!(r.files_selected, 300);
         assert_eq!(
             r.skipped.values().sum::<u64>(),
-            4 * 300 + 1,
+            5 * 300 + 1,
             "{:?}",
             r.skipped
         );

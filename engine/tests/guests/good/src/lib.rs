@@ -7,7 +7,7 @@
 wit_bindgen::generate!({ path: "../../../../plugins-sdk/wit", world: "policy" });
 
 use jitship::policy::host::{self, Level};
-use jitship::policy::types::{FileTraits, ReasonCategory, Verdict};
+use jitship::policy::types::{Decision, FileTraits, ReasonCategory, Verdict};
 
 struct Good;
 
