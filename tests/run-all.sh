@@ -11,6 +11,12 @@ export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 step() { printf '\n== %s\n' "$*"; }
 
+# A full disk shows up late and obscurely (the linker dies with a bus error): say so up front.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ "${free_kib:-0}" -lt $((10 * 1024 * 1024)) ]; then
+    echo "warning: only $((free_kib / 1024)) MiB free here; the suite needs about 10 GiB (README, Quickstart)" >&2
+fi
+
 step "toolchain: wasm32-unknown-unknown (policies are built from source and checked against the embedded ones)"
 rustup target add wasm32-unknown-unknown
 

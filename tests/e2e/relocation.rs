@@ -129,7 +129,6 @@ fn assert_triton_loads_everything(py: &Path, root: &Path, variants: &[u32]) {
 }
 
 #[test]
-#[ignore = "pending policy contract 2 (branch h10-contract): the embedded triton policy must pass embeds-root and export canonicalize/materialize"]
 fn four_publishers_from_one_installed_generation_converge_and_install_anywhere() {
     let py = python();
     let b = local("relocation-four", false);
@@ -209,7 +208,6 @@ fn four_publishers_from_one_installed_generation_converge_and_install_anywhere()
 }
 
 #[test]
-#[ignore = "pending policy contract 2 (branch h10-contract): the embedded triton policy must pass embeds-root and export canonicalize/materialize"]
 fn two_pods_at_different_roots_with_the_same_kernels_upload_packs_once() {
     let py = python();
     let b = local("relocation-dedup", false);

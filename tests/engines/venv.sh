@@ -3,12 +3,12 @@
 # prove an installed cache is taken by the engine's own loader. Idempotent: a stamp file names
 # the pinned versions, so a second call returns at once. Prints the venv's python on stdout.
 #
-#   PY=$(tests/engines/venv.sh)        # default: <repo>/target/engines-venv
+#   PY=$(tests/engines/venv.sh)        # default: ~/.cache/jitship/engines-venv
 #
-# Environment: JITSHIP_ENGINES_VENV overrides the venv directory.
+# The default lives outside the checkout (like pip's own cache) so that a fresh clone on a machine
+# that already has it does not download ~3 GB again. JITSHIP_ENGINES_VENV overrides the directory.
 set -euo pipefail
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-VENV=${JITSHIP_ENGINES_VENV:-$REPO/target/engines-venv}
+VENV=${JITSHIP_ENGINES_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/jitship/engines-venv}
 # torch's own wheel pins the triton it was built with; both are named so the stamp says what is here.
 PINS=(torch==2.15.0 triton==3.9.0)
 STAMP="$VENV/.jitship-pins"

@@ -34,8 +34,11 @@ pub const MAX_LOG_MESSAGE: usize = 4096;
 pub const MAX_LOG_MESSAGES: usize = 256;
 /// Largest single `read-file` answer.
 pub const MAX_READ_PER_CALL: u64 = 1 << 20;
-/// `read-file` calls per evaluation: each costs a few syscalls that fuel does not see.
-pub const MAX_READ_CALLS: u32 = 100_000;
+/// `read-file` calls per evaluation: each costs a few syscalls that fuel does not see. The SDK's
+/// `read_to_end` spends two on a small file (the bytes, then the empty answer that ends it), so
+/// this lets a policy read every file of a 100,000-file cache; the byte budget and the deadline
+/// still bound the work.
+pub const MAX_READ_CALLS: u32 = 1_000_000;
 
 pub(crate) struct Limiter {
     memory_cap: usize,
