@@ -35,6 +35,10 @@
 //! are verified as stored, then materialized for this root by the policy before they are written
 //! to staging (`Materializer`); "already on disk" compares such a file by canonicalizing the copy
 //! on disk.
+//!
+//! Once the generation is in place (installed, already current, or partly, beside conflicts), the
+//! install leaves a record of it beside the root (`crate::audit`, `.<name>.jitship-installed.json`,
+//! written through the parent's descriptor) for `jitship audit`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
@@ -558,6 +562,7 @@ impl Job {
             remove_staging(&staging_path);
             result?;
         }
+        self.record(manifest, target);
         let (outcome, mut detail) = self.outcome(manifest);
         match &manifest.incomplete {
             None if self.report.newer_incomplete.is_empty() => {}
@@ -608,6 +613,34 @@ impl Job {
                 InstallOutcome::Installed,
                 format!("installed {n} files of generation {id}"),
             )
+        }
+    }
+
+    /// Leaves the record `jitship audit` compares the root with later (`crate::audit`), beside
+    /// the root, through the descriptor of its parent the commit renames through (the lock is
+    /// held): never following a link, and scans never offer it. It holds what this install put (or found) in
+    /// place: every file of the generation but the conflicts left alone, with its size on disk (a
+    /// file materialized for this root has its own). Best effort: the files are installed whether
+    /// or not the record can be written.
+    fn record(&self, manifest: &Manifest, target: &Target) {
+        let mut record = crate::audit::InstallRecord::of(&self.report.cache_kind, manifest);
+        for c in &self.report.conflicts {
+            record.files.remove(c);
+        }
+        if manifest.files.iter().any(|f| f.canonical)
+            && let Ok(dir) = target.parent.open_dir(&target.name)
+        {
+            for f in manifest.files.iter().filter(|f| f.canonical) {
+                let path = f.path.to_string();
+                if let (Some(size), Ok(Some(e))) = (record.files.get_mut(&path), dir.entry(&path))
+                    && e.kind == Kind::File
+                {
+                    *size = e.size;
+                }
+            }
+        }
+        if let Err(e) = crate::audit::write_record_in(&target.parent, &target.name, &record) {
+            tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
         }
     }
 

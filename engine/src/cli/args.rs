@@ -97,6 +97,13 @@ pub enum Command {
     /// Apply retention: remove dropped generations, their heads and the packs nothing retained
     /// references. `--dry-run` shows what it would remove.
     Gc(GcArgs),
+    /// After the engine has run: did it use the installed cache? Compares each cache root with the
+    /// record the last `jitship install` left beside it and counts what the engine added since:
+    /// compiled kernels (`.so`), precompiled headers, new FX-graph/AOTAutograd entries (torch
+    /// cache misses). Roots resolve as install resolves them; no store is needed. Exit codes: 0
+    /// the engine compiled nothing anyway, 3 it did (counts on the output), 1 no install record or
+    /// another error.
+    Audit(AuditArgs),
     /// Build, check and dry-run policy modules (for policy authors).
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -255,6 +262,12 @@ pub struct OperatorArgs {
 
 #[derive(Debug, Args)]
 pub struct LsArgs {
+    #[command(flatten)]
+    pub common: OperatorArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
     #[command(flatten)]
     pub common: OperatorArgs,
 }

@@ -5,7 +5,8 @@
 //! - `args`: the clap definitions and how flags, env and the config file resolve into a `Config`.
 //! - `session`: the store, key layout, facts and policies one command works with.
 //! - `commands`: one function per command, grouped as worker (publish, install, watch, facts),
-//!   store (ls, inspect, verify, pin, unpin, gc) and policy-author commands.
+//!   store (ls, inspect, verify, pin, unpin, gc), audit (did the engine use the installed
+//!   cache), key and policy-author commands.
 //! - `render`: how reports print for a person (tables, summaries, spinners).
 
 mod args;
@@ -70,5 +71,6 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Unpin(args) => commands::store::run_pin(args, false),
         Command::Gc(args) => commands::store::run_gc(args),
         Command::Key(cmd) => commands::key::run_key(cmd),
+        Command::Audit(args) => commands::audit::run_audit(args),
     }
 }

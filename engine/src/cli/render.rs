@@ -3,6 +3,7 @@
 use std::io::IsTerminal;
 use std::time::Duration;
 
+use crate::audit::AuditReport;
 use crate::install::{InstallOutcome, InstallReport};
 use crate::publish::{PublishOutcome, PublishReport};
 
@@ -107,6 +108,30 @@ pub(crate) fn print_install(r: &InstallReport) {
     }
     for c in &r.conflicts {
         println!("  left alone: {c}");
+    }
+}
+
+pub(crate) fn print_audit(r: &AuditReport) {
+    let verdict = if r.warm {
+        "warm: the engine ran from the installed cache"
+    } else {
+        "the engine compiled anyway"
+    };
+    println!("{} {}: {verdict}", r.cache_kind, r.root.display());
+    println!(
+        "  generation {} installed {} files: {} kept, {} rewritten, {} removed",
+        short(&r.generation),
+        r.files_installed,
+        r.files_kept,
+        r.files_rewritten,
+        r.files_removed
+    );
+    let added: Vec<String> = r.added.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    if !added.is_empty() {
+        println!("  added since the install: {}", added.join(", "));
+    }
+    for p in &r.examples {
+        println!("    {p}");
     }
 }
 
