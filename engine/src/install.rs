@@ -176,6 +176,37 @@ pub struct RefusedHead {
     pub signer: Signer,
 }
 
+impl InstallReport {
+    /// A `failed` report with nothing done: the starting point of every install, and the report
+    /// of a cache that could not be started (store unreachable, no policy engine).
+    pub fn failed(cache_kind: &str, root: &Path, detail: String) -> Self {
+        Self {
+            cache_kind: cache_kind.to_owned(),
+            root: root.to_owned(),
+            outcome: InstallOutcome::Failed,
+            detail,
+            compat_key: None,
+            compat_id: None,
+            generation: None,
+            signer: None,
+            refused: vec![],
+            damaged: vec![],
+            complete: None,
+            incomplete: None,
+            newer_incomplete: vec![],
+            files_in_generation: 0,
+            files_installed: 0,
+            bytes_installed: 0,
+            files_already_present: 0,
+            files_materialized: vec![],
+            conflicts: vec![],
+            packs_fetched: 0,
+            bytes_fetched: 0,
+            duration_ms: 0,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
     #[error(transparent)]
@@ -246,30 +277,7 @@ pub fn install(
     opts: &InstallOptions,
 ) -> InstallReport {
     let started = Instant::now();
-    let mut report = InstallReport {
-        cache_kind: policy.info().cache_kind.clone(),
-        root: root.into(),
-        outcome: InstallOutcome::Failed,
-        detail: String::new(),
-        compat_key: None,
-        compat_id: None,
-        generation: None,
-        signer: None,
-        refused: vec![],
-        damaged: vec![],
-        complete: None,
-        incomplete: None,
-        newer_incomplete: vec![],
-        files_in_generation: 0,
-        files_installed: 0,
-        bytes_installed: 0,
-        files_already_present: 0,
-        files_materialized: vec![],
-        conflicts: vec![],
-        packs_fetched: 0,
-        bytes_fetched: 0,
-        duration_ms: 0,
-    };
+    let mut report = InstallReport::failed(&policy.info().cache_kind, root, String::new());
     let key = match policy.compat_key(facts) {
         Ok(k) => k,
         Err(e) => {

@@ -3,12 +3,13 @@
 use anyhow::{Result, bail};
 
 use crate::cli::args::AuditArgs;
-use crate::cli::render::print_audit;
+use crate::cli::output::{self, Envelope};
+use crate::cli::{exit, render};
 use crate::policy::set::PolicySet;
 use crate::roots::ProcessEnv;
 
 pub(crate) fn run_audit(args: AuditArgs) -> Result<i32> {
-    let mut config = args.common.settings.resolve()?;
+    let mut config = args.resolve()?;
     if config.caches.is_empty() {
         bail!("no cache to audit: give one with --cache KIND[=ROOT] or [[cache]] in the config");
     }
@@ -20,12 +21,18 @@ pub(crate) fn run_audit(args: AuditArgs) -> Result<i32> {
     for cache in &config.caches {
         reports.push(crate::audit::audit(&cache.kind, &cache.root)?);
     }
-    if args.common.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+    let code = if reports.iter().all(|r| r.warm) {
+        exit::OK
     } else {
-        for r in &reports {
-            print_audit(r);
-        }
+        exit::COMPILED_ANYWAY
+    };
+    if args.json {
+        print!(
+            "{}",
+            output::to_text(&Envelope::start("audit").finish(&reports, code))
+        );
+    } else {
+        reports.iter().for_each(render::print_audit);
     }
-    Ok(if reports.iter().all(|r| r.warm) { 0 } else { 3 })
+    Ok(code)
 }
