@@ -29,6 +29,9 @@ step "third-party policy example: jitship policy build, check and test on exampl
 step "quickstart (the README's first command)"
 JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test
 
+step "TorchInductor on CPU with the real engine (torch from PyPI, venv cached in target/engines-venv): watch, cold compile, install elsewhere, warm start; consumers that differ miss"
+./tests/engines/inductor-e2e.sh
+
 step "Mooncake test cluster: Debian packages, pinned wheels, CUDA driver stub where no driver exists"
 ./tests/cluster/cluster.sh install
 

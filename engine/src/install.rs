@@ -35,6 +35,10 @@
 //! are verified as stored, then materialized for this root by the policy before they are written
 //! to staging (`Materializer`); "already on disk" compares such a file by canonicalizing the copy
 //! on disk.
+//!
+//! Once the generation is in place (installed, already current, or partly, beside conflicts), the
+//! install leaves a record of it beside the root (`crate::audit`, `.<name>.jitship-installed.json`,
+//! written through the parent's descriptor) for `jitship audit`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
@@ -172,6 +176,37 @@ pub struct RefusedHead {
     pub signer: Signer,
 }
 
+impl InstallReport {
+    /// A `failed` report with nothing done: the starting point of every install, and the report
+    /// of a cache that could not be started (store unreachable, no policy engine).
+    pub fn failed(cache_kind: &str, root: &Path, detail: String) -> Self {
+        Self {
+            cache_kind: cache_kind.to_owned(),
+            root: root.to_owned(),
+            outcome: InstallOutcome::Failed,
+            detail,
+            compat_key: None,
+            compat_id: None,
+            generation: None,
+            signer: None,
+            refused: vec![],
+            damaged: vec![],
+            complete: None,
+            incomplete: None,
+            newer_incomplete: vec![],
+            files_in_generation: 0,
+            files_installed: 0,
+            bytes_installed: 0,
+            files_already_present: 0,
+            files_materialized: vec![],
+            conflicts: vec![],
+            packs_fetched: 0,
+            bytes_fetched: 0,
+            duration_ms: 0,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
     #[error(transparent)]
@@ -242,30 +277,7 @@ pub fn install(
     opts: &InstallOptions,
 ) -> InstallReport {
     let started = Instant::now();
-    let mut report = InstallReport {
-        cache_kind: policy.info().cache_kind.clone(),
-        root: root.into(),
-        outcome: InstallOutcome::Failed,
-        detail: String::new(),
-        compat_key: None,
-        compat_id: None,
-        generation: None,
-        signer: None,
-        refused: vec![],
-        damaged: vec![],
-        complete: None,
-        incomplete: None,
-        newer_incomplete: vec![],
-        files_in_generation: 0,
-        files_installed: 0,
-        bytes_installed: 0,
-        files_already_present: 0,
-        files_materialized: vec![],
-        conflicts: vec![],
-        packs_fetched: 0,
-        bytes_fetched: 0,
-        duration_ms: 0,
-    };
+    let mut report = InstallReport::failed(&policy.info().cache_kind, root, String::new());
     let key = match policy.compat_key(facts) {
         Ok(k) => k,
         Err(e) => {
@@ -558,6 +570,7 @@ impl Job {
             remove_staging(&staging_path);
             result?;
         }
+        self.record(manifest, target);
         let (outcome, mut detail) = self.outcome(manifest);
         match &manifest.incomplete {
             None if self.report.newer_incomplete.is_empty() => {}
@@ -608,6 +621,34 @@ impl Job {
                 InstallOutcome::Installed,
                 format!("installed {n} files of generation {id}"),
             )
+        }
+    }
+
+    /// Leaves the record `jitship audit` compares the root with later (`crate::audit`), beside
+    /// the root, through the descriptor of its parent the commit renames through (the lock is
+    /// held): never following a link, and scans never offer it. It holds what this install put (or found) in
+    /// place: every file of the generation but the conflicts left alone, with its size on disk (a
+    /// file materialized for this root has its own). Best effort: the files are installed whether
+    /// or not the record can be written.
+    fn record(&self, manifest: &Manifest, target: &Target) {
+        let mut record = crate::audit::InstallRecord::of(&self.report.cache_kind, manifest);
+        for c in &self.report.conflicts {
+            record.files.remove(c);
+        }
+        if manifest.files.iter().any(|f| f.canonical)
+            && let Ok(dir) = target.parent.open_dir(&target.name)
+        {
+            for f in manifest.files.iter().filter(|f| f.canonical) {
+                let path = f.path.to_string();
+                if let (Some(size), Ok(Some(e))) = (record.files.get_mut(&path), dir.entry(&path))
+                    && e.kind == Kind::File
+                {
+                    *size = e.size;
+                }
+            }
+        }
+        if let Err(e) = crate::audit::write_record_in(&target.parent, &target.name, &record) {
+            tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
         }
     }
 

@@ -2,6 +2,7 @@
 //! generations to a store, and installs the matching generation when the next worker starts.
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
+pub mod audit;
 pub mod author;
 pub mod catalog;
 pub mod cli;

@@ -62,8 +62,11 @@ pub fn snapshot(root: &Path) -> std::io::Result<Snapshot> {
         .follow_links(false)
         .sort_by_file_name()
         .into_iter();
+    // jitship's own files: staging directories and install records (of a root nested in this one).
     let walker = walker.filter_entry(|e| {
-        e.depth() == 0 || !e.file_name().to_string_lossy().starts_with(STAGING_PREFIX)
+        let name = e.file_name().to_string_lossy();
+        e.depth() == 0
+            || !(name.starts_with(STAGING_PREFIX) || name.ends_with(crate::audit::RECORD_SUFFIX))
     });
     for entry in walker {
         let entry = match entry {

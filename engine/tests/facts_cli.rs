@@ -157,10 +157,13 @@ fn jitship_python_gives_publish_and_facts_the_same_python_facts() {
         let (code, out, err) = jitship(&args, env);
         assert_eq!(code, 0, "{err}");
         let report: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let generation = report[0]["generation"].as_str().unwrap().to_string();
+        let generation = report["results"][0]["generation"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let (code, out, err) = jitship(&["inspect", "--store", &store, "--json", &generation], &[]);
         assert_eq!(code, 0, "{err}");
-        serde_json::from_str::<serde_json::Value>(&out).unwrap()["facts"].clone()
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["results"][0]["facts"].clone()
     };
     let with = published(&dir.path().join("s1"), &[("JITSHIP_PYTHON", python)]);
     for name in [

@@ -853,13 +853,21 @@ fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "one kind failed: {stderr}");
+    // The JSON envelope lists the failed kind among the results and its error under errors.
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let past = &doc["results"][1];
+    assert_eq!(past["cache_kind"], "past", "{doc}");
+    assert_eq!(past["outcome"], "failed", "{doc}");
     assert!(
-        stderr.contains("past: publish failed")
-            && stderr.contains("rebuild it against jitship-policy-sdk 2"),
-        "{stderr}"
+        past["error"]
+            .as_str()
+            .unwrap()
+            .contains("rebuild it against jitship-policy-sdk 2"),
+        "{doc}"
     );
-    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let test = &reports[0];
+    assert_eq!(doc["errors"][0]["cache_kind"], "past", "{doc}");
+    assert_eq!(doc["errors"][0]["stage"], "policy", "{doc}");
+    let test = &doc["results"][0];
     assert_eq!(test["cache_kind"], "test");
     assert_eq!(
         test["compat_key"], "test-v1;gpu=H100;py=3.12.3",

@@ -104,7 +104,7 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
         r
     });
     let report: serde_json::Value = serde_json::from_str(&publish_json).expect("publish --json");
-    let hash = Duration::from_millis(report[0]["hash_ms"].as_u64().expect("hash_ms"));
+    let hash = Duration::from_millis(report["results"][0]["hash_ms"].as_u64().expect("hash_ms"));
 
     let install = best_of(3, || {
         let dst = t.path().join("dst");

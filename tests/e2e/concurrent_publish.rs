@@ -88,7 +88,7 @@ fn run_for(b: &Backend) {
             String::from_utf8_lossy(&out.stderr)
         );
         let reports: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        let r = &reports[0];
+        let r = &reports["results"][0];
         assert_eq!(r["outcome"], "published", "[{}] publisher {p}: {r}", b.name);
         merged += r["merged"].as_array().map_or(0, Vec::len);
         eprintln!(

@@ -457,8 +457,9 @@ fn a_sigkill_during_commit_never_shows_a_marker_before_its_files_and_the_next_in
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let compat: CompatId = report[0]["compat_id"].as_str().unwrap().parse().unwrap();
-    let generation: GenerationId = report[0]["generation"].as_str().unwrap().parse().unwrap();
+    let report = &report["results"][0];
+    let compat: CompatId = report["compat_id"].as_str().unwrap().parse().unwrap();
+    let generation: GenerationId = report["generation"].as_str().unwrap().parse().unwrap();
 
     // Mark the Triton group files as markers (what the triton policy's contract-2 `marker` trait
     // will say), as generation 2.

@@ -42,7 +42,20 @@ impl Cli<'_> {
         let mut a = args.to_vec();
         a.push("--json");
         let out = self.expect(&a, 0);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+        let doc: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        // The envelope (README "JSON output"): per-item commands list their results, the others
+        // have exactly one.
+        assert_eq!(doc["schema"], 1, "{doc}");
+        assert_eq!(doc["command"], args[0], "{doc}");
+        assert_eq!(doc["ok"], true, "{doc}");
+        let results = doc["results"].clone();
+        match args[0] {
+            "verify" | "publish" => results,
+            _ => {
+                assert_eq!(results.as_array().map(Vec::len), Some(1), "{doc}");
+                results[0].clone()
+            }
+        }
     }
 }
 
@@ -211,7 +224,8 @@ fn run_for(b: &Backend) {
     let v = cli.run(&["verify", g3, "--json"]);
     assert_eq!(v.status.code(), Some(3));
     let v: Value = serde_json::from_slice(&v.stdout).unwrap();
-    assert_eq!(v[0]["ok"], false);
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["results"][0]["ok"], false);
 }
 
 #[test]

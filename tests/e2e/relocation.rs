@@ -86,8 +86,8 @@ fn report(what: &str, out: Output) -> serde_json::Value {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let reports: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    reports[0].clone()
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    doc["results"][0].clone()
 }
 
 fn publish(b: &Backend, root: &Path) -> serde_json::Value {

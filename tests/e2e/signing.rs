@@ -589,6 +589,12 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
         };
         let required = with(&["--trusted-key", &public]);
         let signing = with(&["--trusted-key", &public, "--signing-key", &key_arg]);
+        // The store commands take the store and the trust, no caches or facts.
+        let reader = {
+            let mut f = flags.clone();
+            f.extend(["--trusted-key".to_owned(), public.clone()]);
+            f
+        };
 
         // Unsigned publish, then an install that requires signatures: exit 14.
         triton_tree(&root, 2, 8);
@@ -617,26 +623,27 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
         assert!(text.contains(&format!("signed by {key_id}")), "{text}");
         let out = expect(&b, &install_flags(&required), &["install"], 0);
         assert!(out.contains(&key_id), "{out}");
-        let ls = expect(&b, &required, &["ls"], 0);
+        let ls = expect(&b, &reader, &["ls"], 0);
         assert!(
             ls.contains("SIGNED") && ls.contains(&format!("{key_id} trusted")),
             "{ls}"
         );
         assert!(ls.contains("unsigned"), "{ls}");
-        let ls: Value = serde_json::from_str(&expect(&b, &required, &["ls", "--json"], 0)).unwrap();
+        let ls: Value = serde_json::from_str(&expect(&b, &reader, &["ls", "--json"], 0)).unwrap();
+        let ls = &ls["results"][0];
         let newest = &ls["compats"][0]["generations"][0];
         assert_eq!(newest["signatures"][0]["signer"]["status"], "trusted");
         assert_eq!(newest["signatures"][0]["signer"]["key_id"], key_id.as_str());
         let g = newest["id"].as_str().unwrap().to_owned();
-        let text = expect(&b, &required, &["inspect", &g[..12]], 0);
+        let text = expect(&b, &reader, &["inspect", &g[..12]], 0);
         assert!(
             text.contains(&format!("signed by trusted key {key_id}")),
             "{text}"
         );
         // verify: the unsigned older generation is a problem under `required`, the newest is ok.
-        let text = expect(&b, &required, &["verify"], 3);
+        let text = expect(&b, &reader, &["verify"], 3);
         assert!(text.contains("is unsigned"), "{text}");
-        expect(&b, &required, &["verify", &g], 0);
+        expect(&b, &reader, &["verify", &g], 0);
 
         // Poison a pack of the newest generation; verify --repair removes it; republish; clean.
         let s = b.store.as_ref();
@@ -648,7 +655,7 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
         bytes.iter_mut().for_each(|x| *x ^= 0x5a);
         assert!(remove_retrying(s, &pack_key));
         s.put(&pack_key, &bytes).unwrap();
-        let text = expect(&b, &required, &["verify", &g, "--repair"], 3);
+        let text = expect(&b, &reader, &["verify", &g, "--repair"], 3);
         assert!(
             text.contains(&format!("removed damaged pack {}", pack.id)),
             "{text}"
@@ -657,16 +664,17 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
         let text = expect(&b, &signing, &["publish", "--json"], 0);
         let report: Value = serde_json::from_str(&text).unwrap();
         assert!(
-            report[0]["packs_uploaded"].as_u64().unwrap() >= 1,
+            report["results"][0]["packs_uploaded"].as_u64().unwrap() >= 1,
             "{report}"
         );
-        let ls: Value = serde_json::from_str(&expect(&b, &required, &["ls", "--json"], 0)).unwrap();
+        let ls: Value = serde_json::from_str(&expect(&b, &reader, &["ls", "--json"], 0)).unwrap();
+        let ls = &ls["results"][0];
         let g3 = ls["compats"][0]["generations"][0]["id"]
             .as_str()
             .unwrap()
             .to_owned();
         assert_ne!(g3, g);
-        expect(&b, &required, &["verify", &g3], 0);
+        expect(&b, &reader, &["verify", &g3], 0);
         let fresh = tmp.path().join("fresh");
         let mut f = required.clone();
         let at = f.iter().position(|x| x == "--cache").unwrap();

@@ -37,6 +37,12 @@ pub fn worker_facts() -> Vec<(&'static str, &'static str)> {
         ("model.revision", "9c925d6"),
         ("engine.config_digest", "b3:5f1c2d3e"),
         ("os.arch", "x86_64"),
+        ("python.include", "/usr/include/python3.12"),
+        ("cpu.isa", "avx512_vnni"),
+        ("cpu.flags_digest", "b3:0c1d2e3f"),
+        ("cpu.threads", "96"),
+        ("cxx.identity", "b3:9a8b7c6d"),
+        ("inductor.env_digest", "b3:af1349b9"),
         ("host.name", "vllm-0"),
     ]
 }
@@ -162,6 +168,25 @@ fn triton_cases(root: &Path, area: &str) {
     );
 }
 
+/// Inductor's precompiled headers: a finished `.gch`, one g++ is still writing, one cut short.
+fn pch_cases(root: &Path, dir: &str) {
+    let stub = b"#include <torch/csrc/inductor/cpp_prefix.h>\n";
+    file(root, &format!("{dir}cdone.h"), stub);
+    file(
+        root,
+        &format!("{dir}cdone.h.gch"),
+        b"gpch+014\x18\xa4 the header",
+    );
+    file(root, &format!("{dir}cbusy.h"), stub);
+    file(
+        root,
+        &format!("{dir}cbusy.h.gch"),
+        b"gpcWrite\x00\x00 half of it",
+    );
+    file(root, &format!("{dir}ccut.h.gch"), b"gp");
+    file(root, &format!("{dir}locks/cdone.lock"), b"");
+}
+
 /// Writes the fixture tree of `kind` under `root` (which must exist and be empty).
 pub fn build(kind: &str, root: &Path) {
     let per_host = "gpu_p2p_access_cache_for_0,1,2,3.json";
@@ -195,7 +220,9 @@ pub fn build(kind: &str, root: &Path) {
             file(root, "ex/cexa62frrkzf_CxxBuild/main.o", b"obj");
             file(root, "triton/0/tmp.5f1c2d3e/k.cubin", b"bundle in flight");
             triton_cases(root, "triton/0/");
+            pch_cases(root, "precompiled_headers/");
         }
+        "inductor-pch" => pch_cases(root, ""),
         "vllm-compile" => {
             let aot = "torch_aot_compile/295491ebf0294c0a690f1019a81888cde55cc78dba53b700d73b6720eb6bbe4b";
             file(root, &format!("{aot}/rank_0_0/model"), b"aot artifact");

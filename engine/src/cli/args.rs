@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use super::exit;
 use crate::config::{self, Config};
 
 #[derive(Debug, Parser)]
@@ -24,18 +25,37 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 
-    /// Log format on stderr.
+    /// Log format on stderr (json: one object per line, with the event's fields as fields).
     #[arg(
         long,
         global = true,
         env = "JITSHIP_LOG_FORMAT",
-        default_value = "text"
+        default_value = "text",
+        help_heading = "Logging"
     )]
     pub log_format: LogFormat,
 
-    /// More log detail (-v debug, -vv trace). RUST_LOG, when set, wins.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    /// Colour on stderr: auto = only on a terminal and never when NO_COLOR is set.
+    #[arg(
+        long,
+        global = true,
+        env = "JITSHIP_COLOR",
+        default_value = "auto",
+        help_heading = "Logging"
+    )]
+    pub color: ColorChoice,
+
+    /// More detail: every skip category with the policy's words per skipped file and the transfer
+    /// figures in summaries, debug logs (-vv trace). RUST_LOG, when set, decides the logs.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = "Logging")]
     pub verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -47,15 +67,12 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Publish each configured cache root as a new generation (only new files are uploaded).
+    #[command(after_help = exit::PUBLISH_HELP)]
     Publish(PublishArgs),
     /// Install the newest matching generation into each configured cache root.
     ///
-    /// Exit codes: 0 installed, 10 already current, 11 miss (nothing published for this
-    /// worker's key, or evicted), 12 failed (the root was left as it was), 13 conflict (files of
-    /// the generation are on disk with other content and were left alone: only partly
-    /// installed), 14 untrusted (with [trust] mode required, no candidate generation was signed by
-    /// a trusted key); with several caches the most severe outcome wins. --best-effort exits 0 for
-    /// all of them.
+    /// Whatever happens to one cache (store unreachable, policy refused, missing fact) becomes that
+    /// cache's `failed` report; --report FILE is written in every case.
     ///
     /// Nothing outside a root is ever written or removed: every operation goes through a
     /// descriptor of the root opened once and follows no link (a root that is itself a symlink is
@@ -64,14 +81,14 @@ pub enum Command {
     /// engine finds the others through) only once everything they mark is in; and a
     /// `.jitship-staging-*` directory beside the root. The next install removes the staging and
     /// completes the generation.
+    #[command(after_help = exit::INSTALL_HELP)]
     Install(InstallArgs),
     /// Watch the cache roots and publish complete new work as it appears (the sidecar).
     ///
     /// A root is published once it has been quiet for the settle window, at most once per minimum
     /// interval, and (with --ready-url) only after the server answered 200 once. On SIGTERM or
-    /// SIGINT every root is published once more within the grace period. Exit codes: 0 stopped
-    /// cleanly (final publish done, or held by the readiness gate), 1 the final publish failed or
-    /// ran out of time, 130 a second signal cut it short.
+    /// SIGINT every root is published once more within the grace period.
+    #[command(after_help = exit::WATCH_HELP)]
     Watch(WatchArgs),
     /// Print the facts compatibility keys are built from, where each came from, and why each
     /// missing one is missing.
@@ -80,29 +97,51 @@ pub enum Command {
     /// package versions from a bare interpreter and site-packages metadata (no import of torch).
     /// Overrides win: the config's [facts], then --fact / JITSHIP_FACTS. A policy that needs a
     /// missing fact refuses to produce a key: give it with --fact NAME=VALUE.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Facts(FactsArgs),
     /// List compat keys and their generations: sizes, file counts, ages, pins.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Ls(LsArgs),
     /// Show one generation: manifest, facts, producer, parent chain.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Inspect(InspectArgs),
     /// Fetch and check every pack and every file hash of a generation (default: every generation
-    /// `ls` shows), and who signed its heads. Exit codes: 0 all good, 3 a problem was found
-    /// (named on the output; an untrusted head counts under trust mode warn or required), 1 error.
-    /// --repair removes the damaged packs it found, so the next publish uploads them again.
+    /// `ls` shows), and who signed its heads (an untrusted head is a problem under trust mode warn
+    /// or required). --repair removes the damaged packs it found, so the next publish uploads them
+    /// again.
+    #[command(after_help = exit::VERIFY_HELP)]
     Verify(VerifyArgs),
     /// Pin a generation: retention never drops it (until `unpin`).
+    #[command(after_help = exit::SIMPLE_HELP)]
     Pin(PinArgs),
     /// Remove a pin.
-    Unpin(PinArgs),
+    #[command(after_help = exit::SIMPLE_HELP)]
+    Unpin(UnpinArgs),
     /// Apply retention: remove dropped generations, their heads and the packs nothing retained
     /// references. `--dry-run` shows what it would remove.
+    #[command(after_help = exit::GC_HELP)]
     Gc(GcArgs),
+    /// After the engine has run: did it use the installed cache? Compares each cache root with the
+    /// record the last `jitship install` left beside it and counts what the engine added since:
+    /// compiled kernels (`.so`), precompiled headers, new FX-graph/AOTAutograd entries (torch
+    /// cache misses). Roots resolve as install resolves them; no store is needed.
+    #[command(after_help = exit::AUDIT_HELP)]
+    Audit(AuditArgs),
     /// Build, check and dry-run policy modules (for policy authors).
     #[command(subcommand)]
     Policy(PolicyCommand),
     /// Signing keys for generations (see [trust] in examples/jitship.toml).
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Print a shell completion script, e.g. `jitship completions bash > /etc/bash_completion.d/jitship`.
+    #[command(after_help = exit::SIMPLE_HELP)]
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,8 +150,10 @@ pub enum KeyCommand {
     /// overwritten, never printed), the public key to --out.pub and stdout. Give the private key
     /// to publishers (trust.signing_key_file, --signing-key, JITSHIP_SIGNING_KEY_FILE) and the
     /// public key to every host that installs (trust.trusted_keys).
+    #[command(after_help = exit::SIMPLE_HELP)]
     Generate(KeyGenerateArgs),
     /// Print the public key and key id of a private key file (for rotations and audits).
+    #[command(after_help = exit::SIMPLE_HELP)]
     Public(KeyPublicArgs),
 }
 
@@ -139,13 +180,16 @@ pub enum PolicyCommand {
     /// Build a policy crate into a component jitship loads: cargo build for
     /// wasm32-unknown-unknown (profile `policy`: small, reproducible), then componentize in-process.
     /// Needs `rustup target add wasm32-unknown-unknown`; nothing else.
+    #[command(after_help = exit::SIMPLE_HELP)]
     Build(PolicyBuildArgs),
     /// Load a policy module the way jitship would and show what it is: contract version, info(),
     /// imports (capabilities) and exports. Exits 1, with the reason, if jitship would refuse it.
+    #[command(after_help = exit::POLICY_CHECK_HELP)]
     Check(PolicyCheckArgs),
     /// Dry-run a policy: its compatibility key for the given facts (or its refusal), its publish/skip
     /// decisions with reasons for a cache root, and its retention decisions for a list of
     /// generations. Nothing is published. Exits 1 if any call failed or refused.
+    #[command(after_help = exit::POLICY_TEST_HELP)]
     Test(PolicyTestArgs),
 }
 
@@ -242,14 +286,15 @@ pub struct PolicyTestArgs {
     pub json: bool,
 }
 
-/// Settings plus `--json`, for the operator commands.
+/// Where the store is, whom it trusts, plus `--json`, for the store commands (they key no caches:
+/// no --cache, no --fact).
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
     #[command(flatten)]
-    pub settings: SettingsArgs,
+    pub store: StoreArgs,
 
-    /// Print JSON on stdout (for scripts) instead of tables.
-    #[arg(long)]
+    /// Print the JSON envelope on stdout (for scripts) instead of tables.
+    #[arg(long, help_heading = "Output")]
     pub json: bool,
 }
 
@@ -259,24 +304,43 @@ pub struct LsArgs {
     pub common: OperatorArgs,
 }
 
+/// `audit` needs no store and no facts: the caches (and the config file that may list them).
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// TOML config file: its [[cache]] entries and [policy] settings.
+    #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// A cache to audit as KIND[:POLICY][=ROOT] (repeatable; env: comma-separated), resolved as
+    /// install resolves it (without =ROOT: the engine's own root from this environment).
+    #[arg(
+        long = "cache",
+        env = "JITSHIP_CACHES",
+        value_name = "KIND[:POLICY][=ROOT]",
+        value_delimiter = ','
+    )]
+    pub caches: Vec<String>,
+
+    /// Print the JSON envelope on stdout (for scripts) instead of the summary.
+    #[arg(long, help_heading = "Output")]
+    pub json: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    #[command(flatten)]
-    pub common: OperatorArgs,
-
     /// Generation id (64 hex digits, or a unique prefix of at least 8 as `ls` prints).
     pub generation: String,
 
     /// Also list every file.
     #[arg(long)]
     pub files: bool,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    #[command(flatten)]
-    pub common: OperatorArgs,
-
     /// Generation id or unique prefix; all generations when omitted.
     pub generation: Option<String>,
 
@@ -284,19 +348,31 @@ pub struct VerifyArgs {
     /// so the next publish uploads them again; installs fall back to older generations meanwhile.
     #[arg(long)]
     pub repair: bool,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct PinArgs {
-    #[command(flatten)]
-    pub common: OperatorArgs,
-
     /// Generation id or unique prefix.
     pub generation: String,
 
-    /// Why (recorded in the pin; `pin` only).
+    /// Why (recorded in the pin, shown by `inspect`).
     #[arg(long)]
     pub reason: Option<String>,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UnpinArgs {
+    /// Generation id or unique prefix.
+    pub generation: String,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
 }
 
 #[derive(Debug, Args)]
@@ -326,9 +402,10 @@ pub struct GcArgs {
     pub grace: Option<Duration>,
 }
 
-/// Where the store is, which caches, and the facts keys are built from.
+/// Where the store is (and the config file that may say so).
 #[derive(Debug, Args)]
-pub struct SettingsArgs {
+#[command(next_help_heading = "Store")]
+pub struct StoreArgs {
     /// TOML config file (see examples/jitship.toml).
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -341,37 +418,14 @@ pub struct SettingsArgs {
     #[arg(long, env = "JITSHIP_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// A cache as KIND[:POLICY][=ROOT] (repeatable; env: comma-separated); overrides the config's
-    /// entry for that kind. Without =ROOT the root is the one the engine would use, from this
-    /// process's environment (e.g. inductor: $TORCHINDUCTOR_CACHE_DIR, else
-    /// $TMPDIR/torchinductor_$USER). POLICY: a policy module FILE.wasm, or `native` for jitship's
-    /// generic rules (required for a kind with no built-in policy).
-    #[arg(
-        long = "cache",
-        env = "JITSHIP_CACHES",
-        value_name = "KIND[:POLICY][=ROOT]",
-        value_delimiter = ','
-    )]
-    pub caches: Vec<String>,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+}
 
-    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
-    #[arg(
-        long = "fact",
-        env = "JITSHIP_FACTS",
-        value_name = "NAME=VALUE",
-        value_delimiter = ';'
-    )]
-    pub facts: Vec<String>,
-
-    /// The inference engine's Python interpreter, which python.* and pkg.* facts are gathered
-    /// from (default: [gather] python, then python3 on PATH). The same for every command.
-    #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
-    pub python: Option<PathBuf>,
-
-    /// Private key that signs the heads this host publishes (overrides trust.signing_key_file).
-    #[arg(long, env = "JITSHIP_SIGNING_KEY_FILE", value_name = "FILE")]
-    pub signing_key: Option<PathBuf>,
-
+/// Which signatures this host trusts (every command that reads generations).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Trust")]
+pub struct TrustArgs {
     /// A trusted public key, `ed25519:<hex>` (repeatable; env: comma-separated). Added to
     /// trust.trusted_keys.
     #[arg(
@@ -387,6 +441,56 @@ pub struct SettingsArgs {
     pub trust_mode: Option<config::TrustMode>,
 }
 
+/// Where the store is, which caches, and the facts keys are built from.
+#[derive(Debug, Args)]
+pub struct SettingsArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    /// A cache as KIND[:POLICY][=ROOT] (repeatable; env: comma-separated); overrides the config's
+    /// entry for that kind. Without =ROOT the root is the one the engine would use, from this
+    /// process's environment (e.g. inductor: $TORCHINDUCTOR_CACHE_DIR, else
+    /// $TMPDIR/torchinductor_$USER). POLICY: a policy module FILE.wasm, or `native` for jitship's
+    /// generic rules (required for a kind with no built-in policy).
+    #[arg(
+        long = "cache",
+        env = "JITSHIP_CACHES",
+        value_name = "KIND[:POLICY][=ROOT]",
+        value_delimiter = ',',
+        help_heading = "Caches and facts"
+    )]
+    pub caches: Vec<String>,
+
+    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
+    #[arg(
+        long = "fact",
+        env = "JITSHIP_FACTS",
+        value_name = "NAME=VALUE",
+        value_delimiter = ';',
+        help_heading = "Caches and facts"
+    )]
+    pub facts: Vec<String>,
+
+    /// The inference engine's Python interpreter, which python.* and pkg.* facts are gathered
+    /// from (default: [gather] python, then python3 on PATH). The same for every command.
+    #[arg(
+        long,
+        env = "JITSHIP_PYTHON",
+        value_name = "PATH",
+        help_heading = "Caches and facts"
+    )]
+    pub python: Option<PathBuf>,
+
+    /// Private key that signs the heads this host publishes (overrides trust.signing_key_file).
+    #[arg(
+        long,
+        env = "JITSHIP_SIGNING_KEY_FILE",
+        value_name = "FILE",
+        help_heading = "Trust"
+    )]
+    pub signing_key: Option<PathBuf>,
+}
+
 #[derive(Debug, Args)]
 pub struct PublishArgs {
     #[command(flatten)]
@@ -400,8 +504,8 @@ pub struct PublishArgs {
     #[arg(long, env = "POD_NAME")]
     pub pod: Option<String>,
 
-    /// Print the reports as JSON on stdout.
-    #[arg(long)]
+    /// Print the JSON envelope (every cache, published or failed, and the errors) on stdout.
+    #[arg(long, help_heading = "Output")]
     pub json: bool,
 }
 
@@ -414,15 +518,16 @@ pub struct InstallArgs {
     #[arg(long, env = "JITSHIP_DEADLINE", value_parser = humantime::parse_duration)]
     pub deadline: Option<Duration>,
 
-    /// Write the JSON report to FILE.
-    #[arg(long, value_name = "FILE")]
+    /// Write the JSON envelope to FILE (always: also when the store or the config failed).
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
     pub report: Option<PathBuf>,
 
-    /// Print the JSON report on stdout instead of the summary.
-    #[arg(long)]
+    /// Print the JSON envelope on stdout instead of the summary.
+    #[arg(long, help_heading = "Output")]
     pub json: bool,
 
-    /// Exit 0 whatever the outcome (for init containers that must never block a pod).
+    /// Exit 0 whatever the outcome, configuration errors included (for init containers that must
+    /// never block a pod); the report still tells the truth.
     #[arg(long, env = "JITSHIP_BEST_EFFORT")]
     pub best_effort: bool,
 
@@ -504,9 +609,9 @@ pub struct FactsArgs {
     pub json: bool,
 }
 
-impl SettingsArgs {
-    /// The effective configuration: config file, then env and flags on top.
-    pub fn resolve(&self) -> Result<Config> {
+impl StoreArgs {
+    /// The configuration file with the store and trust flags on top (not validated).
+    fn load(&self) -> Result<Config> {
         let mut config = match &self.config {
             Some(path) => Config::load(path)?,
             None => Config::default(),
@@ -517,6 +622,31 @@ impl SettingsArgs {
         if let Some(ns) = &self.namespace {
             config.store.namespace = ns.clone();
         }
+        config.trust.trusted_keys.extend(
+            self.trust
+                .trusted_keys
+                .iter()
+                .filter(|k| !k.trim().is_empty())
+                .map(|k| k.trim().to_owned()),
+        );
+        if let Some(mode) = self.trust.trust_mode {
+            config.trust.mode = Some(mode);
+        }
+        Ok(config)
+    }
+
+    /// The effective configuration for a store command.
+    pub fn resolve(&self) -> Result<Config> {
+        let config = self.load()?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl SettingsArgs {
+    /// The effective configuration: config file, then env and flags on top.
+    pub fn resolve(&self) -> Result<Config> {
+        let mut config = self.store.load()?;
         config::apply_cache_args(&mut config, &self.caches)?;
         if let Some(python) = &self.python {
             config.gather.python = Some(python.clone());
@@ -528,15 +658,19 @@ impl SettingsArgs {
         if let Some(path) = &self.signing_key {
             config.trust.signing_key_file = Some(path.clone());
         }
-        config.trust.trusted_keys.extend(
-            self.trusted_keys
-                .iter()
-                .filter(|k| !k.trim().is_empty())
-                .map(|k| k.trim().to_owned()),
-        );
-        if let Some(mode) = self.trust_mode {
-            config.trust.mode = Some(mode);
-        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl AuditArgs {
+    /// The config file with the --cache flags on top.
+    pub fn resolve(&self) -> Result<Config> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        config::apply_cache_args(&mut config, &self.caches)?;
         config.validate()?;
         Ok(config)
     }

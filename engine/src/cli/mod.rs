@@ -3,20 +3,29 @@
 //! decision lives in the library modules; this module only wires them.
 //!
 //! - `args`: the clap definitions and how flags, env and the config file resolve into a `Config`.
-//! - `session`: the store, key layout, facts and policies one command works with.
+//! - `session`: the store, key layout, facts, trust and policies one command works with
+//!   (`CacheSession` for publish, install and watch: a store or policy engine that cannot be
+//!   opened becomes each cache's failure, not the command's).
 //! - `commands`: one function per command, grouped as worker (publish, install, watch, facts),
-//!   store (ls, inspect, verify, pin, unpin, gc) and policy-author commands.
-//! - `render`: how reports print for a person (tables, summaries, spinners).
+//!   store (ls, inspect, verify, pin, unpin, gc), audit (did the engine use the installed
+//!   cache), key and policy-author commands.
+//! - `exit`: every exit code, and the texts each command's `--help` lists them with.
+//! - `output`: the versioned JSON envelope of `--json` and `install --report`.
+//! - `render`: how reports print for a person (tables, summaries, progress, errors).
 
 mod args;
 mod commands;
+mod exit;
+mod output;
 mod render;
 mod session;
 
 pub use args::*;
 
+use std::io::IsTerminal;
+
 use anyhow::Result;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 /// Entry point of the binary: runs the command and ends the process with its exit code, without
 /// waiting for the Mooncake library's slow teardown (see `store::mooncake::exit`).
@@ -28,18 +37,44 @@ pub fn main_and_exit() -> ! {
 
 /// Runs the command line: returns the process exit code.
 pub fn main() -> i32 {
-    let cli = Cli::parse();
-    init_logging(cli.log_format, cli.verbose);
+    output::mark_start();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not errors.
+            return if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+        }
+    };
+    init_logging(cli.log_format, cli.color, cli.verbose);
+    render::set_verbosity(cli.verbose);
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            1
+            render::print_error(&e);
+            exit::ERROR
         }
     }
 }
 
-fn init_logging(format: LogFormat, verbose: u8) {
+/// Whether stderr gets colour: `always`/`never` as asked; `auto` only on a terminal and never
+/// when `NO_COLOR` is set to anything non-empty (no-color.org).
+fn use_color(choice: ColorChoice) -> bool {
+    match choice {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => {
+            std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                && std::io::stderr().is_terminal()
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, color: ColorChoice, verbose: u8) {
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -51,8 +86,17 @@ fn init_logging(format: LogFormat, verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.with_target(false).init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_ansi(use_color(color))
+            .with_target(false)
+            .init(),
+        // One object per line, the event's fields at the top level beside "message".
+        LogFormat::Json => builder
+            .json()
+            .with_ansi(false)
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
     }
 }
 
@@ -63,12 +107,100 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Watch(args) => commands::worker::run_watch(args),
         Command::Facts(args) => commands::worker::run_facts(args),
         Command::Policy(cmd) => commands::policy::run_policy(cmd),
-        Command::Ls(args) => commands::store::run_ls(args),
-        Command::Inspect(args) => commands::store::run_inspect(args),
-        Command::Verify(args) => commands::store::run_verify(args),
-        Command::Pin(args) => commands::store::run_pin(args, true),
-        Command::Unpin(args) => commands::store::run_pin(args, false),
-        Command::Gc(args) => commands::store::run_gc(args),
+        Command::Ls(args) => json_errors("ls", args.common.json, || commands::store::run_ls(args)),
+        Command::Inspect(args) => json_errors("inspect", args.common.json, || {
+            commands::store::run_inspect(args)
+        }),
+        Command::Verify(args) => json_errors("verify", args.common.json, || {
+            commands::store::run_verify(args)
+        }),
+        Command::Pin(args) => {
+            json_errors("pin", args.common.json, || commands::store::run_pin(args))
+        }
+        Command::Unpin(args) => json_errors("unpin", args.common.json, || {
+            commands::store::run_unpin(args)
+        }),
+        Command::Gc(args) => json_errors("gc", args.common.json, || commands::store::run_gc(args)),
+        Command::Audit(args) => {
+            json_errors("audit", args.json, || commands::audit::run_audit(args))
+        }
         Command::Key(cmd) => commands::key::run_key(cmd),
+        Command::Completions(args) => {
+            clap_complete::generate(
+                args.shell,
+                &mut Cli::command(),
+                "jitship",
+                &mut std::io::stdout(),
+            );
+            Ok(exit::OK)
+        }
+    }
+}
+
+/// With `--json`, a command that fails still prints its envelope (with the error) on stdout.
+fn json_errors(
+    command: &'static str,
+    json: bool,
+    run: impl FnOnce() -> Result<i32>,
+) -> Result<i32> {
+    match run() {
+        Err(e) if json => {
+            render::print_error(&e);
+            Ok(output::Envelope::start(command).print_failure(&e, output::Stage::Run))
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn store_commands_take_no_cache_or_fact_and_unpin_no_reason() {
+        for cmd in ["ls", "inspect", "verify", "pin", "unpin", "gc"] {
+            for flag in ["--cache", "--fact"] {
+                let mut argv = vec!["jitship", cmd];
+                if matches!(cmd, "inspect" | "pin" | "unpin") {
+                    argv.push("0123456789abcdef");
+                }
+                argv.extend([flag, "x=y"]);
+                let err = Cli::try_parse_from(&argv).expect_err(&argv.join(" "));
+                assert_eq!(err.kind(), clap::error::ErrorKind::UnknownArgument);
+            }
+        }
+        assert!(
+            Cli::try_parse_from(["jitship", "unpin", "0123456789ab", "--reason", "x"]).is_err()
+        );
+        assert!(Cli::try_parse_from(["jitship", "pin", "0123456789ab", "--reason", "x"]).is_ok());
+    }
+
+    #[test]
+    fn every_command_lists_its_exit_codes_in_help() {
+        let mut cli = Cli::command();
+        cli.build();
+        for sub in cli.get_subcommands().filter(|c| c.get_name() != "help") {
+            let subs: Vec<&clap::Command> = if sub.has_subcommands() {
+                sub.get_subcommands().collect()
+            } else {
+                vec![sub]
+            };
+            for c in subs.into_iter().filter(|c| c.get_name() != "help") {
+                let help = c
+                    .get_after_help()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                assert!(
+                    help.starts_with("Exit codes"),
+                    "`{}` --help lists no exit codes",
+                    c.get_name()
+                );
+            }
+        }
     }
 }

@@ -1,61 +1,146 @@
 //! How reports print for a person: summaries, tables, ages, spinners.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use crate::audit::AuditReport;
 use crate::install::{InstallOutcome, InstallReport};
+use crate::policy::ReasonCategory;
 use crate::publish::{PublishOutcome, PublishReport};
 
+/// How much a person sees: 0 = one line per cache, 1+ (`-v`) = the figures and every skip reason.
+static VERBOSITY: AtomicU8 = AtomicU8::new(0);
+
+pub(crate) fn set_verbosity(v: u8) {
+    VERBOSITY.store(v, Ordering::Relaxed);
+}
+
+fn verbose() -> bool {
+    VERBOSITY.load(Ordering::Relaxed) > 0
+}
+
+/// A spinner with the elapsed time on a terminal; off a terminal, one log line and nothing else
+/// (no escape codes in `kubectl logs`).
 pub(crate) fn spinner(message: String) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         tracing::info!("{message}");
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new_spinner().with_message(message);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+        bar.set_style(style);
+    }
     bar.enable_steady_tick(Duration::from_millis(100));
     bar
 }
 
-pub(crate) fn print_publish(r: &PublishReport) {
-    let what = match &r.outcome {
-        PublishOutcome::Published { generation, seq } => format!(
-            "published generation {generation} (head {seq}, {})",
-            r.signed_by
-                .as_ref()
-                .map_or("unsigned".to_owned(), |k| format!("signed by {k}"))
-        ),
-        PublishOutcome::Unchanged { generation } => {
-            format!("unchanged: generation {generation} already holds every file")
-        }
-        PublishOutcome::Empty => "nothing to publish yet".into(),
-    };
-    println!("{}: {what}", r.cache_kind);
-    println!(
-        "  {} files selected, {} new, {} hashed; uploaded {} in {} packs, {} already stored; {} ms",
-        r.files_selected,
-        r.files_new,
-        r.files_hashed,
-        bytesize::ByteSize(r.bytes_uploaded),
-        r.packs_uploaded,
-        bytesize::ByteSize(r.bytes_deduplicated),
-        r.duration_ms
-    );
-    for (category, n) in &r.skipped {
-        println!("  skipped {n}: {category}");
+/// The progress shown while one cache is worked on.
+pub(crate) struct Progress(indicatif::ProgressBar);
+
+impl Progress {
+    pub(crate) fn start(message: String) -> Self {
+        Self(spinner(message))
     }
-    // The policy's words for each skipped file only with -v: a tree can hold any number of them.
-    if tracing::enabled!(tracing::Level::DEBUG) {
+
+    pub(crate) fn finish(self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// "12.3 MiB/s" over `ms` milliseconds ("-" when too quick to say).
+fn rate(bytes: u64, ms: u64) -> String {
+    if ms == 0 || bytes == 0 {
+        return "-".into();
+    }
+    format!("{}/s", bytesize::ByteSize(bytes.saturating_mul(1000) / ms))
+}
+
+fn seconds(ms: u64) -> String {
+    format!("{:.1}s", ms as f64 / 1000.0)
+}
+
+fn short_id(id: &impl std::fmt::Display) -> String {
+    short(id)
+}
+
+/// Skipped files by the policy contract's reason category, most frequent first: every category
+/// and the policy's words for each file (as many as the report keeps) under `-v`, else the first
+/// three categories and a count.
+fn skipped_lines(r: &PublishReport) -> Vec<String> {
+    let total: u64 = r.skipped.values().sum();
+    if total == 0 {
+        return vec![];
+    }
+    let mut by_count: Vec<(&ReasonCategory, &u64)> = r.skipped.iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    if verbose() {
+        let mut lines = vec![format!("  skipped {total} files:")];
+        lines.extend(by_count.iter().map(|(c, n)| format!("    {n:>6}  {c}")));
+        // The policy's words for each skipped file: a tree can hold any number of them.
         for d in &r.skip_details {
-            println!("    {} {}: {}", d.category, d.path, d.detail);
+            lines.push(format!("    {} {}: {}", d.category, d.path, d.detail));
         }
-        let total: u64 = r.skipped.values().sum();
         if total > r.skip_details.len() as u64 {
-            println!(
+            lines.push(format!(
                 "    ... and {} more (the report lists the first {})",
                 total - r.skip_details.len() as u64,
                 r.skip_details.len()
-            );
+            ));
         }
+        return lines;
+    }
+    const SHOWN: usize = 3;
+    let mut parts: Vec<String> = by_count
+        .iter()
+        .take(SHOWN)
+        .map(|(c, n)| format!("{n} {c}"))
+        .collect();
+    if by_count.len() > SHOWN {
+        parts.push(format!("{} more categories (-v)", by_count.len() - SHOWN));
+    }
+    vec![format!(
+        "  skipped {total}: {} (details: -v)",
+        parts.join("; ")
+    )]
+}
+
+pub(crate) fn print_publish(r: &PublishReport) {
+    let head = match &r.outcome {
+        PublishOutcome::Published { generation, seq } => format!(
+            "published {} (head {seq}, {}): {} files, {} new, {} uploaded at {} in {}",
+            short_id(generation),
+            r.signed_by
+                .as_ref()
+                .map_or("unsigned".to_owned(), |k| format!("signed by {k}")),
+            r.files_selected,
+            r.files_new,
+            bytesize::ByteSize(r.bytes_uploaded),
+            rate(r.bytes_uploaded, r.upload_ms.max(1)),
+            seconds(r.duration_ms)
+        ),
+        PublishOutcome::Unchanged { generation } => format!(
+            "unchanged: {} already holds all {} files ({})",
+            short_id(generation),
+            r.files_selected,
+            seconds(r.duration_ms)
+        ),
+        PublishOutcome::Empty => "nothing to publish yet".into(),
+    };
+    println!("{}: {head}", r.cache_kind);
+    if verbose() {
+        println!(
+            "  {} hashed ({} ms), {} packs uploaded ({} ms), {} packs / {} already stored",
+            r.files_hashed,
+            r.hash_ms,
+            r.packs_uploaded,
+            r.upload_ms,
+            r.packs_reused,
+            bytesize::ByteSize(r.bytes_deduplicated),
+        );
+    }
+    for line in skipped_lines(r) {
+        println!("{line}");
     }
     if let Some(why) = &r.incomplete {
         println!(
@@ -74,11 +159,35 @@ pub(crate) fn print_publish(r: &PublishReport) {
 }
 
 pub(crate) fn print_install(r: &InstallReport) {
-    let outcome = serde_json::to_value(r.outcome)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
-    println!("{}: {outcome}: {}", r.cache_kind, r.detail);
+    match r.outcome {
+        // The figures on one line; the detail (which generation, its signer, what was passed
+        // over, completeness) on the next.
+        InstallOutcome::Installed => {
+            println!(
+                "{}: installed {} files ({}) into {} at {} in {}",
+                r.cache_kind,
+                r.files_installed,
+                bytesize::ByteSize(r.bytes_installed),
+                r.root.display(),
+                rate(r.bytes_fetched, r.duration_ms),
+                seconds(r.duration_ms)
+            );
+            let prefix = format!("installed {} files of ", r.files_installed);
+            println!("  {}", r.detail.strip_prefix(&prefix).unwrap_or(&r.detail));
+        }
+        _ => {
+            // The outcome word once: details that already start with it are not prefixed again.
+            let word = serde_json::to_value(r.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            if r.detail.starts_with(&word) {
+                println!("{}: {}", r.cache_kind, r.detail);
+            } else {
+                println!("{}: {word}: {}", r.cache_kind, r.detail);
+            }
+        }
+    }
     if !r.newer_incomplete.is_empty() {
         println!(
             "  passed over {} newer incomplete generation(s): {}",
@@ -90,15 +199,23 @@ pub(crate) fn print_install(r: &InstallReport) {
                 .join(", ")
         );
     }
-    if matches!(
-        r.outcome,
-        InstallOutcome::Installed | InstallOutcome::Conflict
-    ) {
+    if r.outcome == InstallOutcome::Conflict {
         println!(
-            "  {} files ({}) into {}, {} already present; fetched {} packs ({}); {} ms",
+            "  {} files ({}) into {}; fetched {} packs ({})",
             r.files_installed,
             bytesize::ByteSize(r.bytes_installed),
             r.root.display(),
+            r.packs_fetched,
+            bytesize::ByteSize(r.bytes_fetched),
+        );
+    }
+    if verbose() {
+        if let Some(g) = &r.generation {
+            println!("  generation {g}");
+        }
+        println!(
+            "  {} files in the generation, {} already present; fetched {} packs ({}); {} ms",
+            r.files_in_generation,
             r.files_already_present,
             r.packs_fetched,
             bytesize::ByteSize(r.bytes_fetched),
@@ -108,6 +225,50 @@ pub(crate) fn print_install(r: &InstallReport) {
     for c in &r.conflicts {
         println!("  left alone: {c}");
     }
+}
+
+pub(crate) fn print_audit(r: &AuditReport) {
+    let verdict = if r.warm {
+        "warm: the engine ran from the installed cache"
+    } else {
+        "the engine compiled anyway"
+    };
+    println!("{} {}: {verdict}", r.cache_kind, r.root.display());
+    println!(
+        "  generation {} installed {} files: {} kept, {} rewritten, {} removed",
+        short(&r.generation),
+        r.files_installed,
+        r.files_kept,
+        r.files_rewritten,
+        r.files_removed
+    );
+    let added: Vec<String> = r.added.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    if !added.is_empty() {
+        println!("  added since the install: {}", added.join(", "));
+    }
+    for p in &r.examples {
+        println!("    {p}");
+    }
+}
+
+/// `kind: what: why` on stderr, for a cache whose work failed.
+pub(crate) fn print_failed(kind: &str, what: &str, why: &str) {
+    eprintln!("{kind}: {what}: {why}");
+}
+
+/// `  root DIR (where it came from)` when the environment decided the root (a kind given
+/// without `=ROOT`); under `-v` for every root.
+pub(crate) fn print_root(root: &std::path::Path, resolved_from: Option<&str>) {
+    match resolved_from {
+        Some(origin) => println!("  root {} ({origin})", root.display()),
+        None if verbose() => println!("  root {} (given)", root.display()),
+        None => {}
+    }
+}
+
+/// `error: ...` on stderr, each cause once, never in Debug form.
+pub(crate) fn print_error(e: &anyhow::Error) {
+    eprintln!("error: {}", super::output::one_line(e));
 }
 
 pub(crate) fn now() -> u64 {

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 
-use super::args::{PolicySandboxArgs, SettingsArgs};
-use crate::config::{CacheConfig, Config};
+use super::args::{PolicySandboxArgs, SettingsArgs, StoreArgs};
+use super::output::{self, ErrorRecord, Stage};
+use crate::config::{Backend, CacheConfig, Config, StoreConfig};
 use crate::facts::{Facts, FactsConfig};
 use crate::generation::Producer;
 use crate::policy::CachePolicy;
@@ -22,57 +23,182 @@ pub(crate) struct Session {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) layout: KeyLayout,
     pub(crate) facts: Facts,
-    pub(crate) policies: PolicySet,
+    pub(crate) policies: Arc<PolicySet>,
     pub(crate) trust: Arc<TrustPolicy>,
-    /// Where each of `config.caches`' roots came from (same order); empty until `open` resolves.
+    /// Where each of `config.caches`' roots came from (same order); empty for the store commands.
     pub(crate) root_origins: Vec<RootOrigin>,
 }
 
-impl Session {
+/// Why every cache of a command fails before its own work starts (an unreachable store, an
+/// unusable policy engine): kept, cloned into each cache's report, instead of failing the command.
+#[derive(Clone)]
+pub(crate) struct SharedFailure {
+    pub(crate) stage: Stage,
+    pub(crate) error: Arc<anyhow::Error>,
+}
+
+impl SharedFailure {
+    pub(crate) fn record(&self, cache_kind: &str) -> ErrorRecord {
+        ErrorRecord::new(Some(cache_kind), self.stage, &self.error)
+    }
+
+    pub(crate) fn one_line(&self) -> String {
+        output::one_line(&self.error)
+    }
+}
+
+/// What publish, install and watch work with: a session whose store and policies may be missing,
+/// each with the reason; only a configuration error (flags, config file, trust settings, a root
+/// that cannot be resolved) stops the command.
+pub(crate) struct CacheSession {
+    pub(crate) config: Config,
+    pub(crate) layout: KeyLayout,
+    pub(crate) facts: Facts,
+    pub(crate) store: Result<Arc<dyn Store>, SharedFailure>,
+    pub(crate) policies: Result<Arc<PolicySet>, SharedFailure>,
+    pub(crate) trust: Arc<TrustPolicy>,
+    /// Where each of `config.caches`' roots came from (same order); empty when the policies could
+    /// not start (every cache then fails with that reason).
+    pub(crate) root_origins: Vec<RootOrigin>,
+}
+
+/// "local store at /var/lib/jitship/store", "Mooncake store (master 10.0.0.1:50051)".
+pub(crate) fn describe_store(config: &StoreConfig) -> String {
+    match config.backend {
+        Backend::Local => format!("local store at {}", config.local.path.display()),
+        Backend::Mooncake => format!("Mooncake store (master {})", config.mooncake.master),
+    }
+}
+
+fn open_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
+    crate::store::open(config).with_context(|| format!("opening the {}", describe_store(config)))
+}
+
+/// Where `cache`'s root came from, as the session resolved it ("" when it was not).
+fn root_origin(config: &Config, origins: &[RootOrigin], cache: &CacheConfig) -> String {
+    config
+        .caches
+        .iter()
+        .position(|c| c.kind == cache.kind)
+        .and_then(|i| origins.get(i))
+        .map_or_else(String::new, ToString::to_string)
+}
+
+impl CacheSession {
     pub(crate) fn open(settings: &SettingsArgs) -> Result<Self> {
-        let config = settings.resolve()?;
+        let mut config = settings.resolve()?;
         if config.caches.is_empty() {
             bail!(
                 "no cache roots configured: pass --cache KIND[=ROOT] (e.g. --cache triton, or --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
+        let layout = KeyLayout::new(&config.store.namespace)?;
+        let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
         // [facts] and the --fact flags (already merged into it) on top. Gathering runs probes
         // (python, nvidia-smi) that take about as long as connecting to Mooncake: side by side.
         let facts_config = FactsConfig::from_process(&config, &Default::default());
-        let (gathered, session) = std::thread::scope(|s| {
+        let (gathered, store, policies) = std::thread::scope(|s| {
             let gathering = s.spawn(|| crate::facts::gather(&facts_config));
-            let session = Self::open_with(config);
-            (gathering.join(), session)
+            let store = open_store(&config.store).map_err(|e| SharedFailure {
+                stage: Stage::Store,
+                error: Arc::new(e),
+            });
+            // A policy that fails to load disables only its own kind (its calls fail with the
+            // reason); an unusable wasm engine fails every kind.
+            let policies =
+                PolicySet::from_config(&config)
+                    .map(Arc::new)
+                    .map_err(|e| SharedFailure {
+                        stage: Stage::Policy,
+                        error: Arc::new(
+                            anyhow::Error::new(e).context("starting the policy engine"),
+                        ),
+                    });
+            (gathering.join(), store, policies)
         });
-        let mut session = session?;
-        session.root_origins = crate::roots::resolve_cache_roots(
-            &mut session.config.caches,
-            &session.policies,
-            &ProcessEnv::from_process(),
-        )?;
+        let root_origins = match &policies {
+            Ok(policies) => crate::roots::resolve_cache_roots(
+                &mut config.caches,
+                policies,
+                &ProcessEnv::from_process(),
+            )?,
+            Err(_) => Vec::new(),
+        };
         let gathered = gathered.map_err(|_| anyhow::anyhow!("gathering facts panicked"))?;
         for (name, why) in &gathered.missing {
-            tracing::debug!(fact = %name, "fact missing: {why}");
+            tracing::debug!(fact = %name, why = %why, "fact missing");
         }
-        session.facts = gathered.facts;
-        Ok(session)
+        Ok(Self {
+            config,
+            layout,
+            facts: gathered.facts,
+            store,
+            policies,
+            trust,
+            root_origins,
+        })
     }
 
-    /// For commands that need the store only (ls, inspect, verify, pin, gc).
-    pub(crate) fn open_store(settings: &SettingsArgs) -> Result<Self> {
-        Self::open_with(settings.resolve()?)
+    /// The store and policy for `cache`, or why the cache cannot be worked on.
+    pub(crate) fn ready(
+        &self,
+        cache: &CacheConfig,
+    ) -> Result<(Arc<dyn Store>, Arc<dyn CachePolicy>), SharedFailure> {
+        let store = self.store.clone()?;
+        let policies = self.policies.as_ref().map_err(Clone::clone)?;
+        Ok((store, policies.policy(&cache.kind)))
     }
 
-    fn open_with(config: Config) -> Result<Self> {
-        let store = crate::store::open(&config.store)
-            .with_context(|| format!("opening the {:?} store", config.store.backend))?;
+    /// Everything present, or the first reason it is not (watch needs all of it to start).
+    pub(crate) fn into_session(self) -> Result<Session> {
+        let unwrap = |f: SharedFailure| anyhow::anyhow!(f.one_line());
+        Ok(Session {
+            store: self.store.map_err(unwrap)?,
+            policies: self.policies.map_err(unwrap)?,
+            config: self.config,
+            layout: self.layout,
+            facts: self.facts,
+            trust: self.trust,
+            root_origins: self.root_origins,
+        })
+    }
+
+    /// Where `cache`'s root came from when `open` resolved it from the environment (`None` for a
+    /// root given as such).
+    pub(crate) fn resolved_origin(&self, cache: &CacheConfig) -> Option<String> {
+        let i = self
+            .config
+            .caches
+            .iter()
+            .position(|c| c.kind == cache.kind)?;
+        match self.root_origins.get(i)? {
+            RootOrigin::Given => None,
+            origin => Some(origin.to_string()),
+        }
+    }
+
+    /// Fails (a configuration error) when the signing key cannot be loaded.
+    pub(crate) fn publish_options(
+        &self,
+        pack_size: Option<bytesize::ByteSize>,
+        pod: Option<&String>,
+    ) -> Result<PublishOptions> {
+        publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)
+    }
+}
+
+impl Session {
+    /// For commands that need the store only (ls, inspect, verify, pin, unpin, gc).
+    pub(crate) fn open_store(args: &StoreArgs) -> Result<Self> {
+        let config = args.resolve()?;
+        let store = open_store(&config.store)?;
         let layout = KeyLayout::new(&config.store.namespace)?;
         let mut facts = Facts::new();
         facts.merge(&config.facts);
-        // A policy that fails to load disables its own kind (reported by publish/install through
-        // the policy's errors); only an unusable wasm engine stops the command.
-        let policies = PolicySet::from_config(&config)?;
+        // gc asks the policies of the kinds it finds (retain); a kind whose policy cannot load
+        // keeps everything.
+        let policies = Arc::new(PolicySet::from_config(&config)?);
         let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
         Ok(Self {
             config,
@@ -85,14 +211,9 @@ impl Session {
         })
     }
 
-    /// Where `cache`'s root came from, as `open` resolved it.
+    /// Where `cache`'s root came from, as `CacheSession::open` resolved it.
     pub(crate) fn root_origin(&self, cache: &CacheConfig) -> String {
-        self.config
-            .caches
-            .iter()
-            .position(|c| c.kind == cache.kind)
-            .and_then(|i| self.root_origins.get(i))
-            .map_or_else(String::new, ToString::to_string)
+        root_origin(&self.config, &self.root_origins, cache)
     }
 
     pub(crate) fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
@@ -121,49 +242,57 @@ impl Session {
             Err(_) => self.policies.policy(kind),
         }
     }
-}
-
-impl Session {
-    /// The signing key (if configured) and the trust a publisher builds with.
-    fn publish_trust(&self) -> Result<PublishTrust> {
-        let signing_key = match &self.config.trust.signing_key_file {
-            Some(path) => {
-                let key = PublisherKey::load(path)?;
-                if self.trust.mode() != crate::config::TrustMode::Off
-                    && !self.trust.trusted_key_ids().contains(&key.key_id())
-                {
-                    tracing::warn!(
-                        key_id = key.key_id(),
-                        "the signing key is not among this host's trusted keys: its own generations will not be parents of its next publishes"
-                    );
-                }
-                Some(Arc::new(key))
-            }
-            None => None,
-        };
-        Ok(PublishTrust {
-            signing_key,
-            policy: self.trust.clone(),
-        })
-    }
 
     pub(crate) fn publish_options(
         &self,
         pack_size: Option<bytesize::ByteSize>,
         pod: Option<&String>,
     ) -> Result<PublishOptions> {
-        Ok(PublishOptions {
-            pack_size: pack_size.unwrap_or(self.config.publish.pack_size).as_u64(),
-            producer: Producer {
-                host: gethostname::gethostname().to_string_lossy().into_owned(),
-                pod: pod.cloned().or_else(|| self.config.publish.pod.clone()),
-                jitship_version: env!("CARGO_PKG_VERSION").into(),
-            },
-            facts: self.facts.clone(),
-            max_head_attempts: 16,
-            trust: self.publish_trust()?,
-        })
+        publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)
     }
+}
+
+/// The signing key (if configured) and the trust a publisher builds with.
+fn publish_trust(config: &Config, trust: &Arc<TrustPolicy>) -> Result<PublishTrust> {
+    let signing_key = match &config.trust.signing_key_file {
+        Some(path) => {
+            let key = PublisherKey::load(path)?;
+            if trust.mode() != crate::config::TrustMode::Off
+                && !trust.trusted_key_ids().contains(&key.key_id())
+            {
+                tracing::warn!(
+                    key_id = key.key_id(),
+                    "the signing key is not among this host's trusted keys: its own generations will not be parents of its next publishes"
+                );
+            }
+            Some(Arc::new(key))
+        }
+        None => None,
+    };
+    Ok(PublishTrust {
+        signing_key,
+        policy: trust.clone(),
+    })
+}
+
+fn publish_options(
+    config: &Config,
+    facts: &Facts,
+    trust: &Arc<TrustPolicy>,
+    pack_size: Option<bytesize::ByteSize>,
+    pod: Option<&String>,
+) -> Result<PublishOptions> {
+    Ok(PublishOptions {
+        pack_size: pack_size.unwrap_or(config.publish.pack_size).as_u64(),
+        producer: Producer {
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            pod: pod.cloned().or_else(|| config.publish.pod.clone()),
+            jitship_version: env!("CARGO_PKG_VERSION").into(),
+        },
+        facts: facts.clone(),
+        max_head_attempts: 16,
+        trust: publish_trust(config, trust)?,
+    })
 }
 
 impl PolicySandboxArgs {

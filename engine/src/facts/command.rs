@@ -40,8 +40,19 @@ fn first_line(s: &str) -> Option<&str> {
 /// Runs `program args` with no stdin and returns what it printed, or a one-line reason why it
 /// could not. Past `timeout` the program and everything it started (its process group) is killed.
 pub(crate) fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<Output, String> {
+    run_as(program, &program.to_string_lossy(), args, timeout)
+}
+
+/// [`run`] with `argv[0]` = `arg0` (a compiler driver prints it back in `-v`, and engines run it by
+/// its bare name).
+pub(crate) fn run_as(
+    program: &Path,
+    arg0: &str,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<Output, String> {
     let deadline = Instant::now() + timeout;
-    let mut child = spawn(program, args)?;
+    let mut child = spawn(program, arg0, args)?;
     let stdout = child.stdout.take().map(drain);
     let stderr = child.stderr.take().map(drain);
     let status = loop {
@@ -79,10 +90,11 @@ pub(crate) fn run(program: &Path, args: &[&str], timeout: Duration) -> Result<Ou
     })
 }
 
-fn spawn(program: &Path, args: &[&str]) -> Result<std::process::Child, String> {
+fn spawn(program: &Path, arg0: &str, args: &[&str]) -> Result<std::process::Child, String> {
     let mut attempts = 0;
     loop {
         let spawned = Command::new(program)
+            .arg0(arg0)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -22,6 +22,12 @@
 //! | `model.id` | model served, e.g. `Qwen/Qwen3-8B` | overrides only (`[facts]`, `JITSHIP_FACTS`, `--fact`) |
 //! | `model.revision` | model revision or commit | overrides only |
 //! | `engine.config_digest` | blake3 (hex) of the engine's configuration file | `[gather] engine_config`, or overrides |
+//! | `python.include` | the interpreter's C include directory (`sysconfig.get_path("include")`; TorchInductor's kernel keys hold it as `-I`) | a bare interpreter |
+//! | `cpu.isa` | vector ISA tier TorchInductor compiles CPU kernels for, torch's names: `amx_tile`, `avx512_vnni`, `avx512`, `avx2`, `default` (none) | the `flags` of `/proc/cpuinfo` by torch's `pick_vec_isa` rules, honouring env `ATEN_CPU_CAPABILITY` (x86_64 only) |
+//! | `cpu.flags_digest` | blake3 (hex) of the CPU's feature flags, sorted (kernels built with `-march=native` use any of them) | the first processor's `flags` in `/proc/cpuinfo` |
+//! | `cpu.threads` | the thread count torch will use (`torch.get_num_threads()`; in Inductor's FX-graph key) | env `OMP_NUM_THREADS` capped by the CPUs of the affinity mask, else those CPUs (`sched_getaffinity`) |
+//! | `cxx.identity` | blake3 (hex) of the C++ compiler's `-v` output, run as torch runs it (`$CXX`, else `g++`, by that name) | `$CXX -v` / `g++ -v` on PATH |
+//! | `inductor.env_digest` | blake3 (hex) of every `TORCHINDUCTOR_*` and `TORCH_COMPILE_*` variable (`NAME=value` lines, sorted), except `TORCHINDUCTOR_CACHE_DIR`; the digest of nothing when none is set | the environment |
 //! | `os.arch` | CPU architecture jitship was built for, e.g. `x86_64`, `aarch64` | the build target |
 //! | `host.name` | host name (for records and per-host policies; never part of a shared key) | `gethostname` |
 //!
@@ -34,9 +40,12 @@
 //! `CUDA_VISIBLE_DEVICES` says); on a node with mixed GPU models, override `gpu.*` per worker.
 //!
 //! Gathering reads nothing from the process environment by itself: `FactsConfig` carries the
-//! search path and the variables it consults, so tests and callers decide them explicitly.
+//! search path, the variables it consults (`CUDA_HOME`, `CUDA_PATH`, `CXX`, `ATEN_CPU_CAPABILITY`,
+//! `OMP_NUM_THREADS`, `TORCHINDUCTOR_*`, `TORCH_COMPILE_*`), the cpuinfo file and the affinity mask's
+//! CPU count, so tests and callers decide them explicitly.
 
 mod command;
+mod cpu;
 mod gpu;
 mod python;
 
@@ -47,6 +56,7 @@ use serde::Serialize;
 
 use crate::config::{Config, ConfigError, GatherConfig};
 
+pub use cpu::is_inductor_env;
 pub use python::normalize as normalize_package_name;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -124,6 +134,7 @@ pub enum Source {
     SitePackages,
     Libcudart,
     Nvcc,
+    Program,
     Env,
     Filesystem,
     Config,
@@ -144,6 +155,7 @@ impl std::fmt::Display for Source {
             Source::SitePackages => "site-packages",
             Source::Libcudart => "libcudart",
             Source::Nvcc => "nvcc",
+            Source::Program => "program",
             Source::Env => "env",
             Source::Filesystem => "filesystem",
             Source::Config => "config",
@@ -187,10 +199,14 @@ pub struct FactsConfig {
     pub settings: GatherConfig,
     /// Directories searched for `python3`, `nvidia-smi` and `nvcc` (the process's PATH, usually).
     pub search_path: Vec<PathBuf>,
-    /// The environment variables gathering consults (`CUDA_HOME`, `CUDA_PATH`).
+    /// The environment variables gathering consults (see [`consulted_env`]).
     pub env: BTreeMap<String, String>,
     /// The CUDA root used when neither variable is set (and it exists).
     pub default_cuda_home: PathBuf,
+    /// Where the CPU's feature flags are read (`/proc/cpuinfo`).
+    pub cpuinfo: PathBuf,
+    /// CPUs in the process's affinity mask (`sched_getaffinity`); None when it cannot be read.
+    pub affinity_cpus: Option<usize>,
     /// Later layers win.
     pub overrides: Vec<OverrideLayer>,
 }
@@ -199,14 +215,9 @@ impl FactsConfig {
     /// The settings of `config`, this process's PATH and CUDA variables, the config's `[facts]`
     /// and then `flag_facts` (the `--fact` flags, or `JITSHIP_FACTS` when no flag is given).
     pub fn from_process(config: &Config, flag_facts: &BTreeMap<String, String>) -> Self {
-        let env: BTreeMap<String, String> = ["CUDA_HOME", "CUDA_PATH"]
-            .into_iter()
-            .filter_map(|k| {
-                std::env::var(k)
-                    .ok()
-                    .filter(|v| !v.is_empty())
-                    .map(|v| (k.to_string(), v))
-            })
+        let env: BTreeMap<String, String> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, v)| consulted_env(k) && !v.is_empty())
             .collect();
         let search_path = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).collect())
@@ -216,6 +227,8 @@ impl FactsConfig {
             search_path,
             env,
             default_cuda_home: PathBuf::from("/usr/local/cuda"),
+            cpuinfo: PathBuf::from("/proc/cpuinfo"),
+            affinity_cpus: cpu::affinity_cpus(),
             overrides: vec![
                 OverrideLayer {
                     origin: "config [facts]".into(),
@@ -228,6 +241,14 @@ impl FactsConfig {
             ],
         }
     }
+}
+
+/// Whether gathering reads the environment variable `name` (what `from_process` passes on).
+pub fn consulted_env(name: &str) -> bool {
+    matches!(
+        name,
+        "CUDA_HOME" | "CUDA_PATH" | "CXX" | "ATEN_CPU_CAPABILITY" | "OMP_NUM_THREADS"
+    ) || is_inductor_env(name)
 }
 
 /// Parses `k=v;k=v` (the form of `JITSHIP_FACTS`); empty items are ignored.
@@ -259,6 +280,7 @@ pub fn gather(cfg: &FactsConfig) -> Gathered {
         }
     }
     gather_cuda(cfg, &site_dirs, &mut g);
+    gather_cpu(cfg, &mut g);
     gather_deployment(cfg, &mut g);
     g.found(
         "os.arch",
@@ -470,6 +492,13 @@ fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf> {
                 Source::Python,
                 &detail,
             );
+            match &info.include {
+                Some(dir) => g.found("python.include", dir.clone(), Source::Python, &detail),
+                None => g.lack(
+                    "python.include",
+                    format!("{} has no sysconfig include path", info.executable),
+                ),
+            }
             if info.site_packages.is_empty() {
                 Err(format!(
                     "{} reports no existing site-packages directory",
@@ -482,6 +511,7 @@ fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf> {
         Err(reason) => {
             g.lack("python.version", reason.clone());
             g.lack("python.executable", reason.clone());
+            g.lack("python.include", reason.clone());
             Err(format!("no interpreter to ask: {reason}"))
         }
     };
@@ -611,6 +641,68 @@ fn gather_cuda(cfg: &FactsConfig, site_dirs: &[PathBuf], g: &mut Gathered) {
     }
 }
 
+/// `cpu.isa`, `cpu.flags_digest`, `cpu.threads`, `cxx.identity`, `inductor.env_digest`.
+fn gather_cpu(cfg: &FactsConfig, g: &mut Gathered) {
+    let cpuinfo_path = cfg.cpuinfo.display().to_string();
+    let flags = std::fs::read_to_string(&cfg.cpuinfo)
+        .map_err(|e| format!("cannot read {cpuinfo_path}: {e}"))
+        .and_then(|text| {
+            cpu::cpu_flags(&text).ok_or_else(|| format!("{cpuinfo_path} lists no CPU flags"))
+        });
+    match &flags {
+        Ok(flags) => {
+            let digest = blake3::hash(flags.join(" ").as_bytes()).to_hex();
+            g.found(
+                "cpu.flags_digest",
+                digest.as_str(),
+                Source::File,
+                format!("flags of the first processor in {cpuinfo_path}"),
+            );
+        }
+        Err(why) => g.lack("cpu.flags_digest", why.clone()),
+    }
+    let capability = cfg.env.get("ATEN_CPU_CAPABILITY").map(String::as_str);
+    match (&flags, std::env::consts::ARCH) {
+        (Ok(flags), "x86_64") => {
+            let tier = cpu::x86_isa_tier(flags, capability);
+            let detail = match capability {
+                Some(c) => format!("{cpuinfo_path} flags with ATEN_CPU_CAPABILITY={c}"),
+                None => format!("{cpuinfo_path} flags (ATEN_CPU_CAPABILITY unset)"),
+            };
+            let source = if capability.is_some() {
+                Source::Env
+            } else {
+                Source::File
+            };
+            g.found("cpu.isa", tier, source, detail);
+        }
+        (Err(why), _) => g.lack("cpu.isa", why.clone()),
+        (Ok(_), arch) => g.lack(
+            "cpu.isa",
+            format!("jitship derives torch's ISA tier on x86_64 only (this is {arch}); give it with --fact cpu.isa=VALUE"),
+        ),
+    }
+    match cpu::torch_threads(
+        cfg.env.get("OMP_NUM_THREADS").map(String::as_str),
+        cfg.affinity_cpus,
+    ) {
+        Ok((n, detail)) => g.found("cpu.threads", n.to_string(), Source::Env, detail),
+        Err(why) => g.lack("cpu.threads", why),
+    }
+    let cxx = cfg.env.get("CXX").map_or("g++", String::as_str);
+    match cpu::compiler_identity(cxx, &cfg.search_path, cfg.settings.timeout) {
+        Ok((digest, detail)) => g.found("cxx.identity", digest, Source::Program, detail),
+        Err(why) => g.lack("cxx.identity", why),
+    }
+    let (digest, names) = cpu::inductor_env_digest(&cfg.env);
+    let detail = if names.is_empty() {
+        "no TORCHINDUCTOR_*/TORCH_COMPILE_* variable set".to_string()
+    } else {
+        names.join(", ")
+    };
+    g.found("inductor.env_digest", digest, Source::Env, detail);
+}
+
 /// Facts about the deployment rather than the machine: model and engine configuration.
 fn gather_deployment(cfg: &FactsConfig, g: &mut Gathered) {
     let how = |name: &str| {
@@ -687,7 +779,7 @@ mod tests {
             self.script(
                 "bin/python3",
                 &format!(
-                    "printf 'version\\t3.12.3\\nexecutable\\t/opt/venv/bin/python3\\nsite\\t{}\\n'",
+                    "printf 'version\\t3.12.3\\nexecutable\\t/opt/venv/bin/python3\\ninclude\\t/opt/py/include/python3.12\\nsite\\t{}\\n'",
                     site.display()
                 ),
             );
@@ -704,6 +796,8 @@ mod tests {
                 search_path: vec![self.path("bin")],
                 env: BTreeMap::new(),
                 default_cuda_home: self.path("no-cuda"),
+                cpuinfo: self.path("no-cpuinfo"),
+                affinity_cpus: Some(4),
                 overrides: Vec::new(),
             }
         }
@@ -723,6 +817,12 @@ mod tests {
             "python.version",
             "python.executable",
             "python.site_packages",
+            "python.include",
+            "cpu.isa",
+            "cpu.flags_digest",
+            "cpu.threads",
+            "cxx.identity",
+            "inductor.env_digest",
             "model.id",
             "model.revision",
             "engine.config_digest",
@@ -847,6 +947,91 @@ mod tests {
     }
 
     #[test]
+    fn cpu_facts_follow_cpuinfo_the_environment_and_the_compiler() {
+        let m = FakeMachine::new();
+        std::fs::write(
+            m.path("cpuinfo"),
+            "processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu avx2 fma avx512f avx512_vnni\n",
+        )
+        .unwrap();
+        // A compiler driver printing its version on stderr, as gcc does (a script's $0 is its
+        // path whatever argv[0] was, so the bare-name argv[0] is checked with the real g++ by
+        // tests/engines/inductor-e2e.sh, where a mismatch would re-run torch's ISA probe).
+        m.script(
+            "bin/g++",
+            "echo 'Target: x86_64-linux-gnu' >&2; echo 'gcc version 12.2.0' >&2",
+        );
+        m.script("bin/clang++", "echo 'clang version 17' >&2");
+        let base = || {
+            let mut cfg = m.config();
+            cfg.cpuinfo = m.path("cpuinfo");
+            cfg.affinity_cpus = Some(2);
+            cfg
+        };
+        let g = gather(&base());
+        assert_eq!(g.facts.get("cpu.threads"), Some("2"));
+        assert!(
+            g.sources["cpu.threads"]
+                .detail
+                .contains("OMP_NUM_THREADS unset")
+        );
+        let digest = g.facts.get("cpu.flags_digest").unwrap().to_string();
+        assert_eq!(
+            digest,
+            blake3::hash(b"avx2 avx512_vnni avx512f fma fpu")
+                .to_hex()
+                .as_str()
+        );
+        let gxx = g.facts.get("cxx.identity").unwrap().to_string();
+        assert_eq!(
+            gxx,
+            blake3::hash(b"Target: x86_64-linux-gnu\ngcc version 12.2.0\n")
+                .to_hex()
+                .as_str(),
+        );
+        assert_eq!(g.sources["cxx.identity"].source, Source::Program);
+        let none_set = g.facts.get("inductor.env_digest").unwrap().to_string();
+        if std::env::consts::ARCH == "x86_64" {
+            assert_eq!(g.facts.get("cpu.isa"), Some("avx512_vnni"));
+            assert_eq!(g.sources["cpu.isa"].source, Source::File);
+        } else {
+            assert!(g.missing["cpu.isa"].contains("x86_64 only"));
+        }
+
+        let mut cfg = base();
+        for (k, v) in [
+            ("OMP_NUM_THREADS", "1"),
+            ("ATEN_CPU_CAPABILITY", "avx2"),
+            ("CXX", "clang++"),
+            ("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0"),
+            ("TORCHINDUCTOR_CACHE_DIR", "/elsewhere"),
+        ] {
+            cfg.env.insert(k.into(), v.into());
+        }
+        let h = gather(&cfg);
+        assert_eq!(h.facts.get("cpu.threads"), Some("1"));
+        assert_ne!(h.facts.get("cxx.identity"), Some(gxx.as_str()));
+        assert_ne!(h.facts.get("inductor.env_digest"), Some(none_set.as_str()));
+        assert_eq!(
+            h.sources["inductor.env_digest"].detail,
+            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"
+        );
+        assert_eq!(h.facts.get("cpu.flags_digest"), Some(digest.as_str()));
+        if std::env::consts::ARCH == "x86_64" {
+            assert_eq!(h.facts.get("cpu.isa"), Some("avx2"));
+            assert_eq!(h.sources["cpu.isa"].source, Source::Env);
+        }
+
+        let mut cfg = base();
+        cfg.env.insert("CXX".into(), "no-such-compiler".into());
+        cfg.affinity_cpus = None;
+        let k = gather(&cfg);
+        assert_eq!(k.missing["cxx.identity"], "no no-such-compiler on PATH");
+        assert!(k.missing["cpu.threads"].contains("affinity mask"));
+        every_expected_fact_is_accounted_for(&k, &[]);
+    }
+
+    #[test]
     fn no_gpu_gives_explicit_missing_facts_with_every_sources_reason() {
         let m = FakeMachine::new();
         let start = Instant::now();
@@ -875,6 +1060,8 @@ mod tests {
         assert!(g.missing["cuda.home"].contains("CUDA_HOME and CUDA_PATH unset"));
         assert!(g.missing["cuda.runtime"].contains("no torch/version.py"));
         assert!(g.missing["cuda.nvcc"].contains("no nvcc"));
+        assert!(g.missing["cpu.isa"].contains("no-cpuinfo"));
+        assert!(g.missing["cxx.identity"].contains("no g++ on PATH"));
         every_expected_fact_is_accounted_for(&g, &[]);
         let table = g.render_table();
         assert!(table.contains("\nmissing ("), "{table}");

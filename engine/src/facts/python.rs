@@ -14,6 +14,8 @@ pub(crate) struct Interpreter {
     /// `platform.python_version()`: "3.12.3", "3.13.0rc1".
     pub version: String,
     pub executable: String,
+    /// `sysconfig.get_path("include")`, if the interpreter has one.
+    pub include: Option<String>,
     /// Existing site-packages directories, in `sys.path` order.
     pub site_packages: Vec<PathBuf>,
 }
@@ -28,6 +30,8 @@ lvl = {'alpha': 'a', 'beta': 'b', 'candidate': 'rc'}.get(sys.version_info.releas
 v = '%d.%d.%d' % sys.version_info[:3] + ('%s%d' % (lvl, sys.version_info.serial) if lvl else '')
 print('version\t' + v)
 print('executable\t' + sys.executable)
+import sysconfig
+print('include\t' + (sysconfig.get_path('include') or ''))
 exe_dir = os.path.dirname(sys.executable)
 cfgs = [os.path.join(d, 'pyvenv.cfg') for d in (exe_dir, os.path.dirname(exe_dir))]
 cfg = next((c for c in cfgs if os.path.isfile(c)), None)
@@ -66,11 +70,12 @@ pub(crate) fn probe(python: &Path, timeout: Duration) -> Result<Interpreter, Str
 }
 
 fn parse_probe(text: &str) -> Option<Interpreter> {
-    let (mut version, mut executable, mut site) = (None, None, Vec::new());
+    let (mut version, mut executable, mut include, mut site) = (None, None, None, Vec::new());
     for line in text.lines() {
         match line.split_once('\t') {
             Some(("version", v)) if !v.is_empty() => version = Some(v.to_string()),
             Some(("executable", v)) if !v.is_empty() => executable = Some(v.to_string()),
+            Some(("include", v)) if !v.is_empty() => include = Some(v.to_string()),
             Some(("site", v)) => {
                 let dir = PathBuf::from(v);
                 if dir.is_dir() && !site.contains(&dir) {
@@ -83,6 +88,7 @@ fn parse_probe(text: &str) -> Option<Interpreter> {
     Some(Interpreter {
         version: version?,
         executable: executable?,
+        include,
         site_packages: site,
     })
 }

@@ -354,6 +354,12 @@ pub fn rename_dir_over_empty(
     Ok(rustix::fs::renameat(from_dir, from_name, to_dir, to_name)?)
 }
 
+/// Moves the file `from_name` over `to_name`, both in `dir` (plain `renameat`): a file or link at
+/// `to_name` is replaced (the link itself, never what it points to); a directory there fails.
+pub fn rename_over(dir: BorrowedFd<'_>, from_name: &str, to_name: &str) -> io::Result<()> {
+    Ok(rustix::fs::renameat(dir, from_name, dir, to_name)?)
+}
+
 /// Removes `name` in `dir` if it is still the file `(dev, ino)`; a file someone else put there
 /// meanwhile is left alone.
 pub fn remove_if_same(dir: BorrowedFd<'_>, name: &str, dev: u64, ino: u64) -> io::Result<bool> {

@@ -37,6 +37,8 @@ pub const BUILTINS: &[Builtin] = &[
     builtin!("triton"),
     // TorchInductor cache
     builtin!("inductor"),
+    // TorchInductor precompiled headers ($TMPDIR/torchinductor_$USER/precompiled_headers)
+    builtin!("inductor-pch"),
     // vLLM torch.compile cache (AOT and per-graph)
     builtin!("vllm-compile"),
     // FlashInfer JIT modules

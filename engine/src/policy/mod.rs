@@ -229,6 +229,12 @@ impl PolicyError {
     pub fn is_policy_answer(&self) -> bool {
         matches!(self, Self::MissingFact(_) | Self::InvalidInput(_))
     }
+
+    /// A failure caused by the node, not the policy (a wall-clock deadline on a loaded machine):
+    /// retried with backoff, never a reason to disable the kind for good.
+    pub fn is_environmental(&self) -> bool {
+        matches!(self, Self::WallTimeExceeded { .. })
+    }
 }
 
 /// The one interface publish, install and gc use to ask a policy.

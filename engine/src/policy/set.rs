@@ -1,13 +1,16 @@
 //! The policies of the configured caches, by kind, and which kinds are disabled and why.
 //!
 //! A policy that traps, runs out of a budget, answers garbage or fails to load disables its own
-//! cache kind for the rest of the process (invariant 6); the other kinds carry on. A refusal the
+//! cache kind for the rest of the process (invariant 6); the other kinds carry on. A call that ran
+//! past its wall-clock deadline is environmental (a loaded node, not a broken policy): it is retried,
+//! then the kind pauses with a doubling backoff and is re-enabled by the first call that succeeds. A refusal the
 //! contract allows (`missing-fact`, `invalid-input`) is an answer, not a failure: it is returned but
 //! disables nothing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::host::PolicyEngine;
 use super::native::NativeRules;
@@ -31,11 +34,56 @@ pub enum PolicySource {
     Native,
 }
 
-/// A policy that disables itself on its first misbehaviour.
+/// Why a kind does not run its policy now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisabledCause {
+    /// The module could not be loaded, or governs another kind: disabled for the process.
+    Load,
+    /// The policy broke its contract (trap, budget, invalid answer): disabled for the process.
+    Violation,
+    /// The node was too slow (wall-clock deadline): paused, retried after a backoff, re-enabled by
+    /// the first call that succeeds.
+    Backoff,
+}
+
+impl DisabledCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Load => "load",
+            Self::Violation => "violation",
+            Self::Backoff => "backoff",
+        }
+    }
+}
+
+/// Attempts of one call when it fails for an environmental reason, and the waits between them.
+const ENVIRONMENTAL_RETRY_WAITS: [Duration; 2] =
+    [Duration::from_millis(100), Duration::from_millis(400)];
+/// Pause of a kind after a call failed environmentally on every attempt: doubling from the first
+/// to the last value with each further failure.
+const BACKOFF_FIRST: Duration = Duration::from_secs(2);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone)]
+enum Health {
+    Enabled,
+    /// Environmental failures in a row; calls are refused until `until`, then tried again.
+    Backoff {
+        failures: u32,
+        until: Instant,
+        reason: String,
+    },
+    /// A contract violation: refused for the rest of the process (invariant 6).
+    Disabled(String),
+}
+
+/// A policy that disables itself on its first contract violation, and pauses itself (with backoff,
+/// then tries again) when it failed only because the node was slow.
 pub struct GuardedPolicy {
     kind: String,
     inner: Box<dyn CachePolicy>,
-    disabled: Mutex<Option<String>>,
+    health: Mutex<Health>,
 }
 
 impl GuardedPolicy {
@@ -43,37 +91,92 @@ impl GuardedPolicy {
         Self {
             kind: kind.into(),
             inner,
-            disabled: Mutex::new(None),
+            health: Mutex::new(Health::Enabled),
         }
     }
 
-    /// Why this kind is disabled, if it is.
-    pub fn disabled_reason(&self) -> Option<String> {
-        self.disabled
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    fn health(&self) -> MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn guard<T>(
-        &self,
-        op: &str,
-        f: impl FnOnce() -> Result<T, PolicyError>,
-    ) -> Result<T, PolicyError> {
-        if let Some(reason) = self.disabled_reason() {
+    /// Why this kind is disabled for the rest of the process, if it is (a backoff pause is not).
+    pub fn disabled_reason(&self) -> Option<String> {
+        match &*self.health() {
+            Health::Disabled(reason) => Some(reason.clone()),
+            Health::Enabled | Health::Backoff { .. } => None,
+        }
+    }
+
+    /// Why calls are refused right now, and whether that lasts (`Violation`) or passes (`Backoff`).
+    pub fn paused(&self) -> Option<(DisabledCause, String)> {
+        match &*self.health() {
+            Health::Enabled => None,
+            Health::Backoff { until, reason, .. } => {
+                let left = until.saturating_duration_since(Instant::now());
+                (!left.is_zero()).then(|| {
+                    (
+                        DisabledCause::Backoff,
+                        format!("{reason}; retried in {}s", left.as_secs().max(1)),
+                    )
+                })
+            }
+            Health::Disabled(reason) => Some((DisabledCause::Violation, reason.clone())),
+        }
+    }
+
+    fn guard<T>(&self, op: &str, f: impl Fn() -> Result<T, PolicyError>) -> Result<T, PolicyError> {
+        if let Some((_, reason)) = self.paused() {
             return Err(PolicyError::Disabled {
                 kind: self.kind.clone(),
                 reason,
             });
         }
-        let result = f();
-        if let Err(e) = &result
-            && !e.is_policy_answer()
-        {
-            let reason = format!("policy {} failed in {op}: {e}", self.inner.info().name);
-            tracing::error!(kind = %self.kind, "{reason}; cache kind {} is disabled until jitship restarts", self.kind);
-            let mut slot = self.disabled.lock().unwrap_or_else(PoisonError::into_inner);
-            slot.get_or_insert(reason);
+        let mut result = f();
+        for wait in ENVIRONMENTAL_RETRY_WAITS {
+            match &result {
+                Err(e) if e.is_environmental() => {
+                    tracing::warn!(kind = %self.kind, op, error = %e, retry_in_ms = wait.as_millis() as u64, "policy call failed for an environmental reason; retrying");
+                    std::thread::sleep(wait);
+                    result = f();
+                }
+                _ => break,
+            }
+        }
+        let policy = &self.inner.info().name;
+        let mut health = self.health();
+        match &result {
+            Ok(_) => {
+                if let Health::Backoff { .. } = &*health {
+                    tracing::info!(kind = %self.kind, policy = %policy, "policy answers again; cache kind re-enabled");
+                    *health = Health::Enabled;
+                }
+            }
+            Err(e) if e.is_policy_answer() => {}
+            Err(e) if e.is_environmental() => {
+                let failures = match &*health {
+                    Health::Backoff { failures, .. } => failures + 1,
+                    _ => 1,
+                };
+                let pause = BACKOFF_FIRST
+                    .saturating_mul(1 << (failures - 1).min(16))
+                    .min(BACKOFF_MAX);
+                let reason = format!("policy {policy} failed in {op}: {e}");
+                tracing::warn!(kind = %self.kind, policy = %policy, op, error = %e, failures, pause_s = pause.as_secs(), "cache kind paused; it is retried after the pause");
+                if !matches!(&*health, Health::Disabled(_)) {
+                    *health = Health::Backoff {
+                        failures,
+                        until: Instant::now() + pause,
+                        reason,
+                    };
+                }
+            }
+            Err(e) => {
+                let reason = format!("policy {policy} failed in {op}: {e}");
+                tracing::error!(kind = %self.kind, policy = %policy, op, error = %e, "policy broke its contract; cache kind disabled until jitship restarts");
+                if !matches!(&*health, Health::Disabled(_)) {
+                    *health = Health::Disabled(reason);
+                }
+            }
         }
         result
     }
@@ -142,8 +245,10 @@ pub struct KindStatus {
     /// `name@version` of the policy, when it loaded.
     pub policy: Option<String>,
     pub digest: Option<String>,
-    /// Why the kind is disabled; `None` = enabled.
+    /// Why the kind is disabled or paused; `None` = enabled.
     pub disabled: Option<String>,
+    /// Whether that lasts for the process (`load`, `violation`) or passes (`backoff`).
+    pub disabled_cause: Option<DisabledCause>,
 }
 
 /// The policy of every configured cache kind.
@@ -211,7 +316,7 @@ impl PolicySet {
                 },
             };
             if let Slot::Failed { reason, .. } = &slot {
-                tracing::error!(kind = %cache.kind, "{reason}; cache kind {} is disabled", cache.kind);
+                tracing::error!(kind = %cache.kind, reason = %reason, "policy not loaded; cache kind disabled");
             }
             slots.insert(cache.kind.clone(), slot);
         }
@@ -303,19 +408,24 @@ impl PolicySet {
         self.slots
             .iter()
             .map(|(kind, slot)| match slot {
-                Slot::Ready { policy, source } => KindStatus {
-                    kind: kind.clone(),
-                    source: source.clone(),
-                    policy: Some(format!("{}@{}", policy.info().name, policy.info().version)),
-                    digest: Some(policy.policy_ref().digest),
-                    disabled: policy.disabled_reason(),
-                },
+                Slot::Ready { policy, source } => {
+                    let paused = policy.paused();
+                    KindStatus {
+                        kind: kind.clone(),
+                        source: source.clone(),
+                        policy: Some(format!("{}@{}", policy.info().name, policy.info().version)),
+                        digest: Some(policy.policy_ref().digest),
+                        disabled_cause: paused.as_ref().map(|(cause, _)| *cause),
+                        disabled: paused.map(|(_, reason)| reason),
+                    }
+                }
                 Slot::Failed { source, reason } => KindStatus {
                     kind: kind.clone(),
                     source: source.clone(),
                     policy: None,
                     digest: None,
                     disabled: Some(reason.clone()),
+                    disabled_cause: Some(DisabledCause::Load),
                 },
             })
             .collect()
@@ -379,5 +489,160 @@ impl CachePolicy for DisabledPolicy {
         _: &RetentionLimits,
     ) -> Result<Vec<GenerationId>, PolicyError> {
         self.err()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// Fails its first `failures` calls with `error()`, then answers.
+    struct Flaky {
+        info: PolicyInfo,
+        failures: AtomicU32,
+        error: fn() -> PolicyError,
+    }
+
+    fn flaky(failures: u32, error: fn() -> PolicyError) -> Box<dyn CachePolicy> {
+        Box::new(Flaky {
+            info: PolicyInfo {
+                name: "flaky".into(),
+                version: "1".into(),
+                cache_kind: "k".into(),
+                default_root: String::new(),
+                root_env: vec![],
+                description: String::new(),
+            },
+            failures: AtomicU32::new(failures),
+            error,
+        })
+    }
+
+    impl Flaky {
+        fn answer<T>(&self, value: T) -> Result<T, PolicyError> {
+            let left = self.failures.load(Ordering::SeqCst);
+            if left > 0 {
+                self.failures.store(left - 1, Ordering::SeqCst);
+                return Err((self.error)());
+            }
+            Ok(value)
+        }
+    }
+
+    impl CachePolicy for Flaky {
+        fn info(&self) -> &PolicyInfo {
+            &self.info
+        }
+        fn policy_ref(&self) -> PolicyRef {
+            PolicyRef {
+                name: "flaky".into(),
+                version: "1".into(),
+                digest: "test".into(),
+            }
+        }
+        fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
+            self.answer("key".into())
+        }
+        fn select(&self, _: &Path, _: &[FileEntry]) -> Result<Selection, PolicyError> {
+            self.answer(Selection::complete(vec![]))
+        }
+        fn retain(
+            &self,
+            _: &[GenerationSummary],
+            _: u64,
+            _: &RetentionLimits,
+        ) -> Result<Vec<GenerationId>, PolicyError> {
+            self.answer(vec![])
+        }
+    }
+
+    fn wall() -> PolicyError {
+        PolicyError::WallTimeExceeded { deadline_ms: 50 }
+    }
+
+    fn trap() -> PolicyError {
+        PolicyError::Trapped("unreachable".into())
+    }
+
+    #[test]
+    fn a_slow_call_is_retried_in_place() {
+        let p = GuardedPolicy::new("k", flaky(2, wall));
+        assert_eq!(p.compat_key(&Facts::new()).unwrap(), "key");
+        assert!(p.paused().is_none());
+    }
+
+    #[test]
+    fn slow_on_every_attempt_pauses_the_kind_then_reenables_it() {
+        let p = GuardedPolicy::new("k", flaky(3, wall));
+        assert!(matches!(
+            p.compat_key(&Facts::new()),
+            Err(PolicyError::WallTimeExceeded { .. })
+        ));
+        let (cause, reason) = p.paused().expect("paused after the retries");
+        assert_eq!(cause, DisabledCause::Backoff);
+        assert!(reason.contains("wall-clock deadline"), "{reason}");
+        assert!(p.disabled_reason().is_none(), "a pause is not for good");
+        // Refused during the pause, without calling the policy.
+        assert!(matches!(
+            p.compat_key(&Facts::new()),
+            Err(PolicyError::Disabled { .. })
+        ));
+        // The pause passes: the next call runs, succeeds and re-enables the kind.
+        if let Health::Backoff { until, .. } = &mut *p.health() {
+            *until = Instant::now();
+        }
+        assert_eq!(p.compat_key(&Facts::new()).unwrap(), "key");
+        assert!(p.paused().is_none());
+    }
+
+    #[test]
+    fn a_contract_violation_disables_for_good() {
+        let p = GuardedPolicy::new("k", flaky(1, trap));
+        assert!(matches!(
+            p.select(Path::new("/"), &[]),
+            Err(PolicyError::Trapped(_))
+        ));
+        assert_eq!(p.paused().unwrap().0, DisabledCause::Violation);
+        // The policy would answer now; the kind stays disabled.
+        assert!(matches!(
+            p.compat_key(&Facts::new()),
+            Err(PolicyError::Disabled { .. })
+        ));
+        assert!(p.disabled_reason().unwrap().contains("failed in select"));
+    }
+
+    #[test]
+    fn status_says_which_kinds_are_disabled_and_why() {
+        let set = PolicySet::from_policies([
+            ("slow".to_owned(), flaky(3, wall)),
+            ("broken".to_owned(), flaky(1, trap)),
+            ("fine".to_owned(), flaky(0, trap)),
+        ]);
+        for kind in ["slow", "broken", "fine"] {
+            let _ = set.policy(kind).compat_key(&Facts::new());
+        }
+        let status: BTreeMap<_, _> = set
+            .status()
+            .into_iter()
+            .map(|s| (s.kind.clone(), s))
+            .collect();
+        assert_eq!(status["slow"].disabled_cause, Some(DisabledCause::Backoff));
+        assert_eq!(
+            status["broken"].disabled_cause,
+            Some(DisabledCause::Violation)
+        );
+        assert!(
+            status["broken"]
+                .disabled
+                .as_ref()
+                .unwrap()
+                .contains("crashed")
+        );
+        assert_eq!(status["fine"].disabled_cause, None);
+        // A paused kind is still handed out (it re-enables itself); a violated one is a stand-in.
+        assert!(set.get("slow").is_ok());
+        assert!(set.get("broken").is_err());
     }
 }

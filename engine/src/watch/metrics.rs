@@ -9,11 +9,13 @@
 //! whatever a cache holds), `cache_incomplete{cache}` (1 when the last cycle's root was not a
 //! complete cache for its kind), `last_publish_timestamp_seconds{cache}`
 //! (last new generation), `last_cycle_timestamp_seconds{cache}`, `errors_total{cache,kind}`,
-//! `pending{cache}`, `ready`, `rescans_total`, `events_total`.
+//! `pending{cache}`, `ready`, `rescans_total`, `events_total`, and `policy_disabled{cache,cause}`
+//! (1 while a kind's policy does not run: cause `load` or `violation` for the process, `backoff`
+//! until its pause passes), which `/healthz` also lists with the reason.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -25,7 +27,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::policy::ReasonCategory;
+use crate::policy::set::KindStatus;
 use crate::publish::{PublishOutcome, PublishReport};
+
+/// Where the metrics learn which cache kinds have their policy disabled (the process's `PolicySet`).
+pub type PolicyStatusSource = Arc<dyn Fn() -> Vec<KindStatus> + Send + Sync>;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -49,6 +55,8 @@ pub struct Metrics {
     ready: Gauge,
     rescans: Counter,
     events: Counter,
+    policy_disabled: Family<Labels, Gauge>,
+    policy_status: Mutex<Option<PolicyStatusSource>>,
 }
 
 impl Default for Metrics {
@@ -76,6 +84,8 @@ impl Metrics {
             ready: Gauge::default(),
             rescans: Counter::default(),
             events: Counter::default(),
+            policy_disabled: Family::default(),
+            policy_status: Mutex::new(None),
             registry: Registry::default(),
         };
         registry.register(
@@ -154,7 +164,63 @@ impl Metrics {
             "Batches of file-system events received",
             m.events.clone(),
         );
+        registry.register(
+            "policy_disabled",
+            "1 while a cache kind's policy does not run, by cause (load, violation: for the process; backoff: until the pause passes)",
+            m.policy_disabled.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Reports the kinds of `source` in `policy_disabled` and `/healthz` (read at each request).
+    pub fn watch_policies(&self, source: PolicyStatusSource) {
+        *self
+            .policy_status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(source);
+    }
+
+    /// The policies' status now, with `policy_disabled` brought up to date.
+    fn policy_status(&self) -> Vec<KindStatus> {
+        let source = self
+            .policy_status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let Some(source) = source else {
+            return vec![];
+        };
+        let status = source();
+        for s in &status {
+            for cause in [
+                crate::policy::set::DisabledCause::Load,
+                crate::policy::set::DisabledCause::Violation,
+                crate::policy::set::DisabledCause::Backoff,
+            ] {
+                self.policy_disabled
+                    .get_or_create(&vec![
+                        ("cache", s.kind.clone()),
+                        ("cause", cause.as_str().to_owned()),
+                    ])
+                    .set(i64::from(s.disabled_cause == Some(cause)));
+            }
+        }
+        status
+    }
+
+    /// `/healthz`: the process answers; each disabled kind on its own line, with why.
+    pub fn health(&self) -> String {
+        let mut out = String::from("ok\n");
+        for s in self.policy_status() {
+            if let (Some(cause), Some(reason)) = (s.disabled_cause, &s.disabled) {
+                out.push_str(&format!(
+                    "cache kind {} disabled ({}): {reason}\n",
+                    s.kind,
+                    cause.as_str()
+                ));
+            }
+        }
+        out
     }
 
     pub fn record_report(&self, r: &PublishReport) {
@@ -242,6 +308,7 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
+        self.policy_status();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -267,7 +334,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
             Ok(s) => s,
             Err(e) => {
                 // EMFILE and friends pass; do not spin on them.
-                tracing::warn!("metrics endpoint: accept failed: {e}");
+                tracing::warn!(error = %e, "metrics endpoint: accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -296,7 +363,7 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> 
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.encode(),
         ),
-        (&hyper::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".into()),
+        (&hyper::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", metrics.health()),
         (&hyper::Method::GET, _) => (
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -456,5 +523,45 @@ mod tests {
             );
         }
         assert!(!text.contains("k17"), "a file name leaked into a label");
+    }
+
+    #[test]
+    fn disabled_policies_show_in_the_metric_and_healthz() {
+        use crate::policy::set::{DisabledCause, PolicySource};
+        let m = Metrics::new();
+        assert_eq!(m.health(), "ok\n");
+        let kind = |kind: &str, cause: Option<DisabledCause>| KindStatus {
+            kind: kind.into(),
+            source: PolicySource::Builtin,
+            policy: None,
+            digest: None,
+            disabled: cause.map(|c| format!("{} reason", c.as_str())),
+            disabled_cause: cause,
+        };
+        let status = vec![
+            kind("triton", Some(DisabledCause::Backoff)),
+            kind("inductor", None),
+            kind("deepgemm", Some(DisabledCause::Violation)),
+        ];
+        m.watch_policies(Arc::new(move || status.clone()));
+        let health = m.health();
+        assert!(
+            health.contains("cache kind triton disabled (backoff): backoff reason\n"),
+            "{health}"
+        );
+        assert!(
+            health.contains("cache kind deepgemm disabled (violation)"),
+            "{health}"
+        );
+        assert!(!health.contains("inductor"), "{health}");
+        let text = m.encode();
+        for line in [
+            "jitship_watch_policy_disabled{cache=\"triton\",cause=\"backoff\"} 1",
+            "jitship_watch_policy_disabled{cache=\"triton\",cause=\"violation\"} 0",
+            "jitship_watch_policy_disabled{cache=\"deepgemm\",cause=\"violation\"} 1",
+            "jitship_watch_policy_disabled{cache=\"inductor\",cause=\"backoff\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

@@ -99,6 +99,19 @@ pub enum FinalPublish {
     NotReady,
 }
 
+impl std::fmt::Display for FinalPublish {
+    /// For logs: "done", "failed: triton, inductor", "timed-out: triton", ...
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Done => f.write_str("done"),
+            Self::Failed { caches } => write!(f, "failed: {}", caches.join(", ")),
+            Self::TimedOut { unfinished } => write!(f, "timed-out: {}", unfinished.join(", ")),
+            Self::Interrupted => f.write_str("interrupted"),
+            Self::NotReady => f.write_str("not-ready"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WatchSummary {
     /// The signal (or reason) that stopped the watcher.
@@ -190,7 +203,7 @@ pub async fn run_with_metrics(
             .await
             .map_err(|reason| WatchError::MetricsBind { addr, reason })?;
         let shown = listener.local_addr().unwrap_or(addr);
-        tracing::info!("metrics on http://{shown}/metrics, health on http://{shown}/healthz");
+        tracing::info!(addr = %shown, "serving /metrics and /healthz");
         tokio::spawn(metrics::serve(listener, metrics.clone()));
     }
     let now = Instant::now();
@@ -251,18 +264,19 @@ pub async fn run_with_metrics(
     }
     let t = lp.opts.timing;
     tracing::info!(
-        settle = ?t.settle,
-        min_interval = ?t.min_interval,
-        rescan_interval = ?t.rescan_interval,
-        grace = ?lp.opts.grace,
+        settle_s = t.settle.as_secs_f64(),
+        min_interval_s = t.min_interval.as_secs_f64(),
+        rescan_interval_s = t.rescan_interval.as_secs_f64(),
+        grace_s = lp.opts.grace.as_secs_f64(),
         ready_url = lp.gate.url.as_ref().map(ReadyUrl::as_str),
         "jitship watch started"
     );
 
     let (stopped_by, running) = lp.main_loop(&mut stop).await;
     tracing::info!(
-        "{stopped_by}: final publish of pending work (grace {:?})",
-        lp.opts.grace
+        signal = %stopped_by,
+        grace_s = lp.opts.grace.as_secs_f64(),
+        "stopping: final publish of pending work"
     );
     lp.summary.stopped_by = stopped_by;
     lp.summary.final_publish = lp.final_publish(running, &mut stop).await;
@@ -270,7 +284,7 @@ pub async fn run_with_metrics(
         cycles = lp.summary.cycles,
         generations = lp.summary.generations,
         failed_cycles = lp.summary.failed_cycles,
-        final_publish = ?lp.summary.final_publish,
+        final_publish = %lp.summary.final_publish,
         "jitship watch stopped"
     );
     Ok(lp.summary)
@@ -520,8 +534,9 @@ impl Loop {
                             cache = %slot.kind,
                             root = %slot.root.display(),
                             error_kind = kind,
-                            retry_in = ?retry,
-                            "publish cycle failed: {message}"
+                            error = %message,
+                            retry_in_s = retry.map(|d| d.as_secs()),
+                            "publish cycle failed"
                         );
                     }
                 }
@@ -541,7 +556,7 @@ impl Loop {
                         }
                         Err(e) => {
                             self.metrics.record_error(&slot.kind, "scan");
-                            tracing::warn!(cache = %slot.kind, "rescan failed: {e}");
+                            tracing::warn!(cache = %slot.kind, error = %e, "rescan failed");
                         }
                     }
                 }
@@ -551,7 +566,7 @@ impl Loop {
                 // Cycles catch their panics, so this is unreachable in practice; the root whose
                 // worker was lost stays out of the rotation (and the error is counted).
                 self.metrics.record_error("*", "panic");
-                tracing::error!("background job failed: {e}");
+                tracing::error!(error = %e, "background job failed");
                 self.rescan.done(now, &self.opts.timing);
             }
         }

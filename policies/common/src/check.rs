@@ -2,6 +2,22 @@
 
 use jitship_policy_sdk::{FileEntry, Host, read_to_end};
 
+/// A GCC precompiled header (`.gch`) is complete when it starts with GCC's identification
+/// (`gpch` + language + format version). g++ writes the file in place, starting with the
+/// placeholder `gpcWrite`, and rewrites the first 8 bytes with the real identification only after
+/// everything else is written (observed with GCC 12: `gpcWrite` through 100 MB of writing, then
+/// `gpch+014`); a compile still running or killed half-way leaves the placeholder.
+pub fn gch_complete(host: &dyn Host, e: &FileEntry) -> Result<(), String> {
+    let h = host
+        .read_file(&e.path, 0, 8)
+        .map_err(|m| format!("cannot read the precompiled header's identification: {m}"))?;
+    match h.get(..4) {
+        Some(b"gpch") => Ok(()),
+        Some(b"gpcW") => Err("precompiled header still being written by g++ (gpcWrite)".into()),
+        _ => Err("not a complete GCC precompiled header (no gpch identification)".into()),
+    }
+}
+
 /// An ELF shared object is complete when its header is in place and the file reaches the end of
 /// its section header table (or, without one, of its program header table). The linker writes
 /// the header and tables last, so a file being linked in place, or cut short, fails.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 
 use crate::cli::args::KeyCommand;
+use crate::cli::exit;
 use crate::trust::PublisherKey;
 
 pub(crate) fn run_key(cmd: KeyCommand) -> Result<i32> {
@@ -39,5 +40,5 @@ pub(crate) fn run_key(cmd: KeyCommand) -> Result<i32> {
             println!("{}", crate::trust::public_key_text(&key.public_key()));
         }
     }
-    Ok(0)
+    Ok(exit::OK)
 }

@@ -1,5 +1,6 @@
 //! One function per command; each returns the process exit code.
 
+pub(crate) mod audit;
 pub(crate) mod key;
 pub(crate) mod policy;
 pub(crate) mod store;

@@ -2,9 +2,10 @@
 
 use anyhow::{Context, Result, bail};
 
-use crate::cli::args::{GcArgs, InspectArgs, LsArgs, PinArgs, VerifyArgs};
+use crate::cli::args::{GcArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs};
 use crate::cli::render::{age, now, short, spinner, table};
 use crate::cli::session::Session;
+use crate::cli::{exit, output};
 use crate::generation::GenerationId;
 use crate::inspect::{self, ManifestState};
 
@@ -17,12 +18,12 @@ pub(crate) fn resolve_generation(session: &Session, text: &str) -> Result<Genera
 }
 
 pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.settings)?;
+    let session = Session::open_store(&args.common.store)?;
     let survey = inspect::survey(session.store.as_ref(), &session.layout, &session.trust)
         .with_context(|| format!("reading {}", session.store.describe()))?;
     if args.common.json {
-        println!("{}", serde_json::to_string_pretty(&survey)?);
-        return Ok(0);
+        emit_json("ls", [&survey], exit::OK);
+        return Ok(exit::OK);
     }
     if survey.compats.is_empty() {
         println!(
@@ -30,7 +31,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
             survey.namespace,
             session.store.describe()
         );
-        return Ok(0);
+        return Ok(exit::OK);
     }
     for c in &survey.compats {
         println!(
@@ -122,19 +123,19 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                 .collect::<Vec<_>>(),
         );
     }
-    Ok(0)
+    Ok(exit::OK)
 }
 
 pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.settings)?;
+    let session = Session::open_store(&args.common.store)?;
     let id = resolve_generation(&session, &args.generation)?;
     let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id, &session.trust)?;
     if !args.files {
         i.files.clear();
     }
     if args.common.json {
-        println!("{}", serde_json::to_string_pretty(&i)?);
-        return Ok(0);
+        emit_json("inspect", [&i], exit::OK);
+        return Ok(exit::OK);
     }
     println!("generation  {}", i.id);
     println!("cache       {} (compat id {})", i.cache_kind, i.compat_id);
@@ -225,11 +226,11 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
             );
         }
     }
-    Ok(0)
+    Ok(exit::OK)
 }
 
 pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.settings)?;
+    let session = Session::open_store(&args.common.store)?;
     let store = session.store.as_ref();
     let survey = inspect::survey(store, &session.layout, &session.trust)?;
     let ids: Vec<GenerationId> = match &args.generation {
@@ -289,48 +290,65 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         }
         results.push(v);
     }
+    let code = if results.iter().all(|v| v.ok) {
+        exit::OK
+    } else {
+        exit::PROBLEM_FOUND
+    };
     if args.common.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        emit_json("verify", &results, code);
     } else if ids.is_empty() {
         println!("no generations to verify");
     }
-    Ok(if results.iter().all(|v| v.ok) { 0 } else { 3 })
+    Ok(code)
 }
 
-pub(crate) fn run_pin(args: PinArgs, pin: bool) -> Result<i32> {
-    let session = Session::open_store(&args.common.settings)?;
+pub(crate) fn run_pin(args: PinArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.store)?;
     let store = session.store.as_ref();
     let id = resolve_generation(&session, &args.generation)?;
-    if pin {
-        if crate::catalog::fetch_manifest(store, &session.layout, &id)?.is_none() {
-            bail!(
-                "generation {id} is not in the store (collected or evicted); run `jitship ls` to see what is"
-            );
-        }
-        let record = crate::catalog::pin(store, &session.layout, &id, args.reason.clone())?;
-        if args.common.json {
-            println!("{}", serde_json::to_string_pretty(&record)?);
-        } else {
-            println!("pinned {id}: gc will not drop it until `jitship unpin`");
-        }
-    } else {
-        let removed = crate::catalog::unpin(store, &session.layout, &id)?;
-        if args.common.json {
-            println!(
-                "{}",
-                serde_json::json!({ "generation": id, "was_pinned": removed })
-            );
-        } else if removed {
-            println!("unpinned {id}: retention applies to it again");
-        } else {
-            println!("{id} was not pinned");
-        }
+    if crate::catalog::fetch_manifest(store, &session.layout, &id)?.is_none() {
+        bail!(
+            "generation {id} is not in the store (collected or evicted); run `jitship ls` to see what is"
+        );
     }
-    Ok(0)
+    let record = crate::catalog::pin(store, &session.layout, &id, args.reason.clone())?;
+    if args.common.json {
+        emit_json("pin", [&record], exit::OK);
+    } else {
+        println!("pinned {id}: gc will not drop it until `jitship unpin`");
+    }
+    Ok(exit::OK)
+}
+
+pub(crate) fn run_unpin(args: UnpinArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.store)?;
+    let id = resolve_generation(&session, &args.generation)?;
+    let removed = crate::catalog::unpin(session.store.as_ref(), &session.layout, &id)?;
+    if args.common.json {
+        emit_json(
+            "unpin",
+            [serde_json::json!({ "generation": id, "was_pinned": removed })],
+            exit::OK,
+        );
+    } else if removed {
+        println!("unpinned {id}: retention applies to it again");
+    } else {
+        println!("{id} was not pinned");
+    }
+    Ok(exit::OK)
+}
+
+/// Prints the JSON envelope of a store command that ran.
+fn emit_json(command: &'static str, results: impl serde::Serialize, code: i32) {
+    print!(
+        "{}",
+        output::to_text(&output::Envelope::start(command).finish(results, code))
+    );
 }
 
 pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.settings)?;
+    let session = Session::open_store(&args.common.store)?;
     let retention = &session.config.retention;
     let mut limits = retention.limits();
     if let Some(n) = args.keep {
@@ -356,8 +374,13 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
     let policy_for = |kind: &str| session.policy_for_kind(kind);
     let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policy_for, &opts)
         .with_context(|| format!("gc of {}", session.store.describe()))?;
+    let code = if report.errors.is_empty() {
+        exit::OK
+    } else {
+        exit::ERROR
+    };
     if args.common.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        emit_json("gc", [&report], code);
     } else {
         let rows: Vec<Vec<String>> = report
             .decisions
@@ -427,7 +450,6 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
             "error: {} keys could not be removed; run gc again (it resumes from its journal)",
             report.errors.len()
         );
-        return Ok(1);
     }
-    Ok(0)
+    Ok(code)
 }

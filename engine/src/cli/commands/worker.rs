@@ -4,9 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use serde::Serialize;
+
 use crate::cli::args::{FactsArgs, InstallArgs, PublishArgs, WatchArgs};
-use crate::cli::render::{print_install, print_publish, spinner};
-use crate::cli::session::Session;
+use crate::cli::exit;
+use crate::cli::output::{self, Envelope, ErrorRecord, Stage};
+use crate::cli::render::{self, Progress};
+use crate::cli::session::CacheSession;
 use crate::config::{self, Config};
 use crate::facts::FactsConfig;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
@@ -14,62 +18,133 @@ use crate::policy::set::PolicySet;
 use crate::publish::{HashCache, PublishReport};
 use crate::roots::{ProcessEnv, RootOrigin};
 
+/// One cache's publish: its report, or why it failed.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum PublishResult {
+    Done(PublishReport),
+    Failed(FailedCache),
+}
+
+/// A cache whose work failed (`outcome` is always "failed"); the error is also under `errors`.
+#[derive(Debug, Serialize)]
+pub(crate) struct FailedCache {
+    pub(crate) cache_kind: String,
+    pub(crate) root: PathBuf,
+    pub(crate) outcome: &'static str,
+    pub(crate) error: String,
+}
+
 pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
-    let session = Session::open(&args.settings)?;
-    let opts = session.publish_options(args.pack_size, args.pod.as_ref())?;
-    let mut failed = false;
-    let mut reports: Vec<PublishReport> = Vec::new();
-    for cache in &session.config.caches {
-        // `watch` waits for a root that does not exist yet; a one-off publish of one is a mistake
-        // (a typo, an unmounted volume) and must not read as "unchanged".
-        if let Err(e) = crate::publish::check_root_exists(&cache.root) {
-            failed = true;
-            eprintln!("{}: publish failed: {e}", cache.kind);
-            continue;
+    let mut envelope = Envelope::start("publish");
+    // Each cache's result, with where its root came from when the environment decided it.
+    let mut results: Vec<PublishResult> = Vec::new();
+    let mut origins: Vec<Option<String>> = Vec::new();
+    let opened = CacheSession::open(&args.settings).and_then(|session| {
+        let opts = session.publish_options(args.pack_size, args.pod.as_ref())?;
+        Ok((session, opts))
+    });
+    match opened {
+        Err(e) => {
+            if !args.json {
+                return Err(e);
+            }
+            render::print_error(&e);
+            envelope
+                .errors
+                .push(ErrorRecord::new(None, Stage::Config, &e));
         }
-        let policy = session.policy(cache);
-        let bar = spinner(format!(
-            "publishing {} from {}",
-            cache.kind,
-            cache.root.display()
-        ));
-        let result = crate::publish::publish(
-            session.store.as_ref(),
-            &session.layout,
-            policy.as_ref(),
-            &cache.root,
-            &opts,
-            &mut HashCache::default(),
-        );
-        bar.finish_and_clear();
-        match result {
-            Ok(report) => {
-                if !args.json {
-                    print_publish(&report);
-                    println!(
-                        "  root {} ({})",
-                        cache.root.display(),
-                        session.root_origin(cache)
-                    );
+        Ok((session, opts)) => {
+            for cache in &session.config.caches {
+                origins.push(session.resolved_origin(cache));
+                let failed = |record: ErrorRecord| FailedCache {
+                    cache_kind: cache.kind.clone(),
+                    root: cache.root.clone(),
+                    outcome: "failed",
+                    error: record
+                        .causes
+                        .iter()
+                        .fold(record.message.clone(), |a, c| format!("{a}: {c}")),
+                };
+                let (store, policy) = match session.ready(cache) {
+                    Ok(ready) => ready,
+                    Err(shared) => {
+                        let record = shared.record(&cache.kind);
+                        results.push(PublishResult::Failed(failed(record.clone())));
+                        envelope.errors.push(record);
+                        continue;
+                    }
+                };
+                let progress = Progress::start(format!(
+                    "publishing {} from {}",
+                    cache.kind,
+                    cache.root.display()
+                ));
+                // `watch` waits for a root that does not exist yet; a one-off publish of one is a
+                // mistake (a typo, an unmounted volume) and must not read as "unchanged".
+                let result = crate::publish::check_root_exists(&cache.root).and_then(|()| {
+                    crate::publish::publish(
+                        store.as_ref(),
+                        &session.layout,
+                        policy.as_ref(),
+                        &cache.root,
+                        &opts,
+                        &mut HashCache::default(),
+                    )
+                });
+                progress.finish();
+                match result {
+                    Ok(report) => results.push(PublishResult::Done(report)),
+                    Err(e) => {
+                        use crate::publish::PublishError;
+                        let stage = match &e {
+                            PublishError::Policy { .. } | PublishError::PolicyContract(..) => {
+                                Stage::Policy
+                            }
+                            PublishError::Store(_) => Stage::Store,
+                            PublishError::NoSigningKey
+                            | PublishError::RootMissing(_)
+                            | PublishError::RootNotDir(_) => Stage::Config,
+                            _ => Stage::Run,
+                        };
+                        let record =
+                            ErrorRecord::new(Some(&cache.kind), stage, &anyhow::Error::new(e));
+                        results.push(PublishResult::Failed(failed(record.clone())));
+                        envelope.errors.push(record);
+                    }
                 }
-                reports.push(report);
-            }
-            Err(e) => {
-                failed = true;
-                eprintln!("{}: publish failed: {e}", cache.kind);
             }
         }
     }
+    let code = if envelope.errors.is_empty() {
+        exit::OK
+    } else {
+        exit::ERROR
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        print!("{}", output::to_text(&envelope.finish(&results, code)));
+    } else {
+        for (r, origin) in results.iter().zip(&origins) {
+            match r {
+                PublishResult::Done(report) => render::print_publish(report),
+                PublishResult::Failed(f) => {
+                    render::print_failed(&f.cache_kind, "publish failed", &f.error)
+                }
+            }
+            let root = match r {
+                PublishResult::Done(report) => &report.root,
+                PublishResult::Failed(f) => &f.root,
+            };
+            render::print_root(root, origin.as_deref());
+        }
     }
-    Ok(i32::from(failed))
+    Ok(code)
 }
 
 pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     use crate::watch::{self, FinalPublish, WatchOptions, WatchedRoot};
 
-    let session = Session::open(&args.settings)?;
+    let session = CacheSession::open(&args.settings)?.into_session()?;
     let mut wc = session.config.watch.clone();
     if let Some(v) = args.settle {
         wc.settle = v;
@@ -125,6 +200,10 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
         .context("starting the async runtime")?;
     let store = session.store.clone();
     let layout = session.layout.clone();
+    // /healthz and `policy_disabled` say which kinds are disabled or paused, and why.
+    let metrics = std::sync::Arc::new(watch::metrics::Metrics::new());
+    let policies = session.policies.clone();
+    metrics.watch_policies(std::sync::Arc::new(move || policies.status()));
     let result = rt.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -142,7 +221,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
                 }
             }
         });
-        watch::run(store, layout, roots, opts, rx)
+        watch::run_with_metrics(store, layout, roots, opts, rx, metrics)
             .await
             .map_err(anyhow::Error::from)
     });
@@ -151,13 +230,13 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     rt.shutdown_background();
     let summary = result?;
     Ok(match summary.final_publish {
-        FinalPublish::Done | FinalPublish::NotReady => 0,
+        FinalPublish::Done | FinalPublish::NotReady => exit::OK,
         FinalPublish::Failed { caches } => {
             eprintln!(
                 "final publish failed for {}; their pending work was not published",
                 caches.join(", ")
             );
-            1
+            exit::ERROR
         }
         FinalPublish::TimedOut { unfinished } => {
             eprintln!(
@@ -165,65 +244,119 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
                  terminationGracePeriodSeconds)",
                 unfinished.join(", ")
             );
-            1
+            exit::ERROR
         }
-        FinalPublish::Interrupted => 130,
+        FinalPublish::Interrupted => exit::INTERRUPTED,
     })
 }
 
 pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
-    let session = Session::open(&args.settings)?;
-    let opts = InstallOptions {
-        deadline: args.deadline.unwrap_or(session.config.install.deadline),
-        commit_pause: args.test_commit_pause.unwrap_or_default(),
-        trust: session.trust.clone(),
-        ..InstallOptions::default()
-    };
+    let mut envelope = Envelope::start("install");
     let mut reports: Vec<InstallReport> = Vec::new();
-    for cache in &session.config.caches {
-        let policy = session.policy(cache);
-        let bar = spinner(format!(
-            "installing {} into {}",
-            cache.kind,
-            cache.root.display()
-        ));
-        let report = crate::install::install(
-            session.store.clone(),
-            &session.layout,
-            policy.clone(),
-            &cache.root,
-            &session.facts,
-            &opts,
-        );
-        bar.finish_and_clear();
-        if !args.json {
-            print_install(&report);
-            println!(
-                "  root {} ({})",
-                cache.root.display(),
-                session.root_origin(cache)
-            );
+    let mut origins: Vec<Option<String>> = Vec::new();
+    match CacheSession::open(&args.settings) {
+        // Even a configuration error must not block an init container: with --best-effort,
+        // --report or --json it becomes the report's error, and the exit code follows.
+        Err(e) => {
+            if !(args.best_effort || args.json || args.report.is_some()) {
+                return Err(e);
+            }
+            render::print_error(&e);
+            envelope
+                .errors
+                .push(ErrorRecord::new(None, Stage::Config, &e));
         }
-        reports.push(report);
+        Ok(session) => {
+            let opts = InstallOptions {
+                deadline: args.deadline.unwrap_or(session.config.install.deadline),
+                commit_pause: args.test_commit_pause.unwrap_or_default(),
+                trust: session.trust.clone(),
+                ..InstallOptions::default()
+            };
+            for cache in &session.config.caches {
+                origins.push(session.resolved_origin(cache));
+                let (report, stage) = match session.ready(cache) {
+                    Ok((store, policy)) => {
+                        let progress = Progress::start(format!(
+                            "installing {} into {}",
+                            cache.kind,
+                            cache.root.display()
+                        ));
+                        let report = crate::install::install(
+                            store,
+                            &session.layout,
+                            policy,
+                            &cache.root,
+                            &session.facts,
+                            &opts,
+                        );
+                        progress.finish();
+                        // No compatibility key: the policy refused (a missing fact) or failed.
+                        let stage = if report.compat_key.is_none() {
+                            Stage::Policy
+                        } else {
+                            Stage::Run
+                        };
+                        (report, stage)
+                    }
+                    Err(shared) => (
+                        InstallReport::failed(&cache.kind, &cache.root, shared.one_line()),
+                        shared.stage,
+                    ),
+                };
+                if report.outcome == InstallOutcome::Failed {
+                    envelope.errors.push(ErrorRecord::text(
+                        Some(&cache.kind),
+                        stage,
+                        report.detail.clone(),
+                    ));
+                }
+                reports.push(report);
+            }
+        }
     }
-    if let Some(path) = &args.report {
-        let json = serde_json::to_vec_pretty(&reports)?;
-        std::fs::write(path, json)
-            .with_context(|| format!("writing the report to {}", path.display()))?;
+    let mut code = if envelope.errors.iter().any(|e| e.stage == Stage::Config) {
+        exit::ERROR
+    } else {
+        exit::install(reports.iter().map(|r| r.outcome), false)
+    };
+    let mut doc = envelope.finish(&reports, code);
+    if let Some(path) = &args.report
+        && let Err(e) = write_report(path, &output::to_text(&doc))
+    {
+        render::print_error(&e);
+        envelope
+            .errors
+            .push(ErrorRecord::new(None, Stage::Report, &e));
+        code = code.max(exit::ERROR);
+        doc = envelope.finish(&reports, code);
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
-    }
-    let worst = reports
-        .iter()
-        .map(|r| r.outcome)
-        .max_by_key(|o| o.severity())
-        .unwrap_or(InstallOutcome::AlreadyCurrent);
-    Ok(if args.best_effort {
-        0
+        print!("{}", output::to_text(&doc));
     } else {
-        worst.exit_code()
-    })
+        for (report, origin) in reports.iter().zip(&origins) {
+            render::print_install(report);
+            render::print_root(&report.root, origin.as_deref());
+        }
+    }
+    Ok(if args.best_effort { exit::OK } else { code })
+}
+
+/// Writes the report next to its final name and renames it into place, so a reader never sees a
+/// half-written report.
+fn write_report(path: &std::path::Path, text: &str) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("writing the report to {}", path.display()))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes())
+        .with_context(|| format!("writing the report to {}", path.display()))?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .with_context(|| format!("writing the report to {}", path.display()))?;
+    Ok(())
 }
 
 pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {

@@ -1,7 +1,7 @@
 //! The WebAssembly policy host: runs policy components (plugins-sdk/wit/policy.wit) in a sandbox.
 //!
 //! One `PolicyEngine` per process: a wasmtime `Engine` with fuel and epoch interruption, a 10 ms
-//! epoch ticker thread, a linker that provides only the `jitship:policy` host interface (no WASI),
+//! epoch ticker thread (ticking only while an evaluation is in flight), a linker that provides only the `jitship:policy` host interface (no WASI),
 //! and the on-disk compile cache. Each `WasmPolicy` is a pre-instantiated component; every call gets
 //! a fresh `Store` and instance (a trapped component instance is poisoned anyway, and isolation costs
 //! ~30 µs), with the fuel budget, an epoch deadline (always set: with epoch interruption on, a store
@@ -13,8 +13,7 @@ mod contract;
 mod state;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -85,40 +84,103 @@ impl Limits {
     }
 }
 
-/// Advances the engine's epoch every `EPOCH_TICK` until dropped (it holds only a weak reference, and
-/// is stopped and joined on drop so nothing outlives the engine).
+/// Advances the engine's epoch every `EPOCH_TICK`, but only while at least one evaluation is in
+/// flight: otherwise the thread waits on a condition variable, so an idle process (a `watch` sidecar
+/// between cycles) gets no wakeups from the policy engine. It holds only a weak reference to the
+/// engine, and is stopped and joined on drop so nothing outlives the engine.
 struct Ticker {
-    stop: Arc<AtomicBool>,
+    shared: Arc<TickerShared>,
     thread: Option<JoinHandle<()>>,
+}
+
+struct TickerShared {
+    state: Mutex<TickerState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct TickerState {
+    /// Evaluations running now (each holds an `InFlight`).
+    in_flight: usize,
+    stop: bool,
+}
+
+impl TickerShared {
+    fn lock(&self) -> MutexGuard<'_, TickerState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Keeps the ticker running while an evaluation is in flight.
+struct InFlight<'a>(&'a TickerShared);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.lock().in_flight -= 1;
+    }
 }
 
 impl Ticker {
     fn start(engine: &Engine) -> Result<Self, PolicyError> {
         let weak = engine.weak();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let shared = Arc::new(TickerShared {
+            state: Mutex::new(TickerState::default()),
+            wake: Condvar::new(),
+        });
+        let ticker = shared.clone();
         let thread = std::thread::Builder::new()
             .name("jitship-policy-epoch".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
-                    match weak.upgrade() {
-                        Some(engine) => engine.increment_epoch(),
-                        None => break,
+                let mut state = ticker.lock();
+                loop {
+                    if state.stop {
+                        return;
+                    }
+                    if state.in_flight == 0 {
+                        state = ticker
+                            .wake
+                            .wait(state)
+                            .unwrap_or_else(PoisonError::into_inner);
+                        continue;
+                    }
+                    // One tick, releasing the lock so evaluations can start and end meanwhile. An
+                    // early wakeup (another evaluation starting) ticks early: deadlines allow for
+                    // one extra tick (`deadline_ticks`).
+                    state = ticker
+                        .wake
+                        .wait_timeout(state, EPOCH_TICK)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                    if state.in_flight > 0 && !state.stop {
+                        match weak.upgrade() {
+                            Some(engine) => engine.increment_epoch(),
+                            None => return,
+                        }
                     }
                 }
             })
             .map_err(|e| PolicyError::Load(format!("cannot start the epoch ticker thread: {e}")))?;
         Ok(Self {
-            stop,
+            shared,
             thread: Some(thread),
         })
+    }
+
+    /// Marks an evaluation in flight until the guard drops; wakes the ticker on the first one.
+    fn enter(&self) -> InFlight<'_> {
+        let mut state = self.shared.lock();
+        state.in_flight += 1;
+        if state.in_flight == 1 {
+            self.shared.wake.notify_one();
+        }
+        InFlight(&self.shared)
     }
 }
 
 impl Drop for Ticker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -143,7 +205,7 @@ pub struct PolicyEngine {
     cache: Option<CompileCache>,
     /// Why there is no compile cache, when one was wanted.
     cache_problem: Option<String>,
-    _ticker: Ticker,
+    ticker: Ticker,
 }
 
 impl PolicyEngine {
@@ -175,7 +237,7 @@ impl PolicyEngine {
             Some(dir) => match CompileCache::open(dir, &engine) {
                 Ok(c) => (Some(c), None),
                 Err(e) => {
-                    tracing::warn!("{e}; compiling policies in memory at every start");
+                    tracing::warn!(error = %e, "no compiled-policy cache; compiling policies in memory at every start");
                     (None, Some(e.to_string()))
                 }
             },
@@ -187,7 +249,7 @@ impl PolicyEngine {
             limits,
             cache,
             cache_problem,
-            _ticker: ticker,
+            ticker,
         }))
     }
 
@@ -364,6 +426,8 @@ impl WasmPolicy {
         call: impl FnOnce(&bindings::Policy, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<Traced<R>, PolicyError> {
         let limits = self.engine.limits;
+        // The epoch advances only while this guard lives (before the deadline is set below).
+        let _in_flight = self.engine.ticker.enter();
         let started = Instant::now();
         let memory_cap = usize::try_from(limits.memory).unwrap_or(usize::MAX);
         let state = HostState::new(

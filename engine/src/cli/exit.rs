@@ -1,0 +1,144 @@
+//! Process exit codes: every command's outcome maps through these constants (install outcomes
+//! through `InstallOutcome::exit_code`), and each command's `--help` lists its codes from the texts
+//! below (a unit test checks the texts against the constants).
+
+use crate::install::InstallOutcome;
+
+/// Done (install: files installed).
+pub const OK: i32 = 0;
+/// The command could not run: configuration, an unreachable store for a store command, a failed
+/// publish or gc removal.
+pub const ERROR: i32 = 1;
+/// Usage error (unknown flag, bad value): clap's own code.
+pub const USAGE: i32 = 2;
+/// `verify` found a problem (named on the output).
+pub const PROBLEM_FOUND: i32 = 3;
+/// `audit`: the engine compiled anyway (what it added is counted on the output).
+pub const COMPILED_ANYWAY: i32 = 3;
+/// A second SIGTERM/SIGINT cut `watch`'s final publish short (128 + SIGINT).
+pub const INTERRUPTED: i32 = 130;
+
+/// The most severe of several install outcomes, as the exit code (`--best-effort`: always 0).
+pub fn install(outcomes: impl IntoIterator<Item = InstallOutcome>, best_effort: bool) -> i32 {
+    if best_effort {
+        return OK;
+    }
+    outcomes
+        .into_iter()
+        .max_by_key(|o| o.severity())
+        .map_or(OK, InstallOutcome::exit_code)
+}
+
+pub const INSTALL_HELP: &str = "\
+Exit codes (with several caches the most severe outcome wins; --best-effort exits 0 for all):
+  0   installed
+  10  already-current: every file of the newest generation is on disk
+  11  miss: nothing published for this worker's key, or it was evicted
+  12  failed: store unreachable, policy or fact missing, corrupt data, deadline; root left as it was
+  13  conflict: files of the generation are on disk with other content and were left alone (only
+      partly installed)
+  14  untrusted: with [trust] mode required, no candidate generation was signed by a trusted key
+  1   configuration error (flags, config file, trust settings, an unresolvable root)
+  2   usage error (before anything ran)";
+
+pub const PUBLISH_HELP: &str = "\
+Exit codes:
+  0   every cache published, unchanged or empty
+  1   a cache failed (store unreachable, policy, missing fact, ...); --json lists it under errors
+  2   usage error";
+
+pub const WATCH_HELP: &str = "\
+Exit codes:
+  0   stopped cleanly (final publish done, or held by the readiness gate)
+  1   configuration error, or the final publish failed or ran out of time
+  2   usage error
+  130 a second signal cut the final publish short";
+
+pub const VERIFY_HELP: &str = "\
+Exit codes:
+  0   every checked generation is intact (and, under trust mode warn or required, trusted)
+  1   error (configuration, store unreachable)
+  2   usage error
+  3   a problem was found (named on the output): a damaged pack or file, an untrusted head";
+
+pub const AUDIT_HELP: &str = "\
+Exit codes:
+  0   the engine compiled nothing anyway: it ran from the installed cache
+  1   error: no install record beside a root, configuration
+  2   usage error
+  3   the engine compiled anyway (counts on the output)";
+
+pub const GC_HELP: &str = "\
+Exit codes:
+  0   done (or nothing to do)
+  1   error, or some keys could not be removed (run gc again: it resumes from its journal)
+  2   usage error";
+
+/// ls, inspect, pin, unpin, facts, completions, key, policy build.
+pub const SIMPLE_HELP: &str = "\
+Exit codes:
+  0   done
+  1   error (configuration, store unreachable, unknown generation, ...)
+  2   usage error";
+
+pub const POLICY_CHECK_HELP: &str = "\
+Exit codes:
+  0   jitship would load this module
+  1   refused (the reason is printed)
+  2   usage error";
+
+pub const POLICY_TEST_HELP: &str = "\
+Exit codes:
+  0   every call answered
+  1   a call failed or refused, or the module was refused
+  2   usage error";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn install_help_lists_each_outcome_with_its_code() {
+        for (outcome, word) in [
+            (InstallOutcome::Installed, "installed"),
+            (InstallOutcome::AlreadyCurrent, "already-current"),
+            (InstallOutcome::Miss, "miss"),
+            (InstallOutcome::Failed, "failed"),
+            (InstallOutcome::Conflict, "conflict"),
+            (InstallOutcome::Untrusted, "untrusted"),
+        ] {
+            let line = format!("  {:<3} {word}", outcome.exit_code());
+            assert!(INSTALL_HELP.contains(&line), "{line:?} not in INSTALL_HELP");
+            // The JSON spelling of the outcome is the word the help uses.
+            assert_eq!(serde_json::to_value(outcome).unwrap(), word);
+        }
+    }
+
+    #[test]
+    fn the_worst_outcome_wins_unless_best_effort() {
+        use InstallOutcome::*;
+        assert_eq!(install([AlreadyCurrent, Installed], false), 0);
+        assert_eq!(install([AlreadyCurrent], false), 10);
+        assert_eq!(install([Installed, Miss, AlreadyCurrent], false), 11);
+        assert_eq!(install([Miss, Failed, Installed], false), 12);
+        assert_eq!(install([Installed, Conflict, Miss], false), 13);
+        assert_eq!(install([Conflict, Untrusted], false), 14);
+        assert_eq!(install([Untrusted, Failed], false), 12);
+        assert_eq!(install([Failed], true), OK);
+        assert_eq!(install([], false), OK);
+    }
+
+    #[test]
+    fn help_texts_use_the_constants() {
+        for (text, code) in [
+            (VERIFY_HELP, PROBLEM_FOUND),
+            (AUDIT_HELP, COMPILED_ANYWAY),
+            (INSTALL_HELP, ERROR),
+            (WATCH_HELP, INTERRUPTED),
+            (PUBLISH_HELP, ERROR),
+            (SIMPLE_HELP, USAGE),
+        ] {
+            assert!(text.contains(&format!("  {code:<3} ")), "{code} in {text}");
+        }
+    }
+}

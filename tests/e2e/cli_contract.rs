@@ -1,0 +1,475 @@
+//! The operator's contract of the real CLI (`jitship-e2e` processes): every exit code, the JSON
+//! envelope (snapshots with the volatile fields normalized), `install --best-effort` with a dead
+//! store and a dead Mooncake master (exit 0, report written), no escape codes off a terminal or
+//! with NO_COLOR, narrow store commands, errors printed once.
+//!
+//! Snapshots live in `tests/golden/cli/`; `JITSHIP_UPDATE_SNAPSHOTS=1` rewrites them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use jitship::config::{Backend as BackendKind, Config, StoreConfig};
+use jitship_tests::fixtures::triton_tree;
+use serde_json::Value;
+
+const EXE: &str = env!("CARGO_BIN_EXE_jitship-e2e");
+
+struct Env {
+    tmp: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Self {
+        Self {
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.tmp.path().join(p)
+    }
+
+    fn store(&self) -> String {
+        format!("local:{}", self.path("store").display())
+    }
+
+    /// `jitship ARGS` with the local store and one `kernels` cache (native rules) under `root`.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(EXE);
+        c.args(args).env("RUST_LOG", "warn").env_remove("NO_COLOR");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run jitship-e2e")
+    }
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited, not killed")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn show(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(out)))
+}
+
+fn cache_flags(env: &Env, root: &str, tag: &str) -> Vec<String> {
+    vec![
+        "--store".into(),
+        env.store(),
+        "--cache".into(),
+        format!("kernels:native={}", env.path(root).display()),
+        "--fact".into(),
+        format!("test.tag={tag}"),
+    ]
+}
+
+fn run_with(env: &Env, cmd: &str, flags: &[String], extra: &[&str]) -> Output {
+    let mut args = vec![cmd];
+    args.extend(flags.iter().map(String::as_str));
+    args.extend(extra);
+    env.run(&args)
+}
+
+/// Replaces what changes from run to run (times, ids, temp paths, host) so the rest can be
+/// compared with a snapshot.
+fn normalize(v: &mut Value, tmp: &Path) {
+    const VOLATILE: [&str; 9] = [
+        "compat_key",
+        "duration_ms",
+        "hash_ms",
+        "upload_ms",
+        "generation",
+        "compat_id",
+        "host",
+        "started_at",
+        "finished_at",
+    ];
+    match v {
+        Value::Object(map) => {
+            for (k, val) in map.iter_mut() {
+                let base = k.trim_end_matches("_rfc3339");
+                if VOLATILE.contains(&base) && !val.is_null() {
+                    *val = Value::String(format!("<{base}>"));
+                } else {
+                    normalize(val, tmp);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| normalize(i, tmp)),
+        Value::String(s) => {
+            *s = hide_ids(&s.replace(&tmp.display().to_string(), "<tmp>"));
+        }
+        _ => {}
+    }
+}
+
+/// Replaces each run of 64 hex digits (generation and pack ids in messages) with `<id>`.
+fn hide_ids(s: &str) -> String {
+    let mut out = String::new();
+    let mut run = String::new();
+    for c in s.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+            continue;
+        }
+        out.push_str(if run.len() == 64 { "<id>" } else { &run });
+        run.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
+}
+
+fn snapshot(name: &str, mut doc: Value, tmp: &Path) {
+    normalize(&mut doc, tmp);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden/cli")
+        .join(format!("{name}.json"));
+    let got = serde_json::to_string_pretty(&doc).unwrap() + "\n";
+    if std::env::var("JITSHIP_UPDATE_SNAPSHOTS").as_deref() == Ok("1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run with JITSHIP_UPDATE_SNAPSHOTS=1 to create it",
+            path.display()
+        )
+    });
+    assert_eq!(
+        got,
+        want,
+        "{name}: the JSON shape changed (JITSHIP_UPDATE_SNAPSHOTS=1 rewrites {}; a removed or \
+         retyped field must bump `schema`)",
+        path.display()
+    );
+}
+
+#[test]
+fn install_exit_codes_and_json_envelope() {
+    let env = Env::new();
+    triton_tree(&env.path("src"), 3, 7);
+    let src = cache_flags(&env, "src", "contract");
+    let out = run_with(&env, "publish", &src, &["--json"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let published = json(&out);
+    assert_eq!(published["schema"], 1);
+    assert_eq!(published["ok"], true);
+    assert_eq!(published["results"][0]["outcome"], "published");
+    snapshot("publish-published", published, env.tmp.path());
+
+    // 0 installed, then 10 already-current, into a fresh root.
+    let dst = cache_flags(&env, "dst", "contract");
+    let out = run_with(&env, "install", &dst, &["--json"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let installed = json(&out);
+    assert_eq!(installed["results"][0]["outcome"], "installed");
+    assert_eq!(installed["exit_code"], 0);
+    snapshot("install-installed", installed, env.tmp.path());
+
+    let out = run_with(&env, "install", &dst, &[]);
+    assert_eq!(code(&out), 10, "{}", show(&out));
+    let line = text(&out.stdout);
+    assert!(line.starts_with("kernels: already-current"), "{line}");
+
+    // A person's summary says "installed" once.
+    let fresh = cache_flags(&env, "dst2", "contract");
+    let out = run_with(&env, "install", &fresh, &[]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let line = text(&out.stdout);
+    assert!(line.starts_with("kernels: installed 24 files"), "{line}");
+    assert_eq!(line.matches("installed").count(), 1, "{line}");
+
+    // 11 miss: nothing published under another key.
+    let other = cache_flags(&env, "dst3", "other-key");
+    let out = run_with(&env, "install", &other, &["--json"]);
+    assert_eq!(code(&out), 11, "{}", show(&out));
+    assert_eq!(json(&out)["results"][0]["outcome"], "miss");
+    assert_eq!(json(&out)["exit_code"], 11);
+
+    // 12 failed: the store cannot be opened; with --best-effort 0, and the report is written.
+    let dead = vec![
+        "--store".to_owned(),
+        "local:/etc/passwd/x".to_owned(),
+        "--cache".to_owned(),
+        format!("kernels:native={}", env.path("dst4").display()),
+    ];
+    let out = run_with(&env, "install", &dead, &[]);
+    assert_eq!(code(&out), 12, "{}", show(&out));
+    let report = env.path("report.json");
+    let out = run_with(
+        &env,
+        "install",
+        &dead,
+        &["--best-effort", "--report", report.to_str().unwrap()],
+    );
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(doc["schema"], 1);
+    assert_eq!(doc["command"], "install");
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["exit_code"], 12, "the report tells the truth: {doc}");
+    assert_eq!(doc["results"][0]["outcome"], "failed");
+    assert_eq!(doc["errors"][0]["stage"], "store");
+    assert_eq!(doc["errors"][0]["cache_kind"], "kernels");
+    let message = doc["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("local store at /etc/passwd/x"),
+        "{message}"
+    );
+    assert_eq!(message.matches("Not a directory").count(), 1, "{message}");
+    snapshot("install-dead-store", doc, env.tmp.path());
+
+    // 1: configuration error; with --best-effort still 0 and a report.
+    let bad = ["install", "--config", "/nonexistent/jitship.toml"];
+    assert_eq!(code(&env.run(&bad)), 1);
+    let out = env.run(&[
+        "install",
+        "--config",
+        "/nonexistent/jitship.toml",
+        "--best-effort",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(doc["errors"][0]["stage"], "config");
+    assert_eq!(doc["exit_code"], 1);
+
+    // 2: usage.
+    assert_eq!(code(&env.run(&["install", "--no-such-flag"])), 2);
+}
+
+#[test]
+fn publish_json_lists_failed_caches_and_errors() {
+    let env = Env::new();
+    triton_tree(&env.path("root"), 2, 3);
+    // The built-in triton policy refuses without its facts; the kernels cache publishes.
+    let out = env.run(&[
+        "publish",
+        "--store",
+        &env.store(),
+        "--cache",
+        &format!("triton={}", env.path("root").display()),
+        "--cache",
+        &format!("kernels:native={}", env.path("root").display()),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 1, "{}", show(&out));
+    let doc = json(&out);
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{doc}");
+    let triton = results
+        .iter()
+        .find(|r| r["cache_kind"] == "triton")
+        .unwrap();
+    assert_eq!(triton["outcome"], "failed");
+    assert!(
+        triton["error"].as_str().unwrap().contains("missing"),
+        "{doc}"
+    );
+    let kernels = results
+        .iter()
+        .find(|r| r["cache_kind"] == "kernels")
+        .unwrap();
+    assert_eq!(kernels["outcome"], "published");
+    assert_eq!(doc["errors"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["errors"][0]["stage"], "policy");
+    assert_eq!(doc["ok"], false);
+    snapshot("publish-one-failed", doc, env.tmp.path());
+
+    // A dead store: every cache failed, still one document.
+    let out = env.run(&[
+        "publish",
+        "--store",
+        "local:/etc/passwd/x",
+        "--cache",
+        &format!("kernels:native={}", env.path("root").display()),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 1, "{}", show(&out));
+    let doc = json(&out);
+    assert_eq!(doc["results"][0]["outcome"], "failed");
+    assert_eq!(doc["errors"][0]["stage"], "store");
+}
+
+#[test]
+fn verify_finds_a_corrupt_pack_with_exit_3() {
+    let env = Env::new();
+    triton_tree(&env.path("root"), 2, 5);
+    let flags = cache_flags(&env, "root", "verify");
+    assert_eq!(code(&run_with(&env, "publish", &flags, &[])), 0);
+    let store = ["--store".to_owned(), env.store()];
+    let out = run_with(&env, "verify", &store, &["--json"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert_eq!(json(&out)["results"][0]["ok"], true);
+    // Flip bytes in every stored pack.
+    let mut corrupted = 0;
+    for entry in walkdir(&env.path("store")) {
+        if entry.to_string_lossy().contains("pack") {
+            let mut bytes = std::fs::read(&entry).unwrap();
+            if let Some(b) = bytes.get_mut(10) {
+                *b ^= 0xff;
+                std::fs::write(&entry, bytes).unwrap();
+                corrupted += 1;
+            }
+        }
+    }
+    assert!(corrupted > 0, "no pack found under the store");
+    let out = run_with(&env, "verify", &store, &["--json"]);
+    assert_eq!(code(&out), 3, "{}", show(&out));
+    assert_eq!(json(&out)["exit_code"], 3);
+}
+
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walkdir(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn store_commands_are_narrow_and_errors_print_once() {
+    let env = Env::new();
+    for cmd in ["ls", "verify", "gc"] {
+        let out = env.run(&[cmd, "--cache", "kernels=/tmp/x"]);
+        assert_eq!(code(&out), 2, "{cmd}: {}", show(&out));
+    }
+    let out = env.run(&["unpin", "0123456789ab", "--reason", "x"]);
+    assert_eq!(code(&out), 2, "{}", show(&out));
+
+    let out = env.run(&["ls", "--store", "local:/etc/passwd/x"]);
+    assert_eq!(code(&out), 1);
+    let err = text(&out.stderr);
+    assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
+    assert!(err.contains("local store at /etc/passwd/x"), "{err}");
+    assert!(!err.contains("Local"), "Debug form: {err}");
+    // --json: the failure is an envelope on stdout too.
+    let out = env.run(&["ls", "--store", "local:/etc/passwd/x", "--json"]);
+    assert_eq!(code(&out), 1);
+    let doc = json(&out);
+    assert_eq!(doc["command"], "ls");
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["errors"].as_array().unwrap().len(), 1);
+
+    // Help lists the exit codes; completions exist.
+    let help = text(&env.run(&["install", "--help"]).stdout);
+    assert!(help.contains("10  already-current"), "{help}");
+    assert!(
+        help.contains("Caches and facts:") && help.contains("Store:"),
+        "{help}"
+    );
+    let out = env.run(&["completions", "bash"]);
+    assert_eq!(code(&out), 0);
+    assert!(text(&out.stdout).contains("jitship"));
+}
+
+#[test]
+fn no_escape_codes_off_a_terminal_or_with_no_color() {
+    let env = Env::new();
+    triton_tree(&env.path("root"), 1, 1);
+    let mut flags = cache_flags(&env, "root", "color");
+    flags.push("-v".into());
+    let run = |extra_env: Option<(&str, &str)>, color: &str| {
+        let mut args = vec!["publish"];
+        args.extend(flags.iter().map(String::as_str));
+        args.extend(["--color", color]);
+        let mut c = env.cmd(&args);
+        c.env("RUST_LOG", "debug");
+        if let Some((k, v)) = extra_env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    for (extra, color) in [(None, "auto"), (Some(("NO_COLOR", "1")), "auto")] {
+        let out = run(extra, color);
+        assert_eq!(code(&out), 0, "{}", show(&out));
+        assert!(!out.stderr.is_empty(), "debug logs expected");
+        assert!(
+            !out.stderr.contains(&0x1b) && !out.stdout.contains(&0x1b),
+            "escape codes with {extra:?}: {}",
+            show(&out)
+        );
+    }
+    // The check can fail: forced colour has them.
+    let out = run(None, "always");
+    assert!(out.stderr.contains(&0x1b), "{}", show(&out));
+
+    // JSON logs: fields as fields.
+    let mut args = vec!["publish", "--log-format", "json"];
+    args.extend(flags.iter().map(String::as_str));
+    let out = env.cmd(&args).env("RUST_LOG", "debug").output().unwrap();
+    let first = text(&out.stderr);
+    let line = first.lines().next().expect("a log line");
+    let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert!(v["message"].is_string() && v["level"].is_string(), "{line}");
+}
+
+#[test]
+fn best_effort_with_a_dead_mooncake_master() {
+    // Needs libmooncake_store.so (from `tests/cluster/cluster.sh install`, named by `cluster.sh
+    // run`); the master is a port nobody listens on.
+    let Some(cluster) = jitship_tests::mooncake::cluster("best_effort_with_a_dead_mooncake_master")
+    else {
+        return;
+    };
+    let env = Env::new();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let mut mooncake = cluster.config();
+    mooncake.master = format!("127.0.0.1:{port}");
+    let config = Config {
+        store: StoreConfig {
+            backend: BackendKind::Mooncake,
+            mooncake,
+            ..StoreConfig::default()
+        },
+        ..Config::default()
+    };
+    let path = env.path("jitship.toml");
+    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    let report = env.path("report.json");
+    let started = std::time::Instant::now();
+    let out = env.run(&[
+        "install",
+        "--config",
+        path.to_str().unwrap(),
+        "--cache",
+        &format!("kernels:native={}", env.path("root").display()),
+        "--best-effort",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(doc["results"][0]["outcome"], "failed", "{doc}");
+    assert_eq!(doc["errors"][0]["stage"], "store", "{doc}");
+    assert_eq!(doc["exit_code"], 12);
+    eprintln!(
+        "dead master: install --best-effort returned in {:?}: {}",
+        started.elapsed(),
+        doc["errors"][0]["message"]
+    );
+}
