@@ -29,8 +29,9 @@ step "third-party policy example: jitship policy build, check and test on exampl
 step "quickstart (the README's first command)"
 JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test
 
-step "TorchInductor on CPU with the real engine (torch from PyPI, venv cached in target/engines-venv): watch, cold compile, install elsewhere, warm start; consumers that differ miss"
-./tests/engines/inductor-e2e.sh
+step "TorchInductor on CPU with the real engine (torch from PyPI, venv cached in ~/.cache/jitship/engines-venv): watch, cold compile, install elsewhere, warm start; consumers that differ miss"
+# The binary the first step built (a `-p jitship` build would resolve other features and rebuild).
+JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/inductor-e2e.sh
 
 step "Mooncake test cluster: Debian packages, pinned wheels, CUDA driver stub where no driver exists"
 ./tests/cluster/cluster.sh install
