@@ -128,6 +128,14 @@ fn worker_facts() -> Gathered {
         ("cuda.home", "/usr/local/cuda"),
         ("os.arch", "x86_64"),
         ("host.name", "pod-0"),
+        // TorchInductor's CPU facts (engine/src/facts/cpu.rs): the node's, the same for both
+        // containers of the pod.
+        ("python.include", "/usr/include/python3.12"),
+        ("cpu.isa", "avx512"),
+        ("cpu.flags_digest", "b3:0c1d2e3f"),
+        ("cpu.threads", "32"),
+        ("cxx.identity", "b3:9a8b7c6d"),
+        ("inductor.env_digest", "b3:af1349b9"),
     ];
     let mut g = Gathered::default();
     for (name, value) in found {

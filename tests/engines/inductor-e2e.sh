@@ -13,7 +13,7 @@
 source "$(dirname "$0")/inductor-lib.sh"
 WATCH_PID=
 cleanup() {
-    [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null || true
+    [ -n "$WATCH_PID" ] && { pkill -P "$WATCH_PID" 2>/dev/null; kill "$WATCH_PID" 2>/dev/null; } || true
     [ -n "${JITSHIP_KEEP_WORK:-}" ] && echo "kept $WORK" || rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -36,8 +36,9 @@ WATCH_PID=$!
 run_as "$P" -- "$PY" "$MODEL" > "$P/run.log" 2>&1 || { cat "$P/run.log"; fail "producer run failed"; }
 grep RESULT "$P/run.log"
 [ "$(result "$P/run.log" inductor.fxgraph_cache_miss)" -ge 1 ] || fail "the producer was not cold"
-kill -TERM "$WATCH_PID"
-wait "$WATCH_PID" || { cat "$WORK/watch.log"; fail "watch did not stop cleanly"; }
+kill -TERM "$(exec_pid "$WATCH_PID" jitship)"
+WATCH_RC=0; wait "$WATCH_PID" || WATCH_RC=$?
+[ "$WATCH_RC" = 0 ] || { cat "$WORK/watch.log"; fail "watch did not stop cleanly (exit $WATCH_RC)"; }
 WATCH_PID=
 "$JITSHIP" ls --store "$STORE"
 

@@ -38,7 +38,7 @@ CONFIG=$(config_for "$PY")
 
 # run_as DIR [VAR=VALUE...] -- CMD...: CMD in a clean environment whose TMPDIR is DIR/tmp, whose
 # Inductor cache is DIR/cache and whose g++ calls are logged to DIR/gxx.log. A subshell that
-# execs CMD, so `run_as ... &` gives CMD's own pid (signals reach it).
+# execs CMD; `run_as ... &` may still give the pid of a shell around it (see exec_pid).
 run_as() (
     local dir=$1; shift
     local extra=()
@@ -72,3 +72,19 @@ so_count() { find "$1" -name '*.so' 2>/dev/null | wc -l; }
 compiles_in() { grep -cE '\.cpp( |$)|c\+\+-header' "$1" 2>/dev/null || true; }
 
 now() { date +%s.%N; }
+
+# exec_pid PID NAME: the process running NAME for a `run_as ... &` started as PID. Bash may fork
+# once more for the subshell body, so NAME is PID itself or its child; waits (up to 10 s) for the
+# exec to happen, so a signal reaches the program, not a shell that would die of it.
+exec_pid() {
+    local pid=$1 name=$2 child i
+    for i in $(seq 100); do
+        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] && { echo "$pid"; return; }
+        for child in $(pgrep -P "$pid"); do
+            [ "$(cat "/proc/$child/comm" 2>/dev/null)" = "$name" ] && { echo "$child"; return; }
+        done
+        sleep 0.1
+    done
+    echo "exec_pid: no $name under $pid" >&2
+    return 1
+}
