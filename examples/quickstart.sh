@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # jitship's main job on the embedded local store, end to end on one machine:
 # a worker's Triton-like cache is published as a generation, republished (nothing new to upload),
-# then installed into a fresh cache root the way a new pod would at start, and compared.
+# then installed into a fresh cache root the way a new pod would at start, and compared (group
+# files, which name the root, are relocated to the new one).
 #
 #   ./examples/quickstart.sh            # uses ./target/quickstart as scratch space
 set -euo pipefail
@@ -44,4 +45,20 @@ echo "== a new pod starts: jitship install"
 echo "== a pod on another GPU gets a miss (exit code 11), never a wrong cache"
 "$jitship" install --store "$store" --cache triton="$work/worker-c/triton" --fact gpu.name="NVIDIA A100-SXM4-80GB" --fact gpu.cc=8.0 --fact gpu.arch=sm_80 --fact driver.major=550 --fact os.arch=x86_64 --fact python.version=3.12.3 --fact pkg.triton=3.9.0 || echo "exit code $?"
 
-diff -r --exclude='tmp.pid_*' "$work/worker-a/triton" "$work/worker-b/triton" && echo "== installed cache is identical to the worker's (report: $work/install-report.json)"
+echo "== the installed cache is the worker's, relocated: kernels byte for byte, group files naming worker-b's root"
+diff -r --exclude='tmp.pid_*' --exclude='__grp__*' "$work/worker-a/triton" "$work/worker-b/triton"
+# A group file names its children by absolute path (Triton's get_group reads them): installed at
+# another root it must name that root's files, every one of which exists.
+python3 - "$(cd "$work/worker-a/triton" && pwd)" "$(cd "$work/worker-b/triton" && pwd)" <<'PY'
+import json, os, pathlib, sys
+a, b = sys.argv[1], sys.argv[2]
+groups = sorted(pathlib.Path(a).glob("*/__grp__*.json"))
+for ga in groups:
+    gb = pathlib.Path(b) / ga.relative_to(a)
+    want = {k: b + v[len(a):] for k, v in json.loads(ga.read_text())["child_paths"].items()}
+    got = json.loads(gb.read_text())["child_paths"]
+    assert got == want, f"{gb}: {got} != {want}"
+    assert all(os.path.isfile(p) for p in got.values()), f"{gb} names a missing child"
+print(f"   {len(groups)} group files name worker-b's own kernels")
+PY
+echo "== installed cache matches the worker's (report: $work/install-report.json)"
