@@ -12,6 +12,7 @@ trap '[ -n "${JITSHIP_KEEP_WORK:-}" ] && echo "kept $WORK" || rm -rf "$WORK"' EX
 calc() { python3 -c "print(round($1, 2))"; }
 median() { printf '%s\n' "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
 P=$WORK/producer
+mkdir -p "$P"
 echo "machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 
 run_as "$P" -- "$PY" "$MODEL" > "$P/cold.log" 2>&1 || { cat "$P/cold.log"; exit 1; }
@@ -31,6 +32,7 @@ done
 INSTALLED=() INSTALL=() HITS=() COMPILES=()
 for i in 1 2 3; do
     C=$WORK/consumer$i/some/other/place
+    mkdir -p "$C"
     t0=$(now)
     # shellcheck disable=SC2046
     run_as "$C" -- "$JITSHIP" install --config "$CONFIG" --store "$STORE" $(caches_of "$C") > "$C.install.log"
