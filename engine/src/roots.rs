@@ -492,10 +492,22 @@ mod tests {
                     cache.kind,
                     info.default_root
                 );
-                let moved = env(&[("HOME", "/home/w"), ("USER", "w"), ("TMPDIR", "/moved")], None);
+                let moved = env(
+                    &[("HOME", "/home/w"), ("USER", "w"), ("TMPDIR", "/moved")],
+                    None,
+                );
                 let (path, origin) = resolve(&info, &moved).unwrap();
-                assert!(path.starts_with("/moved"), "{}: {}", cache.kind, path.display());
-                assert!(matches!(origin, RootOrigin::Default { .. }), "{}: {origin}", cache.kind);
+                assert!(
+                    path.starts_with("/moved"),
+                    "{}: {}",
+                    cache.kind,
+                    path.display()
+                );
+                assert!(
+                    matches!(origin, RootOrigin::Default { .. }),
+                    "{}: {origin}",
+                    cache.kind
+                );
                 continue;
             };
             let var = first.split_once('/').map_or(first.as_str(), |(v, _)| v);

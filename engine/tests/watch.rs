@@ -17,8 +17,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use jitship::catalog;
-use jitship::policy::CachePolicy;
 use jitship::generation::{ContentHash, HeadRecord, Manifest};
+use jitship::policy::CachePolicy;
 use jitship::store::{KeyLayout, LocalStore, Store};
 
 /// Longest a test waits for something that should take well under a second.
