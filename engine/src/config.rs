@@ -222,7 +222,8 @@ pub struct MooncakeConfig {
     /// values moved: a power of two from 1 MiB up to this); also the largest value jitship can
     /// put or get, so `publish.pack_size` must not exceed it.
     pub staging_buffer_size: ByteSize,
-    /// Most staging buffers at once (calls in flight at once). Staging memory is at most
+    /// Most staging buffers at once (calls in flight at once; an install holds two: the batch
+    /// of packs it writes from and the one it fetches). Staging memory is at most
     /// `staging_buffers x staging_buffer_size`.
     pub staging_buffers: usize,
     /// Mooncake's own client-side buffer (setup's `local_buffer_size`).
@@ -341,11 +342,13 @@ impl MooncakeConfig {
                 "between 1 MiB and 16 GiB",
             );
         }
-        if self.staging_buffers == 0 || self.staging_buffers > 64 {
+        // An install writes one batch of packs from its staging buffer while it fetches the
+        // next into another: with one buffer it would wait for itself.
+        if self.staging_buffers < 2 || self.staging_buffers > 64 {
             return invalid(
                 "store.mooncake.staging_buffers",
                 self.staging_buffers.to_string(),
-                "between 1 and 64",
+                "between 2 and 64",
             );
         }
         for (what, d) in [

@@ -48,9 +48,7 @@ fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
     assert!(matches!(got[1], Ok(None)));
     assert_eq!(got[2].as_ref().unwrap().as_deref(), Some(&b"small"[..]));
     // A value written by a client with bigger buffers is TooLarge for this one, not a miss.
-    let mut wide = c.config();
-    wide.staging_buffers = 1;
-    let writer = MooncakeStore::connect(&wide).unwrap_or_else(|e| panic!("connect: {e}"));
+    let writer = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
     let k4 = format!("{p}/written-wide");
     writer.put(&k4, &vec![1u8; 3 * 1024 * 1024]).unwrap();
     assert!(
@@ -122,16 +120,36 @@ fn mooncake_staging_buffers_are_made_lazily_and_sized_to_the_work() {
     assert_eq!(reader.get(&small).unwrap().as_deref(), Some(&b"small"[..]));
     assert_eq!(reader.registered_staging_bytes(), 5 * MIB);
 
-    // At the bound (one buffer), a buffer too small is replaced by a bigger one, not added.
-    let mut one = c.config();
-    one.staging_buffers = 1;
-    let store = MooncakeStore::connect(&one).unwrap_or_else(|e| panic!("connect: {e}"));
+    // At the bound (two buffers), a buffer too small is replaced by a bigger one, not added.
+    let big: Vec<u8> = (0..10 * MIB).map(|i| (i % 241) as u8).collect();
+    let big_key = format!("{p}/big");
+    writer_put(&c, &big_key, &big);
+    let mut two = c.config();
+    two.staging_buffers = 2;
+    let store = MooncakeStore::connect(&two).unwrap_or_else(|e| panic!("connect: {e}"));
     assert_eq!(store.get(&small).unwrap().as_deref(), Some(&b"small"[..]));
     assert_eq!(store.registered_staging_bytes(), MIB);
     assert_eq!(store.get(&mid).unwrap().as_deref(), Some(&value[..]));
-    assert_eq!(store.registered_staging_bytes(), 4 * MIB);
+    assert_eq!(store.registered_staging_bytes(), 5 * MIB);
+    assert_eq!(store.get(&big_key).unwrap().as_deref(), Some(&big[..]));
+    assert_eq!(
+        store.registered_staging_bytes(),
+        17 * MIB,
+        "the 4 MiB buffer replaced by one of 16 MiB, the 1 MiB one kept"
+    );
     let batch = store.get_batch(&[&small, &mid]);
     assert_eq!(batch[0].as_ref().unwrap().as_deref(), Some(&b"small"[..]));
     assert_eq!(batch[1].as_ref().unwrap().as_deref(), Some(&value[..]));
-    assert_eq!(store.registered_staging_bytes(), 4 * MIB);
+    // A sized batch reads values in place, in one buffer that fits them all.
+    let sized = store.get_sized_batch(&[(&small, 5), (&mid, 3 * MIB), (&big_key, 10 * MIB)]);
+    assert_eq!(sized[0].as_ref().unwrap().as_deref(), Some(&b"small"[..]));
+    assert_eq!(sized[1].as_ref().unwrap().as_deref(), Some(&value[..]));
+    assert_eq!(sized[2].as_ref().unwrap().as_deref(), Some(&big[..]));
+    assert_eq!(store.registered_staging_bytes(), 17 * MIB);
+}
+
+/// Puts `value` under `key` with a client of the default configuration.
+fn writer_put(c: &jitship_tests::mooncake::Cluster, key: &str, value: &[u8]) {
+    let writer = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
+    writer.put(key, value).unwrap();
 }

@@ -34,6 +34,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         "concurrent_puts_of_one_key_keep_one_value",
         concurrent_puts_of_one_key_keep_one_value,
     ),
+    (
+        "sized_batches_answer_per_key_whatever_the_hint",
+        sized_batches_answer_per_key_whatever_the_hint,
+    ),
 ];
 
 /// Runs every check; returns the failures joined, if any.
@@ -145,6 +149,60 @@ fn batches_answer_per_key_in_order(s: &dyn Store, p: &str) -> Result<(), String>
     ensure(ex == vec![true, true, true, true, false], || {
         format!("exists_batch said {ex:?}")
     })
+}
+
+/// `get_sized_batch`: values in order, a miss for a missing key, and the true value when the
+/// expected size is wrong (smaller, larger) or beyond what the store moves; the values of one
+/// batch stay valid together (on Mooncake they share one staging buffer).
+fn sized_batches_answer_per_key_whatever_the_hint(s: &dyn Store, p: &str) -> Result<(), String> {
+    let sizes = [5000usize, 1, 70_000, 4096, 300];
+    let keys: Vec<String> = (0..sizes.len()).map(|i| format!("{p}/s{i}")).collect();
+    let values: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (0..n).map(|j| (i * 7 + j % 251) as u8).collect())
+        .collect();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    for r in s.put_batch(&items) {
+        r.map_err(e)?;
+    }
+    let missing = format!("{p}/missing");
+    let hints: Vec<(&str, u64)> = vec![
+        (keys[0].as_str(), 5000),
+        (keys[1].as_str(), 1),
+        (keys[2].as_str(), 1000),
+        (missing.as_str(), 64),
+        (keys[3].as_str(), 8192),
+        (keys[4].as_str(), s.max_value_size() + 1),
+    ];
+    let want: Vec<Option<&[u8]>> = vec![
+        Some(&values[0]),
+        Some(&values[1]),
+        Some(&values[2]),
+        None,
+        Some(&values[3]),
+        Some(&values[4]),
+    ];
+    let got = s.get_sized_batch(&hints);
+    ensure(got.len() == hints.len(), || {
+        format!("{} results for {} keys", got.len(), hints.len())
+    })?;
+    let got: Vec<_> = got.into_iter().collect::<Result<_, _>>().map_err(e)?;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        ensure(g.as_deref() == *w, || {
+            format!(
+                "key {i} (hint {}): got {:?} bytes, want {:?}",
+                hints[i].1,
+                g.as_ref().map(|v| v.len()),
+                w.map(<[u8]>::len)
+            )
+        })?;
+    }
+    Ok(())
 }
 
 fn large_values_round_trip(s: &dyn Store, p: &str) -> Result<(), String> {

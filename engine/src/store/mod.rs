@@ -112,6 +112,49 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
         keys.iter().map(|k| self.exists(k)).collect()
     }
+
+    /// Values of `items`, each `(key, expected size)` (as a manifest records a pack), in as few
+    /// calls as the backend can make. A value of another size is returned as it is: the caller
+    /// checks. The values may still sit in the backend's transfer memory (`Fetched`), so a caller
+    /// asks for about `max_value_size()` bytes at a time and holds few batches at once.
+    fn get_sized_batch(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Option<Fetched>>> {
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        self.get_batch(&keys)
+            .into_iter()
+            .map(|r| r.map(|v| v.map(Fetched::from)))
+            .collect()
+    }
+}
+
+/// A value read by `Store::get_sized_batch`: an owned vector, or a slice of the backend's
+/// registered transfer memory (Mooncake), handed back to the backend when dropped. Install writes
+/// files straight from it instead of copying every pack into a vector first.
+pub struct Fetched(Box<dyn AsRef<[u8]> + Send>);
+
+impl Fetched {
+    /// Wraps bytes held elsewhere (a backend's buffer, released when `bytes` is dropped).
+    pub fn new(bytes: impl AsRef<[u8]> + Send + 'static) -> Self {
+        Self(Box::new(bytes))
+    }
+}
+
+impl From<Vec<u8>> for Fetched {
+    fn from(v: Vec<u8>) -> Self {
+        Self::new(v)
+    }
+}
+
+impl std::ops::Deref for Fetched {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl fmt::Debug for Fetched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fetched({} bytes)", self.len())
+    }
 }
 
 impl StoreError {
@@ -262,6 +305,12 @@ pub mod testing {
         }
         fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
             (**self).exists_batch(keys)
+        }
+        fn get_sized_batch(
+            &self,
+            items: &[(&str, u64)],
+        ) -> Vec<StoreResult<Option<super::Fetched>>> {
+            (**self).get_sized_batch(items)
         }
     }
 }

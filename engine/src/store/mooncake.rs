@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use mooncake_sys as sys;
 
-use super::{Store, StoreError, StoreResult, check_key};
+use super::{Fetched, Store, StoreError, StoreResult, check_key};
 use crate::config::{MooncakeConfig, parse_host_port};
 
 /// Staging buffers are page aligned (RDMA registration works on pages).
@@ -89,6 +89,9 @@ struct Staging {
 }
 // SAFETY: the buffer is plain memory owned by exactly one holder at a time (the pool or a lease).
 unsafe impl Send for Staging {}
+// SAFETY: shared only through `Arc<Lease>` by the values one finished `batch_get_into` left in it
+// (`LeasedValue`), which only read; no call writes into a buffer while its lease is shared.
+unsafe impl Sync for Staging {}
 
 impl Staging {
     fn map(len: usize) -> StoreResult<Self> {
@@ -484,6 +487,20 @@ impl Drop for Lease {
                 .push(buf);
             self.inner.pool.returned.notify_one();
         }
+    }
+}
+
+/// One value of a `get_sized_batch`, read in place from the staging buffer it was fetched into;
+/// the buffer goes back to the pool when the last value of its batch is dropped.
+struct LeasedValue {
+    lease: Arc<Lease>,
+    at: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for LeasedValue {
+    fn as_ref(&self) -> &[u8] {
+        &self.lease.buf().bytes(self.at + self.len)[self.at..]
     }
 }
 
@@ -1099,6 +1116,102 @@ impl Store for MooncakeStore {
             }
         }
         results
+    }
+
+    /// Packs consecutive values at page-aligned offsets into one staging buffer per
+    /// `batch_get_into` and hands them out in place (no copy into vectors). A value whose size is
+    /// other than expected, or not storable here, is read alone by `get`.
+    fn get_sized_batch(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Option<Fetched>>> {
+        let mut results: Vec<Option<StoreResult<Option<Fetched>>>> =
+            items.iter().map(|_| None).collect();
+        let mut valid = Vec::with_capacity(items.len());
+        for (i, &(key, size)) in items.iter().enumerate() {
+            match c_key(key) {
+                Ok(k) if size > 0 && size <= self.limit => valid.push((i, k, size as usize)),
+                Ok(_) => {}
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let mut start = 0;
+        while start < valid.len() {
+            let mut offsets = Vec::new();
+            let (mut end, mut used) = (start, 0usize);
+            while end < valid.len() {
+                let at = used.next_multiple_of(BUFFER_ALIGN);
+                if end > start && at + valid[end].2 > self.limit as usize {
+                    break;
+                }
+                offsets.push(at);
+                used = at + valid[end].2;
+                end += 1;
+            }
+            let group = &valid[start..end];
+            start = end;
+            let lease = match self.lease(Need::AtLeast(used)) {
+                Ok(l) => l,
+                Err(e) => {
+                    for (i, _, _) in group {
+                        results[*i] = Some(Err(clone_err(&e)));
+                    }
+                    continue;
+                }
+            };
+            let keys: Vec<CString> = group.iter().map(|(_, k, _)| k.clone()).collect();
+            let sizes: Vec<usize> = group.iter().map(|(_, _, n)| *n).collect();
+            let at = offsets.clone();
+            let r = self.call(move |inner| {
+                let base = lease.buf().as_mut_ptr().cast::<u8>();
+                let key_ptrs: Vec<*const std::ffi::c_char> =
+                    keys.iter().map(|k| k.as_ptr()).collect();
+                // SAFETY: offsets[i] + sizes[i] <= used <= the leased buffer's length.
+                let mut bufs: Vec<*mut c_void> =
+                    at.iter().map(|&o| unsafe { base.add(o) }.cast()).collect();
+                let mut out = vec![0i64; keys.len()];
+                // SAFETY: arrays of keys.len() entries; the registered buffer is held by the
+                // lease for the call; keys are NUL-terminated.
+                let rc = unsafe {
+                    (inner.lib.batch_get_into)(
+                        inner.handle.0,
+                        key_ptrs.as_ptr(),
+                        bufs.as_mut_ptr(),
+                        sizes.as_ptr(),
+                        keys.len(),
+                        out.as_mut_ptr(),
+                    )
+                };
+                (lease, rc, out)
+            });
+            let (lease, rc, out) = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    for (i, _, _) in group {
+                        results[*i] = Some(Err(clone_err(&e)));
+                    }
+                    continue;
+                }
+            };
+            let lease = Arc::new(lease);
+            for (j, (i, k, _)) in group.iter().enumerate() {
+                let code = if rc < 0 { i64::from(rc) } else { out[j] };
+                results[*i] = match code {
+                    n if n >= 0 => Some(Ok(Some(Fetched::new(LeasedValue {
+                        lease: lease.clone(),
+                        at: offsets[j],
+                        len: n as usize,
+                    })))),
+                    sys::OBJECT_NOT_FOUND | sys::REPLICA_IS_NOT_READY => Some(Ok(None)),
+                    // Bigger than expected, or the whole call refused: read alone below.
+                    sys::INVALID_PARAMS | sys::BUFFER_OVERFLOW => None,
+                    c if rc < 0 && c != sys::RPC_FAIL => None,
+                    c => Some(Err(self.inner.error(c, "get", &k.to_string_lossy()))),
+                };
+            }
+        }
+        results
+            .into_iter()
+            .zip(items)
+            .map(|(r, (key, _))| r.unwrap_or_else(|| Ok(self.get(key)?.map(Fetched::from))))
+            .collect()
     }
 
     fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
