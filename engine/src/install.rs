@@ -49,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::catalog::{self, CatalogError};
@@ -58,7 +59,7 @@ use crate::generation::{
 };
 use crate::policy::{CachePolicy, PolicyError};
 use crate::scan::STAGING_PREFIX;
-use crate::store::{KeyLayout, Store, StoreError};
+use crate::store::{Fetched, KeyLayout, Store, StoreError, StoreResult};
 use crate::trust::{Signer, TrustPolicy};
 
 pub mod confined;
@@ -872,10 +873,12 @@ impl Job {
         )
     }
 
-    /// Streams the needed packs (one in flight while the previous one is written) and writes
-    /// every file into staging, verifying its blake3 before it counts as written. A file is open
-    /// only while a piece of it is written, so the number of descriptors stays constant whatever
-    /// the number of files.
+    /// Streams the needed packs and writes every file into staging, verifying its blake3 before
+    /// it counts as written. Packs are fetched in batches of at most the largest pack's bytes
+    /// (one `get_sized_batch` each) while the previous batch is written, so
+    /// fetching overlaps hashing and writing and at most two batches are held at once; the files
+    /// of a pack are written in parallel. A file is open only while a piece of it is written, so
+    /// the number of descriptors stays bounded whatever the number of files.
     fn write_staging(
         &mut self,
         manifest: &Manifest,
@@ -884,17 +887,19 @@ impl Job {
     ) -> Result<(), InstallError> {
         let mut writer = StagingWriter::new(staging, &self.materializer)?;
         // Which pending files need which pack, in pack order.
-        let mut by_pack: BTreeMap<u32, Vec<(usize, u64, u64, u64)>> = BTreeMap::new();
+        let mut by_pack: BTreeMap<u32, Vec<PackPiece>> = BTreeMap::new();
         for (i, p) in pending.iter().enumerate() {
             if p.record.chunks.is_empty() {
                 writer.write_whole(p, &[])?;
             }
             let mut file_offset = 0;
             for c in &p.record.chunks {
-                by_pack
-                    .entry(c.pack)
-                    .or_default()
-                    .push((i, file_offset, c.offset, c.len));
+                by_pack.entry(c.pack).or_default().push(PackPiece {
+                    file: i,
+                    file_offset,
+                    pack_offset: c.offset,
+                    len: c.len,
+                });
                 file_offset += c.len;
             }
         }
@@ -902,44 +907,57 @@ impl Job {
         let packs: Vec<u32> = by_pack.keys().copied().collect();
         let store = self.store.clone();
         let layout = self.layout.clone();
-        let ids: Vec<ContentHash> = packs
+        // A batch holds at most the bytes of the largest pack: small packs (a tree's tail, a
+        // small tree) share one call, and memory stays at two packs' worth, as with one pack in
+        // flight.
+        let largest = packs
             .iter()
-            .map(|&i| manifest.packs[i as usize].id)
-            .collect();
-        let (tx, rx) = mpsc::sync_channel::<Result<(usize, Option<Vec<u8>>), StoreError>>(1);
+            .map(|&i| manifest.packs[i as usize].size)
+            .max()
+            .unwrap_or(0);
+        let batches = fetch_batches(
+            packs.iter().map(|&i| {
+                let p = &manifest.packs[i as usize];
+                (p.id, p.size)
+            }),
+            largest.min(store.max_value_size()),
+        );
+        // A rendezvous channel: the fetcher hands a batch over only when the writer takes it, so
+        // one batch is written while the next is fetched, never more.
+        let (tx, rx) = mpsc::sync_channel::<Vec<(usize, StoreResult<Option<Fetched>>)>>(0);
         let gate = self.gate.clone();
         std::thread::spawn(move || {
-            for (i, id) in ids.iter().enumerate() {
+            for batch in batches {
                 if gate.cancelled() {
                     return;
                 }
-                let r = store.get(&layout.pack(id)).map(|v| (i, v));
-                if tx.send(r).is_err() {
+                let keys: Vec<(String, u64)> = batch
+                    .iter()
+                    .map(|(_, id, size)| (layout.pack(id), *size))
+                    .collect();
+                let items: Vec<(&str, u64)> = keys.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+                let fetched = store.get_sized_batch(&items);
+                let batch = batch.iter().map(|&(i, _, _)| i).zip(fetched).collect();
+                if tx.send(batch).is_err() {
                     return;
                 }
             }
         });
-        for received in rx {
-            self.check_time()?;
-            let (i, bytes) = received?;
-            let pack = &manifest.packs[packs[i] as usize];
-            let bytes = bytes.ok_or(InstallError::PackVanished(pack.id))?;
-            if bytes.len() as u64 != pack.size {
-                return Err(InstallError::PackSize {
-                    id: pack.id,
-                    expected: pack.size,
-                    actual: bytes.len(),
-                });
-            }
-            self.report.packs_fetched += 1;
-            self.report.bytes_fetched += bytes.len() as u64;
-            for &(fi, file_offset, pack_offset, len) in &by_pack[&packs[i]] {
-                let slice = &bytes[pack_offset as usize..(pack_offset + len) as usize];
-                if pending[fi].record.chunks.len() == 1 {
-                    writer.write_whole(&pending[fi], slice)?;
-                } else {
-                    writer.write_piece(fi, &pending[fi], file_offset, slice)?;
+        for batch in rx {
+            for (i, received) in batch {
+                self.check_time()?;
+                let pack = &manifest.packs[packs[i] as usize];
+                let bytes = received?.ok_or(InstallError::PackVanished(pack.id))?;
+                if bytes.len() as u64 != pack.size {
+                    return Err(InstallError::PackSize {
+                        id: pack.id,
+                        expected: pack.size,
+                        actual: bytes.len(),
+                    });
                 }
+                self.report.packs_fetched += 1;
+                self.report.bytes_fetched += bytes.len() as u64;
+                writer.write_pack(pending, &by_pack[&packs[i]], &bytes)?;
             }
         }
         self.report.files_materialized = std::mem::take(&mut writer.materialized);
@@ -953,6 +971,36 @@ impl Job {
         }
         Ok(())
     }
+}
+
+/// Splits packs `(id, size)` (numbered in the order given) into consecutive batches of at most
+/// `budget` bytes each (a larger pack is a batch of its own).
+fn fetch_batches(
+    packs: impl Iterator<Item = (ContentHash, u64)>,
+    budget: u64,
+) -> Vec<Vec<(usize, ContentHash, u64)>> {
+    let mut batches: Vec<Vec<(usize, ContentHash, u64)>> = Vec::new();
+    let mut bytes = 0;
+    for (i, (id, size)) in packs.enumerate() {
+        match batches.last_mut() {
+            Some(last) if bytes + size <= budget => last.push((i, id, size)),
+            _ => {
+                batches.push(vec![(i, id, size)]);
+                bytes = 0;
+            }
+        }
+        bytes += size;
+    }
+    batches
+}
+
+/// Where a piece of a pending file lies in a pack.
+struct PackPiece {
+    /// Index into the pending files.
+    file: usize,
+    file_offset: u64,
+    pack_offset: u64,
+    len: u64,
 }
 
 /// The directory inside staging that holds the files, laid out as in the root (so a root that
@@ -1041,32 +1089,79 @@ impl<'s> StagingWriter<'s> {
         })
     }
 
-    /// The bytes to stage for a verified file: as stored, or materialized for this root.
-    fn bytes_for_root<'b>(
-        &mut self,
-        p: &Pending,
-        verified: &'b [u8],
-    ) -> Result<std::borrow::Cow<'b, [u8]>, InstallError> {
-        let bytes = self.materializer.for_root(p.record, verified)?;
-        if p.record.canonical {
-            self.materialized.push(p.record.path.to_string());
+    fn ensure_parent(&mut self, staged: &str) -> Result<(), InstallError> {
+        match staged.rsplit_once('/') {
+            Some((dir, _)) => self.ensure_dir(dir),
+            None => Ok(()),
         }
-        Ok(bytes)
     }
 
-    fn ensure_parent(&mut self, staged: &str) -> Result<(), InstallError> {
-        if let Some((dir, _)) = staged.rsplit_once('/')
-            && !self.created_dirs.contains(dir)
-        {
-            self.staging
-                .mkdir_all(dir, 0o777)
-                .map_err(io("create", &self.staging.display(dir)))?;
-            self.created_dirs.insert(dir.to_owned());
+    /// Creates `dir` and its missing parents, one `mkdirat` each: staging is this install's own
+    /// fresh directory, so a directory not yet created here does not exist (and if something
+    /// else put one there, the install fails rather than write into it).
+    fn ensure_dir(&mut self, dir: &str) -> Result<(), InstallError> {
+        if self.created_dirs.contains(dir) {
+            return Ok(());
+        }
+        if let Some((parent, _)) = dir.rsplit_once('/') {
+            self.ensure_dir(parent)?;
+        }
+        self.staging
+            .mkdir(dir, 0o777)
+            .map_err(io("create", &self.staging.display(dir)))?;
+        self.created_dirs.insert(dir.to_owned());
+        Ok(())
+    }
+
+    /// Writes the pieces a pack holds: the parents first (created once), then the files held
+    /// whole by this pack in parallel (hash, create, write: per-file system calls dominate a tree
+    /// of small files), then the pieces of files split over packs, in order.
+    fn write_pack(
+        &mut self,
+        pending: &[Pending],
+        pieces: &[PackPiece],
+        pack: &[u8],
+    ) -> Result<(), InstallError> {
+        for piece in pieces {
+            self.ensure_parent(&pending[piece.file].staged)?;
+        }
+        let bytes_of = |piece: &PackPiece| {
+            &pack[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize]
+        };
+        let (whole, split): (Vec<&PackPiece>, Vec<&PackPiece>) = pieces
+            .iter()
+            .partition(|piece| pending[piece.file].record.chunks.len() == 1);
+        let this = &*self;
+        let materialized = whole
+            .par_iter()
+            .with_min_len(8)
+            .map(|piece| this.stage_whole(&pending[piece.file], bytes_of(piece)))
+            .collect::<Result<Vec<bool>, InstallError>>()?;
+        for (piece, materialized) in whole.iter().zip(materialized) {
+            if materialized {
+                let path = pending[piece.file].record.path.to_string();
+                self.materialized.push(path);
+            }
+        }
+        for piece in split {
+            let p = &pending[piece.file];
+            self.write_piece(piece.file, p, piece.file_offset, bytes_of(piece))?;
         }
         Ok(())
     }
 
+    /// Writes a file held whole in `bytes` (checked against its blake3 first).
     fn write_whole(&mut self, p: &Pending, bytes: &[u8]) -> Result<(), InstallError> {
+        self.ensure_parent(&p.staged)?;
+        if self.stage_whole(p, bytes)? {
+            self.materialized.push(p.record.path.to_string());
+        }
+        Ok(())
+    }
+
+    /// Verifies and stages one whole file whose parent exists; true if it was materialized for
+    /// this root.
+    fn stage_whole(&self, p: &Pending, bytes: &[u8]) -> Result<bool, InstallError> {
         let actual: ContentHash = blake3::hash(bytes).into();
         if actual != p.record.blake3 {
             return Err(InstallError::Corrupt {
@@ -1075,8 +1170,8 @@ impl<'s> StagingWriter<'s> {
                 actual,
             });
         }
-        self.ensure_parent(&p.staged)?;
-        self.write_whole_verified(p, bytes)
+        self.stage_verified(p, bytes)?;
+        Ok(p.record.canonical)
     }
 
     fn write_piece(
@@ -1140,36 +1235,65 @@ impl<'s> StagingWriter<'s> {
             self.staging
                 .remove_file(&p.staged)
                 .map_err(io("remove", &shown))?;
-            return self.write_whole_verified(p, &verified);
+            self.stage_verified(p, &verified)?;
+            self.materialized.push(p.record.path.to_string());
+            return Ok(());
         }
         finish_file(&file, p, &shown)
     }
 
     /// Writes a verified file into staging: the point where a stored file becomes the file for
     /// this root.
-    fn write_whole_verified(&mut self, p: &Pending, verified: &[u8]) -> Result<(), InstallError> {
-        let bytes = self.bytes_for_root(p, verified)?;
+    fn stage_verified(&self, p: &Pending, verified: &[u8]) -> Result<(), InstallError> {
+        let bytes = self.materializer.for_root(p.record, verified)?;
         let shown = self.staging.display(&p.staged);
+        // Created with its final mode when the umask leaves that mode alone (the usual case),
+        // which saves an fchmod per file; staging is private until the commit anyway.
+        let mode = p.record.mode & 0o777;
+        let exact = umask().is_some_and(|umask| mode & umask == 0);
         let mut file = self
             .staging
-            .create_new(&p.staged, 0o600)
+            .create_new(&p.staged, if exact { mode } else { 0o600 })
             .map_err(io("create", &shown))?;
         file.write_all(&bytes).map_err(io("write", &shown))?;
-        finish_file(&file, p, &shown)
+        set_times(&file, p, &shown)?;
+        if exact {
+            return Ok(());
+        }
+        set_mode(&file, p, &shown)
     }
 }
 
 /// Gives a verified staged file the manifest's mode and times.
 fn finish_file(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
+    set_times(file, p, shown)?;
+    set_mode(file, p, shown)
+}
+
+fn set_times(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
     let mtime = UNIX_EPOCH
         + Duration::new(
             p.record.mtime_s.max(0) as u64,
             p.record.mtime_ns.min(999_999_999),
         );
     file.set_times(FileTimes::new().set_modified(mtime).set_accessed(mtime))
-        .map_err(io("set times on", shown))?;
+        .map_err(io("set times on", shown))
+}
+
+fn set_mode(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
     file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777))
         .map_err(io("chmod", shown))
+}
+
+/// The process's umask, read once from `/proc/self/status` (`umask(2)` can only be read by
+/// setting it, which races with other threads creating files); `None` where it cannot be read.
+fn umask() -> Option<u32> {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = fs::read_to_string("/proc/self/status").ok()?;
+        let value = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(value.trim(), 8).ok()
+    })
 }
 
 /// Files of the manifest missing on disk; paths present with other content (left alone); and how
@@ -1495,6 +1619,31 @@ mod tests {
 
     use super::*;
     use crate::generation::{Chunk, PackRef, RelPath};
+
+    proptest! {
+        /// Batches keep the packs' order, cover each exactly once, and stay within the budget
+        /// unless a pack alone exceeds it (then it is a batch of its own).
+        #[test]
+        fn fetch_batches_cover_every_pack_in_order_within_the_budget(
+            sizes in proptest::collection::vec(1u64..300, 0..40),
+            budget in 1u64..400,
+        ) {
+            let packs = sizes.iter().map(|&n| (ContentHash::of(&n.to_le_bytes()), n));
+            let batches = fetch_batches(packs, budget);
+            let order: Vec<usize> = batches.iter().flatten().map(|&(i, _, _)| i).collect();
+            prop_assert_eq!(order, (0..sizes.len()).collect::<Vec<_>>());
+            for batch in &batches {
+                let total: u64 = batch.iter().map(|&(_, _, n)| n).sum();
+                prop_assert!(!batch.is_empty());
+                prop_assert!(total <= budget || batch.len() == 1);
+            }
+            // Greedy: no batch could have taken the next batch's first pack.
+            for pair in batches.windows(2) {
+                let total: u64 = pair[0].iter().map(|&(_, _, n)| n).sum();
+                prop_assert!(total + pair[1][0].2 > budget);
+            }
+        }
+    }
 
     #[derive(Debug, Clone, Copy)]
     enum OnDisk {
