@@ -12,6 +12,10 @@
 //! seq+1, read it back, and if another publisher won that seq, merge onto its generation and try
 //! the next seq (details and the in-flight-put cases: `commit_head`).
 //!
+//! Reading: small files hashed are kept in memory for their pack, up to one pack's worth
+//! (`KeptContents`), so most of a kernel cache is read once; larger files and the rest are read
+//! again when their pack is filled, and a change since hashing fails the publish.
+//!
 //! Conflict rule (one path, two contents): the generation already published wins (the head's
 //! version when building on it; the winner's when a head race was lost), and the other version is
 //! reported in `PublishReport::conflicts`.
@@ -27,7 +31,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, mpsc};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
@@ -369,12 +374,14 @@ pub fn publish(
     };
 
     let hashing = Instant::now();
+    let kept = KeptContents::new(opts.pack_size);
     let local = hash_selected(
         policy,
         root,
         &selected,
         parent.as_ref(),
         hashes,
+        &kept,
         &mut report,
     )?;
     report.hash_ms = hashing.elapsed().as_millis() as u64;
@@ -435,7 +442,16 @@ pub fn publish(
     }
     let plans = plan_packs(&order, opts.pack_size);
     let uploading = Instant::now();
-    upload_packs(store, layout, policy, root, &plans, &source_of, &mut report)?;
+    upload_packs(
+        store,
+        layout,
+        policy,
+        root,
+        &plans,
+        &source_of,
+        &kept,
+        &mut report,
+    )?;
     report.upload_ms = uploading.elapsed().as_millis() as u64;
 
     // Our side: the new files, located in parent packs or in the packs just uploaded.
@@ -601,6 +617,7 @@ fn hash_selected<'a>(
     selected: &[(&'a ScannedFile, bool)],
     parent: Option<&Manifest>,
     cache: &mut HashCache,
+    kept: &KeptContents,
     report: &mut PublishReport,
 ) -> Result<Vec<(&'a ScannedFile, Stored)>, PublishError> {
     let known: HashMap<&RelPath, &FileRecord> = parent
@@ -621,6 +638,7 @@ fn hash_selected<'a>(
                     size: bytes.len() as u64,
                     canonical: true,
                 };
+                kept.offer(stored.hash, bytes);
                 return Ok((stored, true));
             }
             if let Some(p) = known.get(&f.path).filter(|p| {
@@ -637,10 +655,19 @@ fn hash_selected<'a>(
                 return Ok((stored, false));
             }
             let path = f.path.to_path(root);
-            let (hash, len) = hash_file(&path).map_err(|source| PublishError::Read {
+            let read_err = |source| PublishError::Read {
                 path: path.clone(),
                 source,
-            })?;
+            };
+            let (hash, len) = if kept.reserve(f.size) {
+                // Small enough to keep: read whole, hashed from memory, and packed from memory.
+                let bytes = std::fs::read(&path).map_err(read_err)?;
+                let (hash, len) = (ContentHash::of(&bytes), bytes.len() as u64);
+                kept.keep(hash, bytes, f.size);
+                (hash, len)
+            } else {
+                hash_file(&path).map_err(read_err)?
+            };
             if len != f.size {
                 return Err(PublishError::Read {
                     path,
@@ -676,6 +703,7 @@ fn upload_packs(
     root: &Path,
     plans: &[PackPlan],
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
+    kept: &KeptContents,
     report: &mut PublishReport,
 ) -> Result<(), PublishError> {
     let keys: Vec<String> = plans.iter().map(|p| layout.pack(&p.id)).collect();
@@ -694,7 +722,7 @@ fn upload_packs(
         let missing_ref = &missing;
         scope.spawn(move || {
             for (i, plan) in missing_ref.iter().enumerate() {
-                let r = fill_pack(policy, root, plan, source_of).map(|bytes| (i, bytes));
+                let r = fill_pack(policy, root, plan, source_of, kept).map(|bytes| (i, bytes));
                 let failed = r.is_err();
                 if tx.send(r).is_err() || failed {
                     return;
@@ -716,6 +744,7 @@ fn fill_pack(
     root: &Path,
     plan: &PackPlan,
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
+    kept: &KeptContents,
 ) -> Result<Vec<u8>, PublishError> {
     let mut buf = vec![0u8; plan.size as usize];
     for piece in &plan.pieces {
@@ -726,6 +755,9 @@ fn fill_pack(
             source,
         };
         let dst = &mut buf[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize];
+        if kept.copy_piece(&piece.content, piece.content_offset, dst) {
+            continue;
+        }
         if stored.canonical {
             // Canonicalized again rather than kept from hashing (memory stays bounded); the hash
             // says whether the file is still what was hashed.
@@ -755,6 +787,71 @@ fn fill_pack(
         }
     }
     Ok(buf)
+}
+
+/// Largest file whose content publish keeps from hashing to packing.
+const KEEP_FILE_LIMIT: u64 = 1 << 20;
+
+/// Contents read while hashing, kept for the pack that uploads them, so a small file (most of a
+/// kernel cache) is read and canonicalized once, not twice. At most `budget` bytes are kept (one
+/// pack's worth: peak memory grows by at most one pack); the rest are read again when their pack
+/// is filled and checked then. A kept content is dropped once its last piece is packed.
+struct KeptContents {
+    left: AtomicU64,
+    contents: Mutex<HashMap<ContentHash, Vec<u8>>>,
+}
+
+impl KeptContents {
+    fn new(budget: u64) -> Self {
+        Self {
+            left: AtomicU64::new(budget),
+            contents: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes `size` bytes of the budget for a file about to be read, if it is small and fits.
+    fn reserve(&self, size: u64) -> bool {
+        size <= KEEP_FILE_LIMIT
+            && self
+                .left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    left.checked_sub(size)
+                })
+                .is_ok()
+    }
+
+    /// Keeps `bytes` read under a reservation of `reserved` bytes (returned if not kept: the
+    /// content is already kept, from an identical file).
+    fn keep(&self, hash: ContentHash, bytes: Vec<u8>, reserved: u64) {
+        let mut contents = self.contents.lock().unwrap_or_else(|e| e.into_inner());
+        if contents.contains_key(&hash) {
+            self.left.fetch_add(reserved, Ordering::Relaxed);
+        } else {
+            contents.insert(hash, bytes);
+        }
+    }
+
+    /// Keeps a canonical form computed while hashing, if it fits the budget.
+    fn offer(&self, hash: ContentHash, bytes: Vec<u8>) {
+        let size = bytes.len() as u64;
+        if self.reserve(size) {
+            self.keep(hash, bytes, size);
+        }
+    }
+
+    /// Copies the piece of a kept content at `offset` into `dst`; false if it is not kept.
+    fn copy_piece(&self, hash: &ContentHash, offset: u64, dst: &mut [u8]) -> bool {
+        let mut contents = self.contents.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(bytes) = contents.get(hash) else {
+            return false;
+        };
+        let (from, to) = (offset as usize, offset as usize + dst.len());
+        dst.copy_from_slice(&bytes[from..to]);
+        if to == bytes.len() {
+            contents.remove(hash);
+        }
+        true
+    }
 }
 
 /// Puts the manifest and the head at `seq`; if another publisher won `seq`, merges onto its
@@ -991,11 +1088,33 @@ pub fn now_secs() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use super::*;
     use crate::policy::native::NativeRules;
     use crate::store::{LocalStore, StoreResult};
+
+    #[test]
+    fn kept_contents_stay_within_the_budget_and_go_once_fully_packed() {
+        let kept = KeptContents::new(10);
+        let (a, b) = (ContentHash::of(b"0123456"), ContentHash::of(b"xyz"));
+        assert!(kept.reserve(7));
+        kept.keep(a, b"0123456".to_vec(), 7);
+        // An identical content is not kept twice: its reservation comes back.
+        assert!(kept.reserve(3));
+        kept.keep(a, b"0123456".to_vec(), 3);
+        assert!(kept.reserve(3));
+        kept.keep(b, b"xyz".to_vec(), 3);
+        assert!(!kept.reserve(1), "budget of 10 spent on 7 + 3 bytes");
+        assert!(!kept.reserve(KEEP_FILE_LIMIT + 1));
+        // Pieces in order; the content is dropped after its last piece.
+        let mut first = [0u8; 4];
+        assert!(kept.copy_piece(&a, 0, &mut first));
+        assert_eq!(&first, b"0123");
+        let mut rest = [0u8; 3];
+        assert!(kept.copy_piece(&a, 4, &mut rest));
+        assert_eq!(&rest, b"456");
+        assert!(!kept.copy_piece(&a, 0, &mut first), "dropped once packed");
+        assert!(!kept.copy_piece(&ContentHash::of(b"other"), 0, &mut rest));
+    }
 
     /// Before the first head put goes through, another publisher's head lands at that key.
     #[derive(Debug)]
