@@ -14,7 +14,8 @@
 //!
 //! Reading: small files hashed are kept in memory for their pack, up to one pack's worth
 //! (`KeptContents`), so most of a kernel cache is read once; larger files and the rest are read
-//! again when their pack is filled, and a change since hashing fails the publish.
+//! again when their pack is filled, and a change since hashing fails the publish. Packs are
+//! filled in place in the store's put buffer (`Store::put_filled`), two at a time.
 //!
 //! Conflict rule (one path, two contents): the generation already published wins (the head's
 //! version when building on it; the winner's when a head race was lost), and the other version is
@@ -31,8 +32,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, mpsc};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
@@ -694,8 +695,10 @@ fn hash_selected<'a>(
     Ok(out)
 }
 
-/// Uploads the packs the store lacks. A reader thread fills the next pack while this thread
-/// uploads the current one: at most three pack buffers exist at once, whatever the tree size.
+/// Uploads the packs the store lacks. Two workers each fill a pack in place (in a Mooncake
+/// staging buffer: `Store::put_filled`) and put it, so one reads files while the other uploads:
+/// at most two pack buffers exist at once, whatever the tree size.
+#[allow(clippy::too_many_arguments)]
 fn upload_packs(
     store: &dyn Store,
     layout: &KeyLayout,
@@ -717,26 +720,49 @@ fn upload_packs(
             missing.push(&plans[i]);
         }
     }
-    std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::sync_channel::<Result<(usize, Vec<u8>), PublishError>>(1);
-        let missing_ref = &missing;
-        scope.spawn(move || {
-            for (i, plan) in missing_ref.iter().enumerate() {
-                let r = fill_pack(policy, root, plan, source_of, kept).map(|bytes| (i, bytes));
-                let failed = r.is_err();
-                if tx.send(r).is_err() || failed {
-                    return;
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let upload = || -> Result<(u64, u64), PublishError> {
+        let (mut packs, mut bytes) = (0, 0);
+        while !failed.load(Ordering::Relaxed) {
+            let Some(plan) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                break;
+            };
+            let mut fill_error = None;
+            let stored = store.put_filled(&layout.pack(&plan.id), plan.size as usize, &mut |buf| {
+                fill_pack(policy, root, plan, source_of, kept, buf)
+                    .map_err(|e| fill_error = Some(e))
+                    .is_ok()
+            });
+            match (stored, fill_error) {
+                (_, Some(e)) => return Err(e),
+                (Err(e), None) => return Err(e.into()),
+                (Ok(_), None) => {
+                    packs += 1;
+                    bytes += plan.size;
                 }
             }
-        });
-        for received in rx {
-            let (i, bytes) = received?;
-            store.put(&layout.pack(&missing[i].id), &bytes)?;
-            report.packs_uploaded += 1;
-            report.bytes_uploaded += bytes.len() as u64;
         }
-        Ok(())
-    })
+        Ok((packs, bytes))
+    };
+    let worker = || {
+        let r = upload();
+        if r.is_err() {
+            failed.store(true, Ordering::Relaxed);
+        }
+        r
+    };
+    let results = std::thread::scope(|scope| {
+        let other = scope.spawn(&worker);
+        let mine = worker();
+        [mine, other.join().expect("pack upload worker panicked")]
+    });
+    for r in results {
+        let (packs, bytes) = r?;
+        report.packs_uploaded += packs;
+        report.bytes_uploaded += bytes;
+    }
+    Ok(())
 }
 
 fn fill_pack(
@@ -745,8 +771,8 @@ fn fill_pack(
     plan: &PackPlan,
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
     kept: &KeptContents,
-) -> Result<Vec<u8>, PublishError> {
-    let mut buf = vec![0u8; plan.size as usize];
+    buf: &mut [u8],
+) -> Result<(), PublishError> {
     for piece in &plan.pieces {
         let (f, stored) = source_of[&piece.content];
         let path = f.path.to_path(root);
@@ -786,7 +812,7 @@ fn fill_pack(
             });
         }
     }
-    Ok(buf)
+    Ok(())
 }
 
 /// Largest file whose content publish keeps from hashing to packing.

@@ -76,6 +76,23 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// The value, or `None` if the key is missing (never stored, removed or evicted).
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>>;
 
+    /// Stores a value of `len` bytes that `fill` writes in place, like `put` otherwise (on
+    /// Mooncake straight into a registered staging buffer, so a pack is never held twice).
+    /// `fill` must write all `len` bytes; when it returns false nothing is stored and the result
+    /// is `Ok(false)` (the caller keeps its own reason).
+    fn put_filled(
+        &self,
+        key: &str,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> StoreResult<bool> {
+        let mut value = vec![0u8; len];
+        if !fill(&mut value) {
+            return Ok(false);
+        }
+        self.put(key, &value).map(|()| true)
+    }
+
     fn exists(&self, key: &str) -> StoreResult<bool>;
 
     /// Removes `key`; `Ok(false)` if it was not there.
@@ -281,6 +298,14 @@ pub mod testing {
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             (**self).get(key)
+        }
+        fn put_filled(
+            &self,
+            key: &str,
+            len: usize,
+            fill: &mut dyn FnMut(&mut [u8]) -> bool,
+        ) -> StoreResult<bool> {
+            (**self).put_filled(key, len, fill)
         }
         fn exists(&self, key: &str) -> StoreResult<bool> {
             (**self).exists(key)

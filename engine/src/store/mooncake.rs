@@ -930,11 +930,26 @@ impl Store for MooncakeStore {
     }
 
     fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        self.put_filled(key, value.len(), &mut |buf| {
+            buf.copy_from_slice(value);
+            true
+        })
+        .map(|_| ())
+    }
+
+    /// Fills a leased staging buffer in place and puts it from there.
+    fn put_filled(
+        &self,
+        key: &str,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> StoreResult<bool> {
         let k = c_key(key)?;
-        self.check_size(value.len())?;
-        let mut lease = self.lease(Need::AtLeast(value.len()))?;
-        lease.buf_mut().bytes_mut()[..value.len()].copy_from_slice(value);
-        let len = value.len();
+        self.check_size(len)?;
+        let mut lease = self.lease(Need::AtLeast(len))?;
+        if !fill(&mut lease.buf_mut().bytes_mut()[..len]) {
+            return Ok(false);
+        }
         self.call(move |inner| {
             let cfg = inner.replicate_config(inner.soft_pinned(&k.to_string_lossy()));
             // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
@@ -948,7 +963,7 @@ impl Store for MooncakeStore {
                     &cfg,
                 )
             };
-            put_result(inner, i64::from(rc), &k.to_string_lossy())
+            put_result(inner, i64::from(rc), &k.to_string_lossy()).map(|()| true)
         })?
     }
 
