@@ -1,48 +1,41 @@
-//! Publish and install through Mooncake against the raw library in the same run.
-//!
-//! For each tree (a Triton-like cache of tens of thousands of small files; a few large files):
-//! - `publish`: jitship's whole publish (scan, hash, pack, upload, manifest, head) into a fresh
-//!   namespace, timed end to end;
-//! - `install`: jitship's whole install (head, manifest, fetch, verify, stage, rename) into a
-//!   fresh root, timed end to end;
-//! - `raw put` / `raw get`: the very pack bytes that publish uploaded, already in one registered
-//!   buffer, moved with one `batch_put_from` and one `batch_get_into` through the same library:
-//!   the limit of this machine.
-//!
-//! Ratios are raw time / jitship time (1.0 = as fast as raw; the goal is at least 0.8). Medians
-//! of `JITSHIP_BENCH_REPS` (default 3) runs. Run inside the test cluster, e.g.
+//! Publish and install through Mooncake at real sizes, every figure a ratio against baselines
+//! measured in the same run on the same tree, against a real master and store node (TCP
+//! loopback). For each tree (a Triton-like cache of tens of thousands of small files; a few large
+//! files; optionally a huge tree for the memory bound):
+//! - jitship: the real CLI as a child process (`publish`, `install` into an empty root, `install`
+//!   again when already current, `ls`), wall time and peak RSS, as an operator runs it;
+//! - raw: the very pack bytes jitship stored, in one registered buffer, moved with one
+//!   `batch_put_from` and one `batch_get_into` through the same library (this machine's limit);
+//! - PR 676: `pr676_baseline.py`, what ModelExpress PR 676 does with the official Python client
+//!   (tar in RAM, 64 MiB chunks, a buffer registered per chunk), as a child process;
+//! - `tar -x` of the same tree from a warm archive (the local-disk part of an install).
+//! Medians of `JITSHIP_BENCH_REPS` (default 3). Build, then run inside the test cluster:
+//!   cargo build --release --workspace --bin jitship && cargo bench --workspace --bench mooncake --no-run
 //!   JITSHIP_CLUSTER_SEGMENT_MB=4096 tests/cluster/cluster.sh run -- \
-//!     cargo test -p jitship-tests --bench mooncake
-//! Trees: those of the foundation bench (`benches/throughput.rs`): `fixtures::triton_tree` with
-//! 3000 kernels (24,000 files) and `fixtures::large_files_tree` (4 files of 128 MiB).
-//! `JITSHIP_BENCH_KERNELS` and `JITSHIP_BENCH_LARGE_MIB` change the sizes.
+//!     cargo bench --workspace --bench mooncake
+//! Trees: `fixtures::triton_tree` with `JITSHIP_BENCH_KERNELS` (default 2500: 20,000 files) and
+//! `fixtures::large_files_tree` (4 files of `JITSHIP_BENCH_LARGE_MIB`, default 128 MiB);
+//! `JITSHIP_BENCH_HUGE_GIB=4` adds a tree of that many GiB (files of 256 MiB; the segment must
+//! hold it: `JITSHIP_CLUSTER_SEGMENT_MB=6144`), measured once, for peak RSS against the size.
 
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jitship::catalog;
-use jitship::generation::CompatId;
-use jitship::install::InstallOutcome;
-use jitship::publish::PublishOutcome;
 use jitship::store::{KeyLayout, MooncakeStore, Store};
+use jitship_tests::child::{Run, jitship_bin, run_measured, settle};
 use jitship_tests::fixtures::{digest, large_files_tree, triton_tree};
-use jitship_tests::mooncake::{Cluster, cluster, flow, unique_prefix};
+use jitship_tests::mooncake::{Cluster, cluster, unique_prefix};
 use mooncake_sys as sys;
-
-const PACK: u64 = 64 * 1024 * 1024;
 
 fn env_num(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// A second, raw client: the C ABI with one registered buffer, nothing of jitship in the way.
@@ -82,9 +75,8 @@ impl Raw {
         Raw { lib, handle }
     }
 
-    /// One batch_put_from and one batch_get_into of `objects`, then one get_into per object;
-    /// returns (put time, batched get time, one-by-one get time).
-    fn round(&self, prefix: &str, objects: &[Vec<u8>]) -> (Duration, Duration, Duration) {
+    /// One batch_put_from and one batch_get_into of `objects`; returns (put time, get time).
+    fn round(&self, prefix: &str, objects: &[Vec<u8>]) -> (Duration, Duration) {
         let total: usize = objects.iter().map(|o| o.len().next_multiple_of(4096)).sum();
         let layout = std::alloc::Layout::from_size_align(total, 4096).unwrap();
         // SAFETY: non-zero size; freed below with the same layout.
@@ -160,14 +152,6 @@ impl Raw {
             let got = unsafe { std::slice::from_raw_parts(base.add(off), o.len()) };
             assert!(got == &o[..], "raw get returned other bytes");
         }
-        // One object per call, as install fetches packs (one in flight, bounded memory).
-        let t = Instant::now();
-        for i in 0..n {
-            // SAFETY: as for the batch.
-            let r = unsafe { (self.lib.get_into)(self.handle, key_ptrs[i], bufs[i], sizes[i]) };
-            assert_eq!(r, sizes[i] as i64, "raw get_into");
-        }
-        let get_one_by_one = t.elapsed();
         for k in &keys {
             // SAFETY: NUL-terminated key; force removal frees the space for the next round.
             unsafe { (self.lib.remove)(self.handle, k.as_ptr(), 1) };
@@ -177,7 +161,7 @@ impl Raw {
             (self.lib.unregister_buffer)(self.handle, base.cast());
             std::alloc::dealloc(base, layout);
         }
-        (put, get, get_one_by_one)
+        (put, get)
     }
 }
 
@@ -199,117 +183,197 @@ impl Drop for Raw {
     }
 }
 
+/// Runs the CLI against the cluster in `namespace`, on the native policy.
+fn cli(config: &Path, namespace: &str, command: &str, root: Option<&Path>) -> Command {
+    let mut cmd = Command::new(jitship_bin());
+    cmd.arg(command)
+        .arg("--config")
+        .arg(config)
+        .args(["--namespace", namespace]);
+    if let Some(root) = root {
+        cmd.args(["--fact", "model.id=bench", "--cache"])
+            .arg(format!("kernels:native={}", root.display()));
+    }
+    cmd
+}
+
+/// Runs the PR 676-style baseline (`pr676_baseline.py OP ...`) with the official client.
+fn pr676(c: &Cluster, op: &str, prefix: &str, dir: &Path) -> Run {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pr676_baseline.py");
+    let pythonpath = c
+        .pythonpath
+        .as_ref()
+        .expect("JITSHIP_TEST_MOONCAKE_PYTHONPATH names the official wheel");
+    run_measured(
+        Command::new("python3")
+            .arg(script)
+            .args([op, &c.master, &c.metadata, prefix])
+            .arg(dir)
+            .env("PYTHONPATH", pythonpath),
+        &[0],
+    )
+}
+
+#[derive(Default)]
 struct Figures {
     name: String,
     files: usize,
     bytes: u64,
-    publish: Duration,
-    install: Duration,
-    raw_put: Duration,
-    raw_get: Duration,
-    raw_get_one: Duration,
-    store_put: Duration,
-    store_get: Duration,
+    publish: Vec<Run>,
+    install: Vec<Run>,
+    install_current: Vec<Run>,
+    ls: Vec<Run>,
+    pr676_publish: Vec<Run>,
+    pr676_install: Vec<Run>,
+    raw_put: Vec<Duration>,
+    raw_get: Vec<Duration>,
+    tar_x: Vec<Run>,
 }
 
 fn bench_tree(
     c: &Cluster,
     raw: &Raw,
     store: &Arc<dyn Store>,
+    config: &Path,
     name: &str,
     src: &Path,
     reps: usize,
 ) -> Figures {
-    let files = digest(src).len();
-    let facts = flow::facts(name);
-    let (mut publish, mut install, mut raw_put, mut raw_get) = (vec![], vec![], vec![], vec![]);
-    let (mut store_put, mut store_get, mut raw_get_one) = (vec![], vec![], vec![]);
-    let mut bytes = 0;
-    for rep in 0..reps {
-        let layout = KeyLayout::new(&unique_prefix(&format!("bench-{name}-{rep}"))).unwrap();
-        let t = Instant::now();
-        let report = flow::publish(store.as_ref(), &layout, src, &facts, PACK)
-            .unwrap_or_else(|e| panic!("publish: {e}"));
-        publish.push(t.elapsed());
-        assert!(
-            matches!(report.outcome, PublishOutcome::Published { .. }),
-            "{:?}",
-            report.outcome
-        );
-        bytes = report.bytes_uploaded;
-
-        let dst = tempfile::tempdir().unwrap();
-        let root = dst.path().join("root");
-        let t = Instant::now();
-        let r = flow::install(
-            store.clone(),
-            &layout,
-            &root,
-            &facts,
-            Duration::from_secs(600),
-        );
-        install.push(t.elapsed());
-        assert_eq!(r.outcome, InstallOutcome::Installed, "{}", r.detail);
-        assert_eq!(r.files_installed as usize, files);
-
-        // The very pack bytes publish uploaded (fetched untimed), through the raw library.
-        let compat = CompatId::new("triton", &report.compat_key);
-        let head = catalog::newest_head(store.as_ref(), &layout, &compat)
-            .unwrap()
-            .expect("head");
-        let manifest = catalog::fetch_manifest(store.as_ref(), &layout, &head.generation)
-            .unwrap()
-            .expect("manifest");
-        let packs: Vec<Vec<u8>> = manifest
-            .packs
-            .iter()
-            .map(|p| store.get(&layout.pack(&p.id)).unwrap().expect("pack"))
-            .collect();
-        assert_eq!(packs.iter().map(|p| p.len() as u64).sum::<u64>(), bytes);
-        let (p, g, g1) = raw.round(&layout.namespace().to_string(), &packs);
-        raw_put.push(p);
-        raw_get.push(g);
-        raw_get_one.push(g1);
-
-        // The same bytes through jitship's Store trait alone (staging copy, worker thread, typed
-        // results), to tell the backend's cost from publish's and install's file work.
-        let keys: Vec<String> = (0..packs.len())
-            .map(|i| format!("{}/store/{i}", layout.namespace()))
-            .collect();
-        let items: Vec<(&str, &[u8])> = keys
-            .iter()
-            .zip(&packs)
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
-        let t = Instant::now();
-        for r in store.put_batch(&items) {
-            r.unwrap_or_else(|e| panic!("store put: {e}"));
-        }
-        store_put.push(t.elapsed());
-        let t = Instant::now();
-        for (k, v) in keys.iter().zip(&packs) {
-            let got = store
-                .get(k)
-                .unwrap_or_else(|e| panic!("store get: {e}"))
-                .expect("stored");
-            assert!(got.len() == v.len());
-        }
-        store_get.push(t.elapsed());
-        raw.clear(layout.namespace());
-        let _ = c;
-    }
-    Figures {
+    let scratch = tempfile::tempdir().unwrap();
+    let tar = scratch.path().join("tree.tar");
+    run_measured(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(src)
+            .arg("."),
+        &[0],
+    );
+    let want = digest(src);
+    let mut f = Figures {
         name: name.into(),
-        files,
-        bytes,
-        publish: median(publish),
-        install: median(install),
-        raw_put: median(raw_put),
-        raw_get: median(raw_get),
-        raw_get_one: median(raw_get_one),
-        store_put: median(store_put),
-        store_get: median(store_get),
+        files: want.len(),
+        ..Figures::default()
+    };
+    for rep in 0..reps {
+        let ns = unique_prefix(&format!("bench-{name}-{rep}"));
+        let layout = KeyLayout::new(&ns).unwrap();
+        let root = scratch.path().join(format!("jitship-{rep}"));
+        settle();
+        f.publish.push(run_measured(
+            &mut cli(config, &ns, "publish", Some(src)),
+            &[0],
+        ));
+        settle();
+        f.install.push(run_measured(
+            &mut cli(config, &ns, "install", Some(&root)),
+            &[0],
+        ));
+        assert!(digest(&root) == want, "jitship installed another tree");
+        f.install_current.push(run_measured(
+            &mut cli(config, &ns, "install", Some(&root)),
+            &[10],
+        ));
+        f.ls.push(run_measured(&mut cli(config, &ns, "ls", None), &[0]));
+
+        let prefix = format!("{ns}/pr676");
+        let pr_root = scratch.path().join(format!("pr676-{rep}"));
+        settle();
+        f.pr676_publish.push(pr676(c, "publish", &prefix, src));
+        settle();
+        f.pr676_install.push(pr676(c, "install", &prefix, &pr_root));
+        // Contents only: tar keeps whole-second mtimes and its data filter drops mode bits.
+        assert!(
+            contents(&pr_root) == contents(src),
+            "the PR 676 baseline installed another tree"
+        );
+
+        let tar_root = scratch.path().join(format!("tar-{rep}"));
+        std::fs::create_dir_all(&tar_root).unwrap();
+        settle();
+        f.tar_x.push(run_measured(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(&tar)
+                .arg("-C")
+                .arg(&tar_root),
+            &[0],
+        ));
+
+        // The very pack bytes jitship stored (read untimed), through the raw library.
+        let packs = stored_packs(store.as_ref(), &layout);
+        f.bytes = packs.iter().map(|p| p.len() as u64).sum();
+        let (put, get) = raw.round(&ns, &packs);
+        f.raw_put.push(put);
+        f.raw_get.push(get);
+        drop(packs);
+        raw.clear(&ns);
+        for dir in [root, pr_root, tar_root] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        eprintln!("{name}: round {} of {reps} done", rep + 1);
     }
+    f
+}
+
+/// Each file's path and content hash (no times or modes).
+fn contents(root: &Path) -> Vec<(String, String)> {
+    digest(root)
+        .into_iter()
+        .map(|(path, (hash, ..))| (path, hash))
+        .collect()
+}
+
+/// The packs of the newest generation in the namespace `layout` names.
+fn stored_packs(store: &dyn Store, layout: &KeyLayout) -> Vec<Vec<u8>> {
+    let index = catalog::compat_ids(store, layout).expect("compat index");
+    let compat = index.first().expect("one compat id");
+    let head = catalog::newest_head(store, layout, compat)
+        .unwrap()
+        .expect("head");
+    let manifest = catalog::fetch_manifest(store, layout, &head.generation)
+        .unwrap()
+        .expect("manifest");
+    manifest
+        .packs
+        .iter()
+        .map(|p| store.get(&layout.pack(&p.id)).unwrap().expect("pack"))
+        .collect()
+}
+
+/// A huge tree published and installed once, for peak RSS against its size.
+fn bench_huge(config: &Path, gib: usize) -> (u64, Run, Run) {
+    let scratch = tempfile::tempdir().unwrap();
+    let src = scratch.path().join("src");
+    let file = 256usize << 20;
+    let files = (gib << 30) / file;
+    eprintln!("huge: generating {files} files of 256 MiB...");
+    large_files_tree(&src, files, file, 3);
+    let ns = unique_prefix("bench-huge");
+    let root = scratch.path().join("dst");
+    settle();
+    let publish = run_measured(&mut cli(config, &ns, "publish", Some(&src)), &[0]);
+    settle();
+    let install = run_measured(&mut cli(config, &ns, "install", Some(&root)), &[0]);
+    assert!(
+        digest(&root) == digest(&src),
+        "huge tree installed differently"
+    );
+    ((files * file) as u64, publish, install)
+}
+
+fn median_d(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn wall(runs: &[Run]) -> Duration {
+    median_d(runs.iter().map(|r| r.wall).collect())
+}
+
+fn rss_mib(runs: &[Run]) -> f64 {
+    runs.iter().map(|r| r.max_rss_kib).max().unwrap_or(0) as f64 / 1024.0
 }
 
 fn main() {
@@ -318,9 +382,12 @@ fn main() {
         return;
     };
     let reps = env_num("JITSHIP_BENCH_REPS", 3).max(1);
-    let kernels = env_num("JITSHIP_BENCH_KERNELS", 3000);
+    let kernels = env_num("JITSHIP_BENCH_KERNELS", 2500);
     let large_mib = env_num("JITSHIP_BENCH_LARGE_MIB", 128);
+    let huge_gib = env_num("JITSHIP_BENCH_HUGE_GIB", 0);
     let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("jitship.toml");
+    c.write_cli_config(&config);
     let triton = tmp.path().join("triton");
     let large = tmp.path().join("large");
     eprintln!("generating trees...");
@@ -331,55 +398,71 @@ fn main() {
         Arc::new(MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}")));
     let raw = Raw::connect(&c);
     let figures = [
-        bench_tree(&c, &raw, &store, "triton", &triton, reps),
-        bench_tree(&c, &raw, &store, "large", &large, reps),
+        bench_tree(&c, &raw, &store, &config, "small", &triton, reps),
+        bench_tree(&c, &raw, &store, &config, "large", &large, reps),
     ];
     let mbs = |b: u64, d: Duration| b as f64 / d.as_secs_f64() / 1e6;
-    println!("\nMooncake (TCP loopback, one store node), pack size 64 MiB, medians of {reps} runs");
+    let ratio = |base: Duration, ours: Duration| base.as_secs_f64() / ours.as_secs_f64();
     println!(
-        "{:<8} {:>7} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9}",
-        "tree", "files", "MiB", "publish", "raw put", "ratio", "install", "raw get", "ratio"
+        "\nMooncake (TCP loopback, one store node), jitship CLI with 64 MiB packs; medians of {reps} runs"
+    );
+    println!("ratios are baseline time / jitship time: above 1 = jitship faster");
+    println!(
+        "{:<6} {:>6} {:>7} | {:>8} {:>7} {:>7} | {:>8} {:>7} {:>7} {:>9}",
+        "tree",
+        "files",
+        "MiB",
+        "publish",
+        "/raw",
+        "/PR676",
+        "install",
+        "/raw",
+        "/PR676",
+        "/tar+raw"
     );
     for f in &figures {
+        let (p, i) = (wall(&f.publish), wall(&f.install));
+        let tar_plus_raw = wall(&f.tar_x) + median_d(f.raw_get.clone());
         println!(
-            "{:<8} {:>7} {:>9.1} | {:>6.0}MB/s {:>6.0}MB/s {:>9.2} | {:>6.0}MB/s {:>6.0}MB/s {:>9.2}",
+            "{:<6} {:>6} {:>7.1} | {:>5.0}MB/s {:>7.2} {:>7.2} | {:>5.0}MB/s {:>7.2} {:>7.2} {:>9.2}",
             f.name,
             f.files,
             f.bytes as f64 / 1048576.0,
-            mbs(f.bytes, f.publish),
-            mbs(f.bytes, f.raw_put),
-            f.raw_put.as_secs_f64() / f.publish.as_secs_f64(),
-            mbs(f.bytes, f.install),
-            mbs(f.bytes, f.raw_get),
-            f.raw_get.as_secs_f64() / f.install.as_secs_f64(),
+            mbs(f.bytes, p),
+            ratio(median_d(f.raw_put.clone()), p),
+            ratio(wall(&f.pr676_publish), p),
+            mbs(f.bytes, i),
+            ratio(median_d(f.raw_get.clone()), i),
+            ratio(wall(&f.pr676_install), i),
+            ratio(tar_plus_raw, i),
         );
     }
-    println!("\nthe Mooncake backend alone (Store::put_batch / Store::get of the same packs)");
+    println!("\npeak RSS (MiB, largest of the runs) and fixed costs (ms, medians)");
     println!(
-        "{:<8} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9}",
-        "tree", "store put", "raw put", "ratio", "store get", "raw get", "ratio"
+        "{:<6} | {:>9} {:>9} | {:>9} {:>9} | {:>16} {:>6}",
+        "tree", "publish", "PR676", "install", "PR676", "already-current", "ls"
     );
     for f in &figures {
         println!(
-            "{:<8} | {:>6.0}MB/s {:>6.0}MB/s {:>9.2} | {:>6.0}MB/s {:>6.0}MB/s {:>9.2}",
+            "{:<6} | {:>9.0} {:>9.0} | {:>9.0} {:>9.0} | {:>16.0} {:>6.0}",
             f.name,
-            mbs(f.bytes, f.store_put),
-            mbs(f.bytes, f.raw_put),
-            f.raw_put.as_secs_f64() / f.store_put.as_secs_f64(),
-            mbs(f.bytes, f.store_get),
-            mbs(f.bytes, f.raw_get),
-            f.raw_get.as_secs_f64() / f.store_get.as_secs_f64(),
+            rss_mib(&f.publish),
+            rss_mib(&f.pr676_publish),
+            rss_mib(&f.install),
+            rss_mib(&f.pr676_install),
+            wall(&f.install_current).as_secs_f64() * 1e3,
+            wall(&f.ls).as_secs_f64() * 1e3,
         );
     }
-    println!("\nraw get_into one object per call (how install fetches: one pack in flight)");
-    for f in &figures {
+    if huge_gib > 0 {
+        let (bytes, publish, install) = bench_huge(&config, huge_gib);
         println!(
-            "{:<8} | raw get one by one {:>6.0}MB/s; store get / that: {:.2}; install / that: {:.2}",
-            f.name,
-            mbs(f.bytes, f.raw_get_one),
-            f.raw_get_one.as_secs_f64() / f.store_get.as_secs_f64(),
-            f.raw_get_one.as_secs_f64() / f.install.as_secs_f64(),
+            "\nhuge tree {:.1} GiB: publish {:.1} s, peak RSS {:.0} MiB; install {:.1} s, peak RSS {:.0} MiB",
+            bytes as f64 / (1u64 << 30) as f64,
+            publish.wall.as_secs_f64(),
+            publish.max_rss_kib as f64 / 1024.0,
+            install.wall.as_secs_f64(),
+            install.max_rss_kib as f64 / 1024.0,
         );
     }
-    println!("ratio = raw time / jitship time (goal >= 0.8)");
 }

@@ -9,48 +9,22 @@
 //! - `install` again, already current (exit 10).
 //! Each figure is a range over `JITSHIP_BENCH_REPS` (default 5) runs; the ratio compares medians.
 //! Run inside the test cluster:
-//!   cargo build -p jitship --bin jitship && cargo test -p jitship-tests --bench mooncake_fixed --no-run
+//!   cargo build --workspace --bin jitship && cargo test --workspace --bench mooncake_fixed --no-run
 //!   JITSHIP_BENCH_BASELINE=/path/to/main/jitship tests/cluster/cluster.sh run -- \
 //!     target/debug/deps/mooncake_fixed-<hash>
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use jitship_tests::child::{Run, run_measured};
+use jitship_tests::child::{Run, jitship_bin, run_measured};
 use jitship_tests::fixtures::{digest, triton_tree};
-use jitship_tests::mooncake::{Cluster, cluster, unique_prefix};
+use jitship_tests::mooncake::{cluster, unique_prefix};
 
 fn env_num(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn jitship_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .join("jitship");
-    assert!(
-        bin.exists(),
-        "{} not found: build it first with `cargo build -p jitship --bin jitship`",
-        bin.display()
-    );
-    bin
-}
-
-/// A config file pointing the CLI at the test cluster.
-fn write_config(c: &Cluster, path: &Path) {
-    let text = format!(
-        "[store]\nbackend = \"mooncake\"\n[store.mooncake]\nlibrary = {:?}\nmaster = {:?}\nmetadata_server = {:?}\nlocal_hostname = \"127.0.0.1\"\n",
-        c.library.display().to_string(),
-        c.master,
-        c.metadata
-    );
-    std::fs::write(path, text).unwrap();
 }
 
 /// One binary's figures: every run of each measure.
@@ -83,7 +57,7 @@ fn one_round(
             .args(["--namespace", &ns]);
         if let Some(root) = cache_root {
             cmd.args(["--fact", "gpu.name=bench", "--cache"])
-                .arg(format!("bench={}", root.display()));
+                .arg(format!("bench:native={}", root.display()));
         }
         cmd
     };
@@ -139,7 +113,7 @@ fn main() {
         .map(|rel| std::fs::metadata(src.join(rel)).unwrap().len())
         .sum();
     let config = tmp.path().join("jitship.toml");
-    write_config(&c, &config);
+    c.write_cli_config(&config);
 
     let mut mine = Figures::default();
     let mut base = Figures::default();

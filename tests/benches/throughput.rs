@@ -5,14 +5,14 @@
 //! - peak memory (max RSS of the jitship process) for a tree and a tree twice its size, with
 //!   16 MiB packs so both trees span many packs (memory is bounded by a few pack buffers).
 //!
-//! Run: `cargo build --release -p jitship && cargo bench -p jitship-tests --bench throughput`
+//! Run: `cargo build --release --workspace --bin jitship && cargo bench --workspace --bench throughput`
 //! (set JITSHIP_BENCH_SCALE=0.2 for a quick run). Warm page cache; one run per figure, best of 3.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use jitship_tests::child::{Run, run_measured};
+use jitship_tests::child::{Run, jitship_bin, run_measured, settle};
 use jitship_tests::fixtures;
 
 /// The bench accepts installed (0) and already-current (10).
@@ -20,23 +20,9 @@ fn run(cmd: &mut Command) -> Run {
     run_measured(cmd, &[0, 10])
 }
 
+/// The fastest of `n` runs of `f`, each after `settle` (`f` removes what the last run left first).
 fn best_of<F: FnMut() -> Run>(n: usize, mut f: F) -> Run {
     (0..n).map(|_| f()).min_by_key(|r| r.wall).expect("n > 0")
-}
-
-fn jitship_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    let bin = dir.join("jitship");
-    assert!(
-        bin.exists(),
-        "{} not found: build it first with `cargo build --release -p jitship`",
-        bin.display()
-    );
-    bin
 }
 
 fn tree_bytes(root: &Path) -> Vec<Vec<u8>> {
@@ -67,6 +53,7 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
 
     let tar = t.path().join("tree.tar");
     let tar_c = best_of(3, || {
+        settle();
         run(Command::new("tar")
             .arg("-cf")
             .arg(&tar)
@@ -79,6 +66,7 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
         let dst = t.path().join("tar-x");
         let _ = std::fs::remove_dir_all(&dst);
         std::fs::create_dir_all(&dst).unwrap();
+        settle();
         run(Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&dst))
     })
     .wall;
@@ -87,6 +75,7 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
     let publish = best_of(3, || {
         let store = t.path().join("store");
         let _ = std::fs::remove_dir_all(&store);
+        settle();
         let r = run(Command::new(bin)
             .args([
                 "publish",
@@ -109,6 +98,7 @@ fn measure(name: &str, make: &dyn Fn(&Path), bin: &Path) -> Figures {
     let install = best_of(3, || {
         let dst = t.path().join("dst");
         let _ = std::fs::remove_dir_all(&dst);
+        settle();
         run(Command::new(bin)
             .args(["install", "--fact", "gpu.name=bench", "--cache"])
             .arg(format!("bench:native={}", dst.display()))

@@ -1,5 +1,6 @@
 //! Running a command as a child process and measuring it, for benchmarks.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -55,4 +56,34 @@ pub fn run_measured(cmd: &mut Command, ok_codes: &[i32]) -> Run {
         max_rss_kib: peak_kib,
         stdout,
     }
+}
+
+/// The `jitship` binary a bench runs as a child process, as operators do: `JITSHIP_BIN` (e.g. a
+/// binary built from an older commit, for before-and-after figures), else the one of the profile
+/// this bench was built with (`target/<profile>/jitship`).
+pub fn jitship_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("JITSHIP_BIN") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<bench>")
+        .join("jitship");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first with `cargo build --release --workspace --bin jitship` \
+         (or without --release for a dev-profile bench)",
+        bin.display()
+    );
+    bin
+}
+
+/// Flushes the file systems (`sync`) before a timed run, so it is not billed for writeback and
+/// discards left by earlier runs and their removed trees (on this machine's ext4 mounted with
+/// `discard`, a `tar -x` after removing a 48,000-file tree took 25 s instead of 1).
+pub fn settle() {
+    let status = Command::new("sync").status().expect("run sync");
+    assert!(status.success(), "sync failed: {status}");
 }

@@ -75,6 +75,17 @@ impl Cluster {
         }
     }
 
+    /// Writes a jitship config file that points the CLI at this cluster.
+    pub fn write_cli_config(&self, path: &std::path::Path) {
+        let text = format!(
+            "[store]\nbackend = \"mooncake\"\n[store.mooncake]\nlibrary = {:?}\nmaster = {:?}\nmetadata_server = {:?}\nlocal_hostname = \"127.0.0.1\"\n",
+            self.library.display().to_string(),
+            self.master,
+            self.metadata
+        );
+        std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+
     /// Runs `cluster.sh ARGS` (kill-master, start-master, kill-node, start-node SIZE, wait-node...).
     pub fn ctl(&self, args: &[&str]) {
         let status = Command::new("bash").arg(&self.ctl).args(args).status();
