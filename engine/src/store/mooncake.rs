@@ -883,6 +883,43 @@ fn clone_err(e: &StoreError) -> StoreError {
     }
 }
 
+/// One `batch_get_into` of `keys` into the leased buffer, key i at `offsets[i]` with room for
+/// `sizes[i]` bytes: the call's code and each key's result (bytes read or a negative code).
+///
+/// Panics unless every `offsets[i] + sizes[i]` lies inside the buffer (the callers pack them so).
+fn batch_get_into(
+    inner: &Inner,
+    lease: &Lease,
+    keys: &[CString],
+    offsets: &[usize],
+    sizes: &[usize],
+) -> (c_int, Vec<i64>) {
+    let buf = lease.buf();
+    assert!(keys.len() == offsets.len() && keys.len() == sizes.len());
+    assert!(offsets.iter().zip(sizes).all(|(o, n)| o + n <= buf.len));
+    let base = buf.as_mut_ptr().cast::<u8>();
+    let key_ptrs: Vec<*const std::ffi::c_char> = keys.iter().map(|k| k.as_ptr()).collect();
+    // SAFETY: every offset lies inside the buffer (asserted above).
+    let mut bufs: Vec<*mut c_void> = offsets
+        .iter()
+        .map(|&o| unsafe { base.add(o) }.cast())
+        .collect();
+    let mut out = vec![0i64; keys.len()];
+    // SAFETY: arrays of keys.len() entries; the registered buffer is held by the lease for the
+    // call and every slot fits in it; keys are NUL-terminated.
+    let rc = unsafe {
+        (inner.lib.batch_get_into)(
+            inner.handle.0,
+            key_ptrs.as_ptr(),
+            bufs.as_mut_ptr(),
+            sizes.as_ptr(),
+            keys.len(),
+            out.as_mut_ptr(),
+        )
+    };
+    (rc, out)
+}
+
 /// What one `get_into` with a leased buffer found.
 enum GetOnce {
     Done(StoreResult<Option<Vec<u8>>>),
@@ -1066,26 +1103,9 @@ impl Store for MooncakeStore {
                 let slot = (buf.len / keys.len()) / BUFFER_ALIGN * BUFFER_ALIGN;
                 let slot = slot.max(BUFFER_ALIGN.min(buf.len));
                 let n = keys.len().min(buf.len / slot);
-                let base = buf.as_mut_ptr().cast::<u8>();
-                let key_ptrs: Vec<*const std::ffi::c_char> =
-                    keys[..n].iter().map(|k| k.as_ptr()).collect();
-                // SAFETY: n * slot <= buf.len, so every slot lies inside the leased buffer.
-                let mut bufs: Vec<*mut c_void> = (0..n)
-                    .map(|i| unsafe { base.add(i * slot) }.cast())
-                    .collect();
-                let sizes = vec![slot; n];
-                let mut out = vec![0i64; n];
-                // SAFETY: arrays of n entries; registered buffer held by the lease; keys NUL-terminated.
-                let rc = unsafe {
-                    (inner.lib.batch_get_into)(
-                        inner.handle.0,
-                        key_ptrs.as_ptr(),
-                        bufs.as_mut_ptr(),
-                        sizes.as_ptr(),
-                        n,
-                        out.as_mut_ptr(),
-                    )
-                };
+                // n * slot <= buf.len, so every slot lies inside the leased buffer.
+                let offsets: Vec<usize> = (0..n).map(|i| i * slot).collect();
+                let (rc, out) = batch_get_into(inner, &lease, &keys[..n], &offsets, &vec![slot; n]);
                 let mut results: Vec<Option<StoreResult<Option<Vec<u8>>>>> =
                     Vec::with_capacity(keys.len());
                 for (i, k) in keys.iter().enumerate() {
@@ -1175,25 +1195,8 @@ impl Store for MooncakeStore {
             let sizes: Vec<usize> = group.iter().map(|(_, _, n)| *n).collect();
             let at = offsets.clone();
             let r = self.call(move |inner| {
-                let base = lease.buf().as_mut_ptr().cast::<u8>();
-                let key_ptrs: Vec<*const std::ffi::c_char> =
-                    keys.iter().map(|k| k.as_ptr()).collect();
-                // SAFETY: offsets[i] + sizes[i] <= used <= the leased buffer's length.
-                let mut bufs: Vec<*mut c_void> =
-                    at.iter().map(|&o| unsafe { base.add(o) }.cast()).collect();
-                let mut out = vec![0i64; keys.len()];
-                // SAFETY: arrays of keys.len() entries; the registered buffer is held by the
-                // lease for the call; keys are NUL-terminated.
-                let rc = unsafe {
-                    (inner.lib.batch_get_into)(
-                        inner.handle.0,
-                        key_ptrs.as_ptr(),
-                        bufs.as_mut_ptr(),
-                        sizes.as_ptr(),
-                        keys.len(),
-                        out.as_mut_ptr(),
-                    )
-                };
+                // offsets[i] + sizes[i] <= used <= the leased buffer's length (packed above).
+                let (rc, out) = batch_get_into(inner, &lease, &keys, &at, &sizes);
                 (lease, rc, out)
             });
             let (lease, rc, out) = match r {
