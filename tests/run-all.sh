@@ -20,6 +20,11 @@ fi
 step "toolchain: wasm32-unknown-unknown (policies are built from source and checked against the embedded ones)"
 rustup target add wasm32-unknown-unknown
 
+step "formatting and lints: cargo fmt --check, cargo clippy -D warnings ([workspace.lints] in Cargo.toml)"
+rustup component add rustfmt clippy
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
 step "unit and end-to-end tests on the local store"
 cargo test --workspace --no-fail-fast
 

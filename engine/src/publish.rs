@@ -403,7 +403,7 @@ pub fn publish(
     if new_files.is_empty()
         && !parent_damaged
         && !completes_parent
-        && !(covers_refused_head && parent.is_some())
+        && (!covers_refused_head || parent.is_none())
     {
         report.conflicts = local
             .iter()
@@ -753,7 +753,7 @@ fn upload_packs(
         r
     };
     let results = std::thread::scope(|scope| {
-        let other = scope.spawn(&worker);
+        let other = scope.spawn(worker);
         let mine = worker();
         [mine, other.join().expect("pack upload worker panicked")]
     });
@@ -850,10 +850,13 @@ impl KeptContents {
     /// content is already kept, from an identical file).
     fn keep(&self, hash: ContentHash, bytes: Vec<u8>, reserved: u64) {
         let mut contents = self.contents.lock().unwrap_or_else(|e| e.into_inner());
-        if contents.contains_key(&hash) {
-            self.left.fetch_add(reserved, Ordering::Relaxed);
-        } else {
-            contents.insert(hash, bytes);
+        match contents.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.left.fetch_add(reserved, Ordering::Relaxed);
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(bytes);
+            }
         }
     }
 

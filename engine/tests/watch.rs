@@ -537,8 +537,8 @@ fn flashinfer_in_place_writes_are_published_only_when_quiet() {
     std::fs::create_dir_all(&module).unwrap();
     let lock = ops.join(format!("tmp/{uri}.lock"));
     let lock_file = std::fs::File::create(&lock).unwrap();
-    // SAFETY: flock(2) on a file we own.
     assert_eq!(
+        // SAFETY: flock(2) on a file we own.
         unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock_file), libc::LOCK_EX) },
         0
     );
@@ -856,6 +856,7 @@ fn idle_cpu() {
         // Fields 14 and 15 (utime, stime), counted from after the command name.
         f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
     };
+    // SAFETY: sysconf only reads a system constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let window = Duration::from_secs(30);
     let before = ticks(w.pid());

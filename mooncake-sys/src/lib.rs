@@ -257,8 +257,8 @@ mod tests {
 
     #[test]
     fn library_without_the_symbols_names_the_symbol() {
-        // libc is loaded in every process and has none of Mooncake's functions. Loading it again
-        // is sound: it is already initialized.
+        // SAFETY: libc is loaded in every process and has none of Mooncake's functions. Loading it
+        // again is sound: it is already initialized.
         let err = unsafe { MooncakeLib::load(Path::new("libc.so.6")) }
             .unwrap_err()
             .to_string();

@@ -9,10 +9,13 @@
 //! - PR 676: `pr676_baseline.py`, what ModelExpress PR 676 does with the official Python client
 //!   (tar in RAM, 64 MiB chunks, a buffer registered per chunk), as a child process;
 //! - `tar -x` of the same tree from a warm archive (the local-disk part of an install).
+//!
 //! Medians of `JITSHIP_BENCH_REPS` (default 3). Build, then run inside the test cluster:
-//!   cargo build --release --workspace --bin jitship && cargo bench --workspace --bench mooncake --no-run
-//!   JITSHIP_CLUSTER_SEGMENT_MB=4096 tests/cluster/cluster.sh run -- \
-//!     cargo bench --workspace --bench mooncake
+//! ```text
+//! cargo build --release --workspace --bin jitship && cargo bench --workspace --bench mooncake --no-run
+//! JITSHIP_CLUSTER_SEGMENT_MB=4096 tests/cluster/cluster.sh run -- \
+//!   cargo bench --workspace --bench mooncake
+//! ```
 //! Trees: `fixtures::triton_tree` with `JITSHIP_BENCH_KERNELS` (default 2500: 20,000 files) and
 //! `fixtures::large_files_tree` (4 files of `JITSHIP_BENCH_LARGE_MIB`, default 128 MiB);
 //! `JITSHIP_BENCH_HUGE_GIB=4` adds a tree of that many GiB (files of 256 MiB; the segment must
@@ -59,6 +62,7 @@ impl Raw {
         // SAFETY: fresh handle, NUL-terminated arguments alive for the call.
         let handle = unsafe { (lib.create)() };
         assert!(!handle.is_null());
+        // SAFETY: a live handle; NUL-terminated arguments alive for the call.
         let rc = unsafe {
             (lib.setup)(
                 handle,
@@ -90,8 +94,8 @@ impl Raw {
             offsets.push(at);
             at += o.len().next_multiple_of(4096);
         }
-        // SAFETY: base is a live allocation of `total` bytes, unregistered before it is freed.
         assert_eq!(
+            // SAFETY: base is a live allocation of `total` bytes, unregistered before it is freed.
             unsafe { (self.lib.register_buffer)(self.handle, base.cast(), total) },
             0
         );

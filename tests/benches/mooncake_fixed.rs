@@ -7,11 +7,14 @@
 //! - `publish` of a small tree (a Triton-like cache of `JITSHIP_BENCH_KERNELS`, default 100
 //!   kernels, about 6 MB) and `install` of it into an empty root: wall time and peak RSS;
 //! - `install` again, already current (exit 10).
+//!
 //! Each figure is a range over `JITSHIP_BENCH_REPS` (default 5) runs; the ratio compares medians.
 //! Run inside the test cluster:
-//!   cargo build --workspace --bin jitship && cargo test --workspace --bench mooncake_fixed --no-run
-//!   JITSHIP_BENCH_BASELINE=/path/to/main/jitship tests/cluster/cluster.sh run -- \
-//!     target/debug/deps/mooncake_fixed-<hash>
+//! ```text
+//! cargo build --workspace --bin jitship && cargo test --workspace --bench mooncake_fixed --no-run
+//! JITSHIP_BENCH_BASELINE=/path/to/main/jitship tests/cluster/cluster.sh run -- \
+//!   target/debug/deps/mooncake_fixed-<hash>
+//! ```
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -82,6 +85,14 @@ fn one_round(
         .push(run_measured(&mut cli("install", Some(&dst)), &[10]));
 }
 
+/// A line of the report: its name, the runs it shows, the figure of a run, the unit.
+type Row = (
+    &'static str,
+    fn(&Figures) -> &[Run],
+    fn(&Run) -> f64,
+    &'static str,
+);
+
 fn ms(r: &Run) -> f64 {
     r.wall.as_secs_f64() * 1000.0
 }
@@ -150,7 +161,7 @@ fn main() {
     if let Some(b) = &baseline {
         println!("baseline: {}", b.display());
     }
-    let rows: [(&str, fn(&Figures) -> &[Run], fn(&Run) -> f64, &str); 7] = [
+    let rows: [Row; 7] = [
         ("ls, empty namespace", |f| &f.ls_empty, ms, "ms"),
         ("ls, one generation", |f| &f.ls_full, ms, "ms"),
         ("install, already current", |f| &f.install_current, ms, "ms"),

@@ -1,5 +1,6 @@
-//! The `jitship` command line: parses flags, resolves settings (flags > JITSHIP_* env > config file
-//! > defaults), runs one command and turns its outcome into output and an exit code. Every
+//! The `jitship` command line: parses flags, resolves settings (flags, then JITSHIP_* env, then
+//! the config file, then defaults), runs one command and turns its outcome into output and an
+//! exit code. Every
 //! decision lives in the library modules; this module only wires them.
 //!
 //! - `args`: the clap definitions and how flags, env and the config file resolve into a `Config`.

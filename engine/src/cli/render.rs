@@ -194,7 +194,7 @@ pub(crate) fn print_install(r: &InstallReport) {
             r.newer_incomplete.len(),
             r.newer_incomplete
                 .iter()
-                .map(|g| short(g))
+                .map(short)
                 .collect::<Vec<_>>()
                 .join(", ")
         );

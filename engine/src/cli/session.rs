@@ -17,6 +17,8 @@ use crate::roots::{ProcessEnv, RootOrigin};
 use crate::store::{KeyLayout, Store};
 use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 
+/// What working on one cache needs: the store and the kind's policy.
+pub(crate) type StoreAndPolicy = (Arc<dyn Store>, Arc<dyn CachePolicy>);
 /// The store, key layout, facts and per-cache policies one command works with.
 pub(crate) struct Session {
     pub(crate) config: Config,
@@ -141,10 +143,7 @@ impl CacheSession {
     }
 
     /// The store and policy for `cache`, or why the cache cannot be worked on.
-    pub(crate) fn ready(
-        &self,
-        cache: &CacheConfig,
-    ) -> Result<(Arc<dyn Store>, Arc<dyn CachePolicy>), SharedFailure> {
+    pub(crate) fn ready(&self, cache: &CacheConfig) -> Result<StoreAndPolicy, SharedFailure> {
         let store = self.store.clone()?;
         let policies = self.policies.as_ref().map_err(Clone::clone)?;
         Ok((store, policies.policy(&cache.kind)))

@@ -69,10 +69,10 @@ impl Entry {
                 _ => Kind::Other,
             },
             size: st.st_size as u64,
-            mtime_s: st.st_mtime as i64,
+            mtime_s: st.st_mtime,
             mtime_ns: st.st_mtime_nsec as i64,
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
+            dev: st.st_dev,
+            ino: st.st_ino,
         }
     }
 }

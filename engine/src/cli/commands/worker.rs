@@ -21,6 +21,8 @@ use crate::roots::{ProcessEnv, RootOrigin};
 /// One cache's publish: its report, or why it failed.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
+// One value per cache, built once and rendered: the size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum PublishResult {
     Done(PublishReport),
     Failed(FailedCache),
