@@ -140,8 +140,6 @@ pub const ROOT_TOKEN: &str = "${JITSHIP_ROOT}";
 
 /// Bindings generated from `wit/policy.wit`. Policy authors use the re-exports at the crate root.
 #[doc(hidden)]
-// The generated host-import shims take one argument per WIT parameter.
-#[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
