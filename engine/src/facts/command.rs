@@ -9,6 +9,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use wait_timeout::ChildExt;
+
 /// What a finished command printed.
 #[derive(Debug)]
 pub(crate) struct Output {
@@ -55,22 +57,21 @@ pub(crate) fn run_as(
     let mut child = spawn(program, arg0, args)?;
     let stdout = child.stdout.take().map(drain);
     let stderr = child.stderr.take().map(drain);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() >= deadline => {
-                kill_group(&mut child);
-                return Err(format!(
-                    "{} did not finish within {}",
-                    program.display(),
-                    humantime::format_duration(timeout)
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
-            Err(e) => {
-                kill_group(&mut child);
-                return Err(format!("waiting for {} failed: {e}", program.display()));
-            }
+    // Blocks until the child exits or the deadline passes (no polling: the facts probes run
+    // beside store setup at the start of every command).
+    let status = match child.wait_timeout(timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            kill_group(&mut child);
+            return Err(format!(
+                "{} did not finish within {}",
+                program.display(),
+                humantime::format_duration(timeout)
+            ));
+        }
+        Err(e) => {
+            kill_group(&mut child);
+            return Err(format!("waiting for {} failed: {e}", program.display()));
         }
     };
     // A grandchild may keep the pipes open after the child exits; never wait for it past the deadline.
