@@ -1676,7 +1676,7 @@ mod tests {
     }
 
     fn manifest_of(paths: &[String]) -> Manifest {
-        let mut m = crate::generation::manifest_tests_sample();
+        let mut m = crate::generation::testing::sample_manifest();
         m.packs = vec![PackRef {
             id: ContentHash([1; 32]),
             size: 1 << 20,

@@ -9,7 +9,6 @@ pub mod cli;
 pub mod config;
 pub mod facts;
 pub mod gc;
-pub mod generation;
 pub mod inspect;
 pub mod install;
 pub mod policy;
@@ -19,3 +18,5 @@ pub mod scan;
 pub mod store;
 pub mod trust;
 pub mod watch;
+
+pub use jitship_generation as generation;

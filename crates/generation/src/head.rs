@@ -1,7 +1,7 @@
 //! Head records: which generation is newest for a compat id. Store keys cannot be overwritten, so
 //! heads are versioned (`seq` 1, 2, 3, ...) and the highest stored seq wins.
 //!
-//! A head may carry the publisher's signature (see `crate::trust`): it lives in the head record
+//! A head may carry the publisher's signature (see `jitship::trust`): it lives in the head record
 //! itself, so it is written in the same put as the head (no second record that a crash or a race
 //! could separate from it) and covers exactly what binds a generation to its place. Heads written
 //! before signing existed have no `signature` field and still decode.
@@ -26,7 +26,7 @@ pub struct HeadRecord {
     pub signature: Option<HeadSignature>,
 }
 
-/// A signature on a head record (made and checked by `crate::trust`).
+/// A signature on a head record (made and checked by `jitship::trust`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeadSignature {

@@ -269,8 +269,8 @@ impl Manifest {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
+#[cfg(any(test, feature = "testing"))]
+pub mod tests {
     use super::*;
 
     pub fn sample() -> Manifest {
@@ -539,7 +539,7 @@ mod props {
             bytes in proptest::collection::vec(any::<u8>(), 0..256),
             ms in mutations(),
         ) {
-            let valid = crate::generation::HeadRecord {
+            let valid = crate::HeadRecord {
                 compat_id: CompatId::new("triton", "k"),
                 seq: 3,
                 generation: sample().id(),
@@ -548,8 +548,8 @@ mod props {
                 signature: None,
             };
             for candidate in [bytes, apply(valid.encode(), &ms)] {
-                if let Ok(h) = crate::generation::HeadRecord::decode(&candidate) {
-                    let again = crate::generation::HeadRecord::decode(&h.encode()).unwrap();
+                if let Ok(h) = crate::HeadRecord::decode(&candidate) {
+                    let again = crate::HeadRecord::decode(&h.encode()).unwrap();
                     prop_assert_eq!(again, h);
                 }
             }

@@ -1,5 +1,5 @@
 //! Generations: the immutable unit jitship publishes. Pure data and hashing over local files;
-//! this module never talks to a store.
+//! this crate never talks to a store.
 //!
 //! A generation is a manifest (which files, with which hashes, stored where) plus the packs holding
 //! the bytes. Packs are named by a hash of their canonical descriptor, manifests by the hash of their
@@ -24,5 +24,8 @@ pub use merge::{Conflict, merge_files, prune_packs};
 pub use pack::{PackPlan, Piece, plan_packs};
 pub use relpath::{PathError, RelPath};
 
-#[cfg(test)]
-pub(crate) use manifest::tests::sample as manifest_tests_sample;
+/// Fixtures for tests of crates built on this one (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    pub use super::manifest::tests::sample as sample_manifest;
+}
