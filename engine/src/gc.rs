@@ -47,7 +47,8 @@ use crate::catalog::{self, CatalogError};
 use crate::generation::{CompatId, ContentHash, GenerationId};
 use crate::inspect::{self, CompatView, InspectError, ManifestState};
 use crate::policy::{CachePolicy, GenerationSummary, RetentionLimits};
-use crate::store::{KeyLayout, Store, StoreError};
+use crate::store::{Store, StoreError};
+use crate::catalog::KeyLayout;
 
 #[derive(Debug, Clone)]
 pub struct GcOptions {

@@ -13,7 +13,8 @@ use crate::catalog::{self, CatalogError, FloorRecord};
 use crate::generation::{
     CompatId, ContentHash, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef, Producer,
 };
-use crate::store::{KeyLayout, Store, StoreError};
+use crate::store::{Store, StoreError};
+use crate::catalog::KeyLayout;
 use crate::trust::{Signer, TrustPolicy};
 
 #[derive(Debug, thiserror::Error)]

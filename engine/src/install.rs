@@ -59,7 +59,8 @@ use crate::generation::{
 };
 use crate::policy::{CachePolicy, PolicyError};
 use crate::scan::STAGING_PREFIX;
-use crate::store::{Fetched, KeyLayout, Store, StoreError, StoreResult};
+use crate::store::{Fetched, Store, StoreError, StoreResult};
+use crate::catalog::KeyLayout;
 use crate::trust::{Signer, TrustPolicy};
 
 pub mod confined;

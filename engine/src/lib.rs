@@ -4,7 +4,6 @@
 
 pub mod audit;
 pub mod author;
-pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod facts;
@@ -15,8 +14,9 @@ pub mod policy;
 pub mod publish;
 pub mod roots;
 pub mod scan;
-pub mod store;
 pub mod trust;
 pub mod watch;
 
+pub use jitship_catalog as catalog;
 pub use jitship_generation as generation;
+pub use jitship_store as store;

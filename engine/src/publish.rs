@@ -34,12 +34,12 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::catalog::{self, CatalogError};
+use crate::catalog::{self, CatalogError, now_secs, writer_id};
 use crate::facts::Facts;
 use crate::generation::{
     Chunk, CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord,
@@ -48,7 +48,8 @@ use crate::generation::{
 };
 use crate::policy::{CachePolicy, Decision, PolicyError, ReasonCategory, Verdict};
 use crate::scan::{self, ScannedFile};
-use crate::store::{KeyLayout, Store, StoreError};
+use crate::store::{Store, StoreError, ValueClass};
+use crate::catalog::KeyLayout;
 use crate::trust::PublishTrust;
 
 #[derive(Debug, Clone)]
@@ -729,7 +730,7 @@ fn upload_packs(
                 break;
             };
             let mut fill_error = None;
-            let stored = store.put_filled(&layout.pack(&plan.id), plan.size as usize, &mut |buf| {
+            let stored = store.put_filled(&layout.pack(&plan.id), plan.size as usize, ValueClass::Bulk, &mut |buf| {
                 fill_pack(policy, root, plan, source_of, kept, buf)
                     .map_err(|e| fill_error = Some(e))
                     .is_ok()
@@ -898,19 +899,14 @@ fn commit_head(
     opts: &PublishOptions,
     report: &mut PublishReport,
 ) -> Result<(GenerationId, u64), PublishError> {
-    let writer = format!(
-        "{}/{}/{}",
-        opts.producer.host,
-        std::process::id(),
-        ContentHash::of(&nonce()).to_hex()
-    );
+    let writer = writer_id();
     let base_seq = seq.saturating_sub(1);
     let mut included: HashSet<GenerationId> = candidate.parent.into_iter().collect();
     for _ in 0..opts.max_head_attempts {
         candidate.normalize();
         let bytes = candidate.encode();
         let generation = candidate.id();
-        store.put(&layout.generation(&generation), &bytes)?;
+        store.put(&layout.generation(&generation), &bytes, ValueClass::Record)?;
         let mut record = HeadRecord {
             compat_id: candidate.compat_id,
             seq,
@@ -1047,7 +1043,7 @@ fn put_and_read_back(
         if attempt > 0 {
             std::thread::sleep(std::time::Duration::from_millis(25 << attempt.min(4)));
         }
-        store.put(&key, &bytes)?;
+        store.put(&key, &bytes, ValueClass::Record)?;
         if let Some(stored) = catalog::read_head(store, layout, &record.compat_id, record.seq)? {
             return Ok(Some(stored));
         }
@@ -1091,28 +1087,6 @@ fn merge_onto(
     candidate.packs = packs;
     prune_packs(candidate);
     candidate.files == base.files
-}
-
-fn nonce() -> [u8; 32] {
-    let mut buf = [0u8; 32];
-    // Without randomness the pid and the clock still make a writer unique on one host.
-    let _ = getrandom::fill(&mut buf);
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    buf[..16]
-        .iter_mut()
-        .zip(t.to_le_bytes())
-        .for_each(|(b, x)| *b ^= x);
-    buf
-}
-
-pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -1162,7 +1136,7 @@ mod tests {
         fn max_value_size(&self) -> u64 {
             self.inner.max_value_size()
         }
-        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
             if key.contains("/head/")
                 && let Some(winner) = self.winner.lock().unwrap().take()
             {
@@ -1172,9 +1146,9 @@ mod tests {
                 if let Some(k) = self.resign.lock().unwrap().as_ref() {
                     k.sign("ns", &mut head);
                 }
-                self.inner.put(key, &head.encode())?;
+                self.inner.put(key, &head.encode(), ValueClass::Record)?;
             }
-            self.inner.put(key, value)
+            self.inner.put(key, value, class)
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             self.inner.get(key)
@@ -1206,12 +1180,12 @@ mod tests {
         fn max_value_size(&self) -> u64 {
             self.race.max_value_size()
         }
-        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
             let first = key.contains("/head/") && self.race.winner.lock().unwrap().is_some();
             if first {
                 *self.hidden_key.lock().unwrap() = Some(key.to_owned());
             }
-            self.race.put(key, value)
+            self.race.put(key, value, class)
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             if self.hidden_key.lock().unwrap().as_deref() == Some(key) {
@@ -1281,8 +1255,8 @@ mod tests {
         fn max_value_size(&self) -> u64 {
             self.inner.max_value_size()
         }
-        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-            self.inner.put(key, value)
+        fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+            self.inner.put(key, value, class)
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             let value = self.inner.get(key)?;
@@ -1296,7 +1270,7 @@ mod tests {
                 head.writer = "the other publisher".into();
                 let (prefix, _) = key.rsplit_once('/').unwrap();
                 self.inner
-                    .put(&format!("{prefix}/{}", head.seq), &head.encode())?;
+                    .put(&format!("{prefix}/{}", head.seq), &head.encode(), ValueClass::Record)?;
             }
             Ok(value)
         }
@@ -1401,12 +1375,12 @@ mod tests {
             .unwrap();
         for p in &m.packs {
             let bytes = store.inner.get(&scratch.pack(&p.id)).unwrap().unwrap();
-            store.inner.put(&layout.pack(&p.id), &bytes).unwrap();
+            store.inner.put(&layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
         }
         if with_manifest {
             store
                 .inner
-                .put(&layout.generation(&generation), &m.encode())
+                .put(&layout.generation(&generation), &m.encode(), ValueClass::Record)
                 .unwrap();
         }
         generation
@@ -1537,7 +1511,7 @@ mod tests {
             if corrupt {
                 store
                     .inner
-                    .put(&layout.generation(&winner), b"{\"not\": \"a manifest\"}")
+                    .put(&layout.generation(&winner), b"{\"not\": \"a manifest\"}", ValueClass::Record)
                     .unwrap();
             }
             *store.winner.lock().unwrap() = Some(winner);
@@ -1575,7 +1549,7 @@ mod tests {
         };
         let key = layout.generation(&generation);
         store.inner.remove(&key).unwrap();
-        store.inner.put(&key, b"garbage").unwrap();
+        store.inner.put(&key, b"garbage", ValueClass::Record).unwrap();
         tree(&root, &[("b.bin", b"b")]);
         let r = run(&store, &layout, &root);
         let PublishOutcome::Published { generation, seq: 2 } = r.outcome else {

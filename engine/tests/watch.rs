@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use jitship::catalog;
 use jitship::generation::{ContentHash, HeadRecord, Manifest};
 use jitship::policy::CachePolicy;
-use jitship::store::{KeyLayout, LocalStore, Store};
+use jitship::store::{LocalStore, Store};
+use jitship::catalog::KeyLayout;
 
 /// Longest a test waits for something that should take well under a second.
 const WAIT: Duration = Duration::from_secs(30);

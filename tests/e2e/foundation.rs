@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jitship::store::ValueClass;
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
@@ -127,8 +128,8 @@ fn two_pods_with_the_same_files_share_packs() {
     // Two deployments (different namespaces) that compiled the same kernels store them once.
     let mut sa = Scenario::new(store.clone(), "triton");
     let mut sb = Scenario::new(store, "triton");
-    sa.layout = jitship::store::KeyLayout::new("shared/a").unwrap();
-    sb.layout = jitship::store::KeyLayout::new("shared/a").unwrap();
+    sa.layout = jitship::catalog::KeyLayout::new("shared/a").unwrap();
+    sb.layout = jitship::catalog::KeyLayout::new("shared/a").unwrap();
     sb.facts.set("model.id", "other-model"); // another compat key, same kernels
     let ra = sa.publish(&a).unwrap();
     let rb = sb.publish(&b).unwrap();
@@ -182,7 +183,7 @@ fn flipped_byte_in_a_pack_is_refused_and_the_root_untouched() {
 fn plant(s: &Scenario, manifest_json: &str) {
     let id = GenerationId(ContentHash::of(manifest_json.as_bytes()));
     s.store
-        .put(&s.layout.generation(&id), manifest_json.as_bytes())
+        .put(&s.layout.generation(&id), manifest_json.as_bytes(), ValueClass::Record)
         .unwrap();
     let key = s.policy_key();
     let compat = CompatId::new("triton", &key);
@@ -195,7 +196,7 @@ fn plant(s: &Scenario, manifest_json: &str) {
         signature: None,
     };
     s.store
-        .put(&s.layout.head(&compat, 1), &head.encode())
+        .put(&s.layout.head(&compat, 1), &head.encode(), ValueClass::Record)
         .unwrap();
 }
 
@@ -265,7 +266,7 @@ fn malicious_manifests_are_refused_before_any_write() {
         let s = Scenario::new(local(t.path()), "triton");
         // The pack exists, so only the manifest's own content can cause the refusal.
         s.store
-            .put(&s.layout.pack(&ContentHash::of(b"pack")), b"evil")
+            .put(&s.layout.pack(&ContentHash::of(b"pack")), b"evil", ValueClass::Bulk)
             .unwrap();
         plant(&s, &manifest_with_files(&s, &files, true));
         let root = t.path().join("root");
@@ -389,7 +390,7 @@ impl Store for FailingStore {
     fn max_value_size(&self) -> u64 {
         self.inner.max_value_size()
     }
-    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
         use std::sync::atomic::Ordering;
         if self
             .allowed
@@ -400,7 +401,7 @@ impl Store for FailingStore {
                 "injected crash".into(),
             ));
         }
-        self.inner.put(key, value)
+        self.inner.put(key, value, class)
     }
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
         self.inner.get(key)

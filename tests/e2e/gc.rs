@@ -8,15 +8,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jitship::store::ValueClass;
 use jitship::catalog;
 use jitship::gc::{self, GcOptions, GcReport, Verdict};
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::policy::RetentionLimits;
 use jitship::policy::native::NativeRules;
-use jitship::publish::{PublishOutcome, now_secs};
+use jitship::catalog::now_secs;
+use jitship::publish::PublishOutcome;
 use jitship::store::testing::SlowPackGets;
-use jitship::store::{KeyLayout, Store, StoreError, StoreResult};
+use jitship::store::{Store, StoreError, StoreResult};
+use jitship::catalog::KeyLayout;
 use jitship_tests::backends::{Backend, backends};
 use jitship_tests::fixtures::{bytes, digest, triton_tree};
 use jitship_tests::mooncake::flow;
@@ -46,9 +49,9 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
         .unwrap();
     for p in &m.packs {
         let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
-        s.put(&b.layout.pack(&p.id), &bytes).unwrap();
+        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
     }
-    s.put(&b.layout.generation(&generation), &m.encode())
+    s.put(&b.layout.generation(&generation), &m.encode(), ValueClass::Record)
         .unwrap();
     let head = HeadRecord {
         compat_id: m.compat_id,
@@ -62,7 +65,7 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
         !s.exists(&b.layout.head(&m.compat_id, seq)).unwrap(),
         "graft: head {seq} taken"
     );
-    s.put(&b.layout.head(&m.compat_id, seq), &head.encode())
+    s.put(&b.layout.head(&m.compat_id, seq), &head.encode(), ValueClass::Record)
         .unwrap();
     generation
 }
@@ -164,7 +167,7 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
         // An orphan, as a crashed publish leaves it.
         let orphan = ContentHash::of(b"orphan pack");
         b.store
-            .put(&b.layout.pack(&orphan), b"orphan bytes")
+            .put(&b.layout.pack(&orphan), b"orphan bytes", ValueClass::Bulk)
             .unwrap();
         // gc dates keys in whole seconds: let the orphan be at least one second old.
         std::thread::sleep(Duration::from_millis(1100));
@@ -368,8 +371,8 @@ impl Store for ManifestRemovesFail {
     fn max_value_size(&self) -> u64 {
         self.0.max_value_size()
     }
-    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-        self.0.put(key, value)
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        self.0.put(key, value, class)
     }
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
         self.0.get(key)
@@ -614,10 +617,10 @@ fn plant_undecodable(
         .unwrap();
     for p in &m.packs {
         let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
-        s.put(&b.layout.pack(&p.id), &bytes).unwrap();
+        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
     }
     let (id, bytes) = bytes_of(&m.encode());
-    s.put(&b.layout.generation(&id), &bytes).unwrap();
+    s.put(&b.layout.generation(&id), &bytes, ValueClass::Record).unwrap();
     let head = HeadRecord {
         compat_id: m.compat_id,
         seq,
@@ -626,7 +629,7 @@ fn plant_undecodable(
         writer: "another jitship".into(),
         signature: None,
     };
-    s.put(&b.layout.head(&m.compat_id, seq), &head.encode())
+    s.put(&b.layout.head(&m.compat_id, seq), &head.encode(), ValueClass::Record)
         .unwrap();
     (id, m.packs.iter().map(|p| p.id).collect())
 }
@@ -732,7 +735,7 @@ fn removed_orphan_packs_are_reported_with_their_bytes() {
         publish(&b, &r1, "gc-bytes");
         let orphan = ContentHash::of(b"an orphan pack of a crashed publish");
         b.store
-            .put(&b.layout.pack(&orphan), &bytes(7, 12_345))
+            .put(&b.layout.pack(&orphan), &bytes(7, 12_345), ValueClass::Bulk)
             .unwrap();
         let r = run_gc_at(b.store.as_ref(), &b.layout, 5, 3600, now_secs() + 2 * 3600);
         assert_eq!(r.packs, vec![orphan], "[{}]", b.name);

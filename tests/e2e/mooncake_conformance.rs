@@ -1,6 +1,7 @@
 //! The store contract (`jitship::store::conformance`) against a real Mooncake cluster: the same
 //! checks the local store passes in its unit tests.
 
+use jitship::store::ValueClass;
 use jitship::store::{MooncakeStore, Store, StoreError, conformance};
 use jitship_tests::mooncake::{cluster, unique_prefix};
 
@@ -28,7 +29,7 @@ fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
     let p = unique_prefix("too-large");
     let big = vec![7u8; 1024 * 1024 + 1];
     assert!(matches!(
-        store.put(&format!("{p}/big"), &big),
+        store.put(&format!("{p}/big"), &big, ValueClass::Record),
         Err(StoreError::TooLarge { .. })
     ));
     // Exactly the limit fits, and a batch mixing sizes answers per key.
@@ -38,7 +39,7 @@ fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
         format!("{p}/big2"),
         format!("{p}/small"),
     );
-    let r = store.put_batch(&[(&k1, &fits), (&k2, &big), (&k3, b"small")]);
+    let r = store.put_batch(&[(&k1, &fits), (&k2, &big), (&k3, b"small")], ValueClass::Record);
     assert!(
         r[0].is_ok() && matches!(r[1], Err(StoreError::TooLarge { .. })) && r[2].is_ok(),
         "{r:?}"
@@ -50,7 +51,7 @@ fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
     // A value written by a client with bigger buffers is TooLarge for this one, not a miss.
     let writer = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
     let k4 = format!("{p}/written-wide");
-    writer.put(&k4, &vec![1u8; 3 * 1024 * 1024]).unwrap();
+    writer.put(&k4, &vec![1u8; 3 * 1024 * 1024], ValueClass::Record).unwrap();
     assert!(
         matches!(store.get(&k4), Err(StoreError::TooLarge { .. })),
         "{:?}",
@@ -100,14 +101,14 @@ fn mooncake_staging_buffers_are_made_lazily_and_sized_to_the_work() {
     );
     let p = unique_prefix("lazy-staging");
     let (small, mid) = (format!("{p}/small"), format!("{p}/mid"));
-    store.put(&small, b"small").unwrap();
+    store.put(&small, b"small", ValueClass::Record).unwrap();
     assert_eq!(
         store.registered_staging_bytes(),
         MIB,
         "a small value: one 1 MiB buffer"
     );
     let value: Vec<u8> = (0..3 * MIB).map(|i| (i % 251) as u8).collect();
-    store.put(&mid, &value).unwrap();
+    store.put(&mid, &value, ValueClass::Record).unwrap();
     assert_eq!(
         store.registered_staging_bytes(),
         5 * MIB,
@@ -151,5 +152,5 @@ fn mooncake_staging_buffers_are_made_lazily_and_sized_to_the_work() {
 /// Puts `value` under `key` with a client of the default configuration.
 fn writer_put(c: &jitship_tests::mooncake::Cluster, key: &str, value: &[u8]) {
     let writer = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
-    writer.put(key, value).unwrap();
+    writer.put(key, value, ValueClass::Bulk).unwrap();
 }

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use jitship::store::ValueClass;
 use jitship::store::{MooncakeStore, Store};
 use jitship_tests::fixtures::bytes;
 use jitship_tests::mooncake::{Cluster, cluster, unique_prefix};
@@ -47,7 +48,7 @@ fn objects_cross_between_jitship_and_the_official_python_client() {
     for (name, len) in [("small", 1000usize), ("large", 3 * 1024 * 1024 + 5)] {
         let key = format!("{p}/from-jitship/{name}");
         let value = bytes(len as u64, len);
-        store.put(&key, &value).unwrap();
+        store.put(&key, &value, ValueClass::Record).unwrap();
         let file = tmp.path().join(format!("py-read-{name}"));
         python(&c, "get", &key, &file);
         let got = std::fs::read(&file).unwrap();

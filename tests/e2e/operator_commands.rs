@@ -4,6 +4,7 @@
 
 use std::process::{Command, Output};
 
+use jitship::store::ValueClass;
 use jitship_tests::backends::{Backend, cli_backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
 use serde_json::Value;
@@ -207,7 +208,7 @@ fn run_for(b: &Backend) {
     let mut bytes = s.get(&key).unwrap().unwrap();
     bytes[victim.chunks[0].offset as usize] ^= 0xff;
     assert!(remove_retrying(s, &key));
-    s.put(&key, &bytes).unwrap();
+    s.put(&key, &bytes, ValueClass::Record).unwrap();
     let lost = manifest
         .packs
         .iter()

@@ -18,7 +18,8 @@ use jitship::policy::{
 };
 use jitship::publish::{HashCache, PublishOptions, PublishOutcome, PublishReport};
 use jitship::store::local::LocalStore;
-use jitship::store::{KeyLayout, Store};
+use jitship::store::{Store};
+use jitship::catalog::KeyLayout;
 
 /// Native rules, plus: `*.grp` files name the root, written `{ROOT}` in canonical form.
 struct Templated {

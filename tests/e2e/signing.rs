@@ -8,12 +8,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
 
+use jitship::store::ValueClass;
 use jitship::catalog;
 use jitship::config::TrustMode;
 use jitship::generation::{ContentHash, GenerationId, HeadRecord};
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
 use jitship::publish::{HashCache, PublishError, PublishOutcome, PublishReport};
-use jitship::store::KeyLayout;
+use jitship::catalog::KeyLayout;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
 use jitship_tests::backends::{Backend, backends, cli_backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
@@ -90,7 +91,7 @@ fn compat_key(s: &Scenario) -> String {
 
 fn put_head(s: &Scenario, layout: &KeyLayout, h: &HeadRecord) {
     s.store
-        .put(&layout.head(&h.compat_id, h.seq), &h.encode())
+        .put(&layout.head(&h.compat_id, h.seq), &h.encode(), ValueClass::Record)
         .unwrap();
 }
 
@@ -232,12 +233,12 @@ fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused(
             .unwrap();
         for p in &m.packs {
             let bytes = s.store.get(&s.layout.pack(&p.id)).unwrap().unwrap();
-            s.store.put(&elsewhere.layout.pack(&p.id), &bytes).unwrap();
+            s.store.put(&elsewhere.layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
         }
         s.store
             .put(
                 &elsewhere.layout.generation(&genuine.generation),
-                &m.encode(),
+                &m.encode(), ValueClass::Record,
             )
             .unwrap();
         put_head(&elsewhere, &elsewhere.layout, &genuine);
@@ -454,7 +455,7 @@ fn a_corrupt_pack_is_passed_over_repaired_and_republished() {
         let mut bytes = store.get(&pack_key).unwrap().unwrap();
         bytes.iter_mut().for_each(|x| *x = !*x);
         assert!(remove_retrying(store, &pack_key));
-        store.put(&pack_key, &bytes).unwrap();
+        store.put(&pack_key, &bytes, ValueClass::Bulk).unwrap();
 
         let root = tmp.path().join("root");
         let r = install(&s, &root, policy());
@@ -654,7 +655,7 @@ fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
         let mut bytes = s.get(&pack_key).unwrap().unwrap();
         bytes.iter_mut().for_each(|x| *x ^= 0x5a);
         assert!(remove_retrying(s, &pack_key));
-        s.put(&pack_key, &bytes).unwrap();
+        s.put(&pack_key, &bytes, ValueClass::Bulk).unwrap();
         let text = expect(&b, &reader, &["verify", &g, "--repair"], 3);
         assert!(
             text.contains(&format!("removed damaged pack {}", pack.id)),

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use jitship::config::{Backend as BackendKind, Config, StoreConfig};
 use jitship::store::testing::WithoutListing;
-use jitship::store::{KeyLayout, LocalStore, MooncakeStore, Store};
+use jitship::store::{LocalStore, MooncakeStore, Store};
+use jitship::catalog::KeyLayout;
 
 pub struct Backend {
     pub name: &'static str,

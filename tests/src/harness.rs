@@ -10,7 +10,8 @@ use jitship::generation::Producer;
 use jitship::install::{InstallOptions, InstallReport};
 use jitship::policy::native::NativeRules;
 use jitship::publish::{HashCache, PublishError, PublishOptions, PublishReport};
-use jitship::store::{KeyLayout, Store};
+use jitship::store::{Store};
+use jitship::catalog::KeyLayout;
 
 pub struct Scenario {
     pub store: Arc<dyn Store>,

@@ -119,7 +119,8 @@ pub mod flow {
     use jitship::install::{self, InstallOptions, InstallReport};
     use jitship::policy::native::NativeRules;
     use jitship::publish::{self, HashCache, PublishError, PublishOptions, PublishReport};
-    use jitship::store::{KeyLayout, Store};
+    use jitship::store::{Store};
+use jitship::catalog::KeyLayout;
 
     /// Facts that make a compat id of their own (tests in one namespace do not meet).
     pub fn facts(tag: &str) -> Facts {

@@ -94,14 +94,14 @@ pub struct Envelope {
 static STARTED_AT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 pub fn mark_start() {
-    STARTED_AT.get_or_init(crate::publish::now_secs);
+    STARTED_AT.get_or_init(crate::catalog::now_secs);
 }
 
 impl Envelope {
     pub fn start(command: &'static str) -> Self {
         Self {
             command,
-            started_at: *STARTED_AT.get_or_init(crate::publish::now_secs),
+            started_at: *STARTED_AT.get_or_init(crate::catalog::now_secs),
             errors: Vec::new(),
         }
     }
@@ -127,7 +127,7 @@ impl Envelope {
             "ok": self.errors.is_empty(),
             "exit_code": exit_code,
             "started_at": self.started_at,
-            "finished_at": crate::publish::now_secs(),
+            "finished_at": crate::catalog::now_secs(),
             "results": results,
             "errors": self.errors,
         });

@@ -271,13 +271,9 @@ pub(crate) fn print_error(e: &anyhow::Error) {
     eprintln!("error: {}", super::output::one_line(e));
 }
 
-pub(crate) fn now() -> u64 {
-    crate::publish::now_secs()
-}
-
 /// "45s", "12m", "3h", "5d" ago.
 pub(crate) fn age(then: u64) -> String {
-    let s = now().saturating_sub(then);
+    let s = crate::catalog::now_secs().saturating_sub(then);
     match s {
         0..60 => format!("{s}s"),
         60..3600 => format!("{}m", s / 60),

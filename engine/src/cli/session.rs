@@ -14,7 +14,8 @@ use crate::policy::CachePolicy;
 use crate::policy::set::PolicySet;
 use crate::publish::PublishOptions;
 use crate::roots::{ProcessEnv, RootOrigin};
-use crate::store::{KeyLayout, Store};
+use crate::store::{Store};
+use crate::catalog::KeyLayout;
 use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 
 /// What working on one cache needs: the store and the kind's policy.

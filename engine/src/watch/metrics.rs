@@ -234,7 +234,7 @@ impl Metrics {
         self.cycles
             .get_or_create(&vec![("cache", cache.clone()), ("outcome", outcome.into())])
             .inc();
-        let now = crate::publish::now_secs() as i64;
+        let now = crate::catalog::now_secs() as i64;
         if matches!(r.outcome, PublishOutcome::Published { .. }) {
             self.generations.get_or_create(&l).inc();
             self.last_publish.get_or_create(&l).set(now);
@@ -442,7 +442,8 @@ mod tests {
     fn skip_labels_are_bounded_whatever_the_tree_holds() {
         use crate::policy::native::NativeRules;
         use crate::publish::{HashCache, PublishOptions, publish};
-        use crate::store::{KeyLayout, LocalStore};
+        use crate::store::{LocalStore};
+use crate::catalog::KeyLayout;
 
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");

@@ -38,7 +38,8 @@ use tokio::time::Instant;
 
 use crate::policy::CachePolicy;
 use crate::publish::{HashCache, PublishError, PublishOptions, PublishOutcome, PublishReport};
-use crate::store::{KeyLayout, Store};
+use crate::store::{Store};
+use crate::catalog::KeyLayout;
 use fswatch::FsWatch;
 use metrics::Metrics;
 use ready::{Probe, ReadyUrl};

@@ -150,12 +150,7 @@ pub(crate) fn run_policy_test(args: PolicyTestArgs) -> Result<i32> {
         Some(path) => Some(crate::author::read_generations(path)?),
         None => None,
     };
-    let now = args.now.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
-    });
+    let now = args.now.unwrap_or_else(crate::catalog::now_secs);
     let input = crate::author::TestInput {
         facts,
         root: args.root.clone(),

@@ -3,7 +3,8 @@
 use anyhow::{Context, Result, bail};
 
 use crate::cli::args::{GcArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs};
-use crate::cli::render::{age, now, short, spinner, table};
+use crate::catalog::now_secs;
+use crate::cli::render::{age, short, spinner, table};
 use crate::cli::session::Session;
 use crate::cli::{exit, output};
 use crate::generation::GenerationId;
@@ -364,7 +365,7 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         limits.max_age_secs = Some(a.as_secs());
     }
     let opts = crate::gc::GcOptions {
-        now: now(),
+        now: now_secs(),
         grace: args.grace.unwrap_or(retention.grace),
         limits,
         dry_run: args.dry_run,

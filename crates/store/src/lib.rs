@@ -8,23 +8,23 @@
 //! - every `get` may miss (`Ok(None)`): eviction is silent. A miss is not an error.
 //! - `remove` of a missing key is `Ok(false)`.
 //! - batched calls return one result per key, in order; one key failing does not fail the others.
-//! - `list` and `modified` are optional (Mooncake has neither): backends without them return
-//!   `Unsupported`.
+//! - `list`, `modified` and `size` are optional (Mooncake has none of them): `capabilities()`
+//!   says which a backend answers; the others return `Unsupported`.
+//! - `put` carries a `ValueClass` (record or bulk): backends may keep records longer, but never
+//!   decide that from the shape of a key.
 //! - values are at most `max_value_size()` bytes (packs are planned below it).
 
 pub mod conformance;
-pub mod keys;
 pub mod local;
 pub mod mooncake;
+pub mod settings;
 
 use std::fmt;
 use std::sync::Arc;
 
-pub use keys::KeyLayout;
 pub use local::LocalStore;
 pub use mooncake::MooncakeStore;
-
-use crate::config::{Backend, StoreConfig};
+pub use settings::{Backend, StoreConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -61,6 +61,29 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// What a stored value is. A hint from the layer that knows (the catalog), so no backend has to
+/// guess it from the shape of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueClass {
+    /// A small record readers navigate by (heads, manifests, index, floors, pins, journals).
+    /// Mooncake soft-pins these (`soft_pin_catalog`) so eviction takes bulk data first.
+    Record,
+    /// Bulk data (packs).
+    Bulk,
+}
+
+/// The optional calls a backend answers. A caller asks here instead of calling and matching
+/// `Unsupported`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `list` works.
+    pub listing: bool,
+    /// `modified` works.
+    pub write_times: bool,
+    /// `size` works.
+    pub sizes: bool,
+}
+
 /// A key/value store with Mooncake's semantics (see the module docs).
 pub trait Store: Send + Sync + fmt::Debug {
     /// Human description for logs and errors ("local:/var/lib/jitship", "mooncake:127.0.0.1:50051").
@@ -69,9 +92,15 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Largest value `put` accepts.
     fn max_value_size(&self) -> u64;
 
+    /// What this backend offers beyond the required calls.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
     /// Stores `value` under `key` unless the key exists, in which case the old value is kept and
-    /// the call still succeeds.
-    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()>;
+    /// the call still succeeds. `class` says what the value is, for backends that keep records
+    /// longer than bulk data.
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()>;
 
     /// The value, or `None` if the key is missing (never stored, removed or evicted).
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>>;
@@ -84,13 +113,14 @@ pub trait Store: Send + Sync + fmt::Debug {
         &self,
         key: &str,
         len: usize,
+        class: ValueClass,
         fill: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> StoreResult<bool> {
         let mut value = vec![0u8; len];
         if !fill(&mut value) {
             return Ok(false);
         }
-        self.put(key, &value).map(|()| true)
+        self.put(key, &value, class).map(|()| true)
     }
 
     fn exists(&self, key: &str) -> StoreResult<bool>;
@@ -98,7 +128,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Removes `key`; `Ok(false)` if it was not there.
     fn remove(&self, key: &str) -> StoreResult<bool>;
 
-    /// Keys starting with `prefix`, in no particular order. Optional.
+    /// Keys starting with `prefix`, in no particular order. Optional (`Capabilities::listing`).
     fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
         let _ = prefix;
         Err(StoreError::Unsupported("listing keys"))
@@ -118,8 +148,8 @@ pub trait Store: Send + Sync + fmt::Debug {
         Err(StoreError::Unsupported("value sizes"))
     }
 
-    fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
-        items.iter().map(|(k, v)| self.put(k, v)).collect()
+    fn put_batch(&self, items: &[(&str, &[u8])], class: ValueClass) -> Vec<StoreResult<()>> {
+        items.iter().map(|(k, v)| self.put(k, v, class)).collect()
     }
 
     fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
@@ -215,7 +245,7 @@ pub fn check_key(key: &str) -> StoreResult<()> {
 pub mod testing {
     use std::time::Duration;
 
-    use super::{Store, StoreError, StoreResult};
+    use super::{Capabilities, Store, StoreError, StoreResult, ValueClass};
 
     /// Hides `list` and `modified`, so code paths for stores without listing (Mooncake) run on
     /// the local store.
@@ -229,8 +259,15 @@ pub mod testing {
         fn max_value_size(&self) -> u64 {
             self.0.max_value_size()
         }
-        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-            self.0.put(key, value)
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                listing: false,
+                write_times: false,
+                ..self.0.capabilities()
+            }
+        }
+        fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+            self.0.put(key, value, class)
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             self.0.get(key)
@@ -260,8 +297,11 @@ pub mod testing {
         fn max_value_size(&self) -> u64 {
             self.inner.max_value_size()
         }
-        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-            self.inner.put(key, value)
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+            self.inner.put(key, value, class)
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             if key.contains("/pack/") {
@@ -293,8 +333,11 @@ pub mod testing {
         fn max_value_size(&self) -> u64 {
             (**self).max_value_size()
         }
-        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-            (**self).put(key, value)
+        fn capabilities(&self) -> Capabilities {
+            (**self).capabilities()
+        }
+        fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+            (**self).put(key, value, class)
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             (**self).get(key)
@@ -303,9 +346,10 @@ pub mod testing {
             &self,
             key: &str,
             len: usize,
+            class: ValueClass,
             fill: &mut dyn FnMut(&mut [u8]) -> bool,
         ) -> StoreResult<bool> {
-            (**self).put_filled(key, len, fill)
+            (**self).put_filled(key, len, class, fill)
         }
         fn exists(&self, key: &str) -> StoreResult<bool> {
             (**self).exists(key)
@@ -322,8 +366,8 @@ pub mod testing {
         fn size(&self, key: &str) -> StoreResult<Option<u64>> {
             (**self).size(key)
         }
-        fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
-            (**self).put_batch(items)
+        fn put_batch(&self, items: &[(&str, &[u8])], class: ValueClass) -> Vec<StoreResult<()>> {
+            (**self).put_batch(items, class)
         }
         fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
             (**self).get_batch(keys)

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 use mooncake_sys as sys;
 
-use super::{Fetched, Store, StoreError, StoreResult, check_key};
-use crate::config::{MooncakeConfig, parse_host_port};
+use super::{Fetched, Store, StoreError, StoreResult, ValueClass, check_key};
+use crate::settings::{MooncakeConfig, parse_host_port};
 
 /// Staging buffers are page aligned (RDMA registration works on pages).
 const BUFFER_ALIGN: usize = 4096;
@@ -297,11 +297,10 @@ impl Inner {
         unsafe { (self.lib.unregister_buffer)(self.handle.0, buf.as_mut_ptr()) };
     }
 
-    /// Whether `key` is soft-pinned: everything with `soft_pin`, catalog keys (a `head` or `gen`
-    /// segment, see `store::keys`) with `soft_pin_catalog`.
-    fn soft_pinned(&self, key: &str) -> bool {
-        self.soft_pin
-            || (self.soft_pin_catalog && key.split('/').any(|s| s == "head" || s == "gen"))
+    /// Whether a value of `class` is soft-pinned: everything with `soft_pin`, records with
+    /// `soft_pin_catalog`.
+    fn soft_pinned(&self, class: ValueClass) -> bool {
+        self.soft_pin || (self.soft_pin_catalog && class == ValueClass::Record)
     }
 
     fn replicate_config(&self, soft_pin: bool) -> sys::mooncake_replicate_config {
@@ -966,8 +965,8 @@ impl Store for MooncakeStore {
         self.limit
     }
 
-    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-        self.put_filled(key, value.len(), &mut |buf| {
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        self.put_filled(key, value.len(), class, &mut |buf| {
             buf.copy_from_slice(value);
             true
         })
@@ -979,6 +978,7 @@ impl Store for MooncakeStore {
         &self,
         key: &str,
         len: usize,
+        class: ValueClass,
         fill: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> StoreResult<bool> {
         let k = c_key(key)?;
@@ -988,7 +988,7 @@ impl Store for MooncakeStore {
             return Ok(false);
         }
         self.call(move |inner| {
-            let cfg = inner.replicate_config(inner.soft_pinned(&k.to_string_lossy()));
+            let cfg = inner.replicate_config(inner.soft_pinned(class));
             // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
             // thread's lease until the call returns; the key is NUL-terminated.
             let rc = unsafe {
@@ -1056,7 +1056,7 @@ impl Store for MooncakeStore {
         })?
     }
 
-    fn put_batch(&self, items: &[(&str, &[u8])]) -> Vec<StoreResult<()>> {
+    fn put_batch(&self, items: &[(&str, &[u8])], class: ValueClass) -> Vec<StoreResult<()>> {
         let mut results: Vec<StoreResult<()>> = items.iter().map(|_| Ok(())).collect();
         let mut valid = Vec::with_capacity(items.len());
         for (i, (key, value)) in items.iter().enumerate() {
@@ -1065,12 +1065,7 @@ impl Store for MooncakeStore {
                 Err(e) => results[i] = Err(e),
             }
         }
-        // One replicate config per batch call: pinned and unpinned keys go in separate batches.
-        let (pinned, plain): (Vec<_>, Vec<_>) = valid
-            .into_iter()
-            .partition(|(_, k, _)| self.inner.soft_pinned(&k.to_string_lossy()));
-        self.put_group(&pinned, true, &mut results);
-        self.put_group(&plain, false, &mut results);
+        self.put_group(&valid, self.inner.soft_pinned(class), &mut results);
         results
     }
 

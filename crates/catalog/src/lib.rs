@@ -1,12 +1,17 @@
 //! Reading and writing generations in a store: head records, manifests, and the records that make
 //! a store without listing navigable over time (the compat index, head floors, pins, the gc
 //! journal). The glue between `generation` (pure) and `store` (bytes), shared by publish, install,
-//! inspect and gc. Key layout and the reasons behind it: `store::keys`.
+//! inspect and gc. Key layout and the reasons behind it: `keys`.
+
+pub mod clock;
+pub mod keys;
 
 use serde::{Deserialize, Serialize};
 
-use crate::generation::{CompatId, GenerationId, HeadRecord, Manifest, ManifestError};
-use crate::store::{KeyLayout, Store, StoreError};
+pub use clock::{now_secs, writer_id};
+use jitship_generation::{CompatId, ContentHash, GenerationId, HeadRecord, Manifest, ManifestError};
+pub use keys::KeyLayout;
+use jitship_store::{Store, StoreError, ValueClass};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -69,7 +74,7 @@ pub struct GcJournal {
     /// Head record keys and manifest keys, removed unconditionally, heads first.
     pub keys: Vec<String>,
     /// Packs to remove if, when removed, no retained generation references them.
-    pub packs: Vec<crate::generation::ContentHash>,
+    pub packs: Vec<ContentHash>,
 }
 
 /// A pin: the generation is never dropped by retention. Existence of the key is what counts.
@@ -107,16 +112,13 @@ pub fn newest_seq(
     from: u64,
     key: &dyn Fn(u64) -> String,
 ) -> Result<Option<u64>, StoreError> {
-    match store.list(prefix) {
-        Ok(keys) => {
-            return Ok(keys
-                .iter()
-                .filter_map(|k| k.strip_prefix(prefix)?.parse::<u64>().ok())
-                .filter(|&s| s >= from)
-                .max());
-        }
-        Err(StoreError::Unsupported(_)) => {}
-        Err(e) => return Err(e),
+    if store.capabilities().listing {
+        return Ok(store
+            .list(prefix)?
+            .iter()
+            .filter_map(|k| k.strip_prefix(prefix)?.parse::<u64>().ok())
+            .filter(|&s| s >= from)
+            .max());
     }
     let exists = |seq: u64| store.exists(&key(seq));
     if !exists(from)? {
@@ -150,7 +152,7 @@ pub fn append_seq(
     for _ in 0..64 {
         let bytes = make(seq);
         let k = key(seq);
-        store.put(&k, &bytes)?;
+        store.put(&k, &bytes, ValueClass::Record)?;
         match store.get(&k)? {
             Some(stored) if stored == bytes => return Ok(seq),
             // Another writer won this seq, or the record was evicted at once: try the next.
@@ -158,32 +160,6 @@ pub fn append_seq(
         }
     }
     Err(CatalogError::Contention(prefix.to_owned()))
-}
-
-/// Unique per write: host, pid and a random nonce.
-pub fn writer_id() -> String {
-    let mut buf = [0u8; 16];
-    let _ = getrandom::fill(&mut buf);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    buf.iter_mut()
-        .zip(nanos.to_le_bytes())
-        .for_each(|(b, x)| *b ^= x);
-    format!(
-        "{}/{}/{}",
-        gethostname::gethostname().to_string_lossy(),
-        std::process::id(),
-        crate::generation::ContentHash::of(&buf)
-            .to_hex()
-            .get(..16)
-            .unwrap_or_default()
-    )
-}
-
-fn now_secs() -> u64 {
-    crate::publish::now_secs()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,10 +251,7 @@ pub fn newest_head(
     layout: &KeyLayout,
     compat: &CompatId,
 ) -> Result<Option<HeadRecord>, CatalogError> {
-    let lists = !matches!(
-        store.list(&layout.floors_prefix(compat)),
-        Err(StoreError::Unsupported(_))
-    );
+    let lists = store.capabilities().listing;
     let mut floor = if lists {
         None
     } else {
@@ -353,19 +326,19 @@ pub fn all_heads(
     };
     // newest_head may have seen a newer floor than ours; re-read so both agree.
     let floor = newest_floor(store, layout, compat)?;
-    let mut seqs: Vec<u64> = match store.list(&layout.heads_prefix(compat)) {
-        Ok(keys) => keys
+    let mut seqs: Vec<u64> = if store.capabilities().listing {
+        let prefix = layout.heads_prefix(compat);
+        store
+            .list(&prefix)?
             .iter()
-            .filter_map(|k| k.strip_prefix(&layout.heads_prefix(compat))?.parse().ok())
+            .filter_map(|k| k.strip_prefix(&prefix)?.parse().ok())
             .filter(|&s| s <= newest.seq)
-            .collect(),
-        Err(StoreError::Unsupported(_)) => {
-            let from = floor_seq(&floor);
-            let mut v: Vec<u64> = (from..=newest.seq).collect();
-            v.extend(floor.iter().flat_map(|f| &f.keep).filter(|&&s| s < from));
-            v
-        }
-        Err(e) => return Err(e.into()),
+            .collect()
+    } else {
+        let from = floor_seq(&floor);
+        let mut v: Vec<u64> = (from..=newest.seq).collect();
+        v.extend(floor.iter().flat_map(|f| &f.keep).filter(|&&s| s < from));
+        v
     };
     seqs.sort_unstable_by(|a, b| b.cmp(a));
     seqs.dedup();
@@ -465,7 +438,7 @@ pub fn ensure_indexed(
     };
     let key = |seq| layout.index(seq);
     let seq = append_seq(store, &layout.index_prefix(), &key, &make)?;
-    store.put(&marker, seq.to_string().as_bytes())?;
+    store.put(&marker, seq.to_string().as_bytes(), ValueClass::Record)?;
     Ok(())
 }
 
@@ -484,19 +457,15 @@ pub fn compat_ids(store: &dyn Store, layout: &KeyLayout) -> Result<Vec<CompatId>
             }
         }
     }
-    match store.list(&layout.all_heads_prefix()) {
-        Ok(keys) => {
-            let prefix = layout.all_heads_prefix();
-            out.extend(keys.iter().filter_map(|k| {
-                k.strip_prefix(&prefix)?
-                    .split('/')
-                    .next()?
-                    .parse::<CompatId>()
-                    .ok()
-            }));
-        }
-        Err(StoreError::Unsupported(_)) => {}
-        Err(e) => return Err(e.into()),
+    if store.capabilities().listing {
+        let prefix = layout.all_heads_prefix();
+        out.extend(store.list(&prefix)?.iter().filter_map(|k| {
+            k.strip_prefix(&prefix)?
+                .split('/')
+                .next()?
+                .parse::<CompatId>()
+                .ok()
+        }));
     }
     out.sort();
     out.dedup();
@@ -539,7 +508,7 @@ pub fn pin(
         by: writer_id(),
         reason,
     };
-    store.put(&layout.pin(id), &encode_record(&record))?;
+    store.put(&layout.pin(id), &encode_record(&record), ValueClass::Record)?;
     Ok(pin_record(store, layout, id)?.unwrap_or(record))
 }
 
@@ -586,7 +555,7 @@ pub fn newest_gc_journal(
 
 /// Marks journal `seq` finished: the next gc does not retry it.
 pub fn mark_gc_done(store: &dyn Store, layout: &KeyLayout, seq: u64) -> Result<(), StoreError> {
-    store.put(&layout.gc_done(seq), b"done")
+    store.put(&layout.gc_done(seq), b"done", ValueClass::Record)
 }
 
 pub fn gc_done(store: &dyn Store, layout: &KeyLayout, seq: u64) -> Result<bool, StoreError> {
@@ -597,7 +566,7 @@ pub fn write_gc_journal(
     store: &dyn Store,
     layout: &KeyLayout,
     keys: Vec<String>,
-    packs: Vec<crate::generation::ContentHash>,
+    packs: Vec<ContentHash>,
 ) -> Result<GcJournal, CatalogError> {
     let writer = writer_id();
     let written_at = now_secs();
@@ -626,9 +595,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
-    use crate::generation::ContentHash;
-    use crate::store::testing::WithoutListing;
-    use crate::store::{LocalStore, StoreResult};
+    use ContentHash;
+    use jitship_store::testing::WithoutListing;
+    use jitship_store::{LocalStore, StoreResult};
 
     fn head(compat: CompatId, seq: u64) -> HeadRecord {
         HeadRecord {
@@ -644,7 +613,7 @@ mod tests {
     fn heads(store: &dyn Store, layout: &KeyLayout, compat: CompatId, n: u64) {
         for s in 1..=n {
             store
-                .put(&layout.head(&compat, s), &head(compat, s).encode())
+                .put(&layout.head(&compat, s), &head(compat, s).encode(), ValueClass::Record)
                 .unwrap();
         }
     }
@@ -705,8 +674,8 @@ mod tests {
         fn max_value_size(&self) -> u64 {
             self.inner.max_value_size()
         }
-        fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
-            self.inner.put(key, value)
+        fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+            self.inner.put(key, value, class)
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             self.inner.get(key)
@@ -786,8 +755,8 @@ mod tests {
         let key = |s: u64| format!("ns/seq/{s}");
         // Another writer took seq 1 and 2 already; a third one took 3 in between (simulated by
         // a put that exists before ours).
-        store.put(&key(1), b"x1").unwrap();
-        store.put(&key(2), b"x2").unwrap();
+        store.put(&key(1), b"x1", ValueClass::Record).unwrap();
+        store.put(&key(2), b"x2", ValueClass::Record).unwrap();
         let seq = append_seq(&store, "ns/seq/", &key, &|s| {
             format!("ours {s}").into_bytes()
         })

@@ -7,7 +7,7 @@ use std::fs;
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
-use super::{Store, StoreError, StoreResult, check_key};
+use super::{Capabilities, Store, StoreError, StoreResult, ValueClass, check_key};
 
 const TMP_DIR: &str = ".tmp";
 
@@ -95,7 +95,16 @@ impl Store for LocalStore {
         u64::from(u32::MAX)
     }
 
-    fn put(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            listing: true,
+            write_times: true,
+            sizes: true,
+        }
+    }
+
+    /// Every class alike: a directory evicts nothing.
+    fn put(&self, key: &str, value: &[u8], _class: ValueClass) -> StoreResult<()> {
         let path = self.path_of(key)?;
         if value.len() as u64 > self.max_value_size() {
             return Err(StoreError::TooLarge {
@@ -235,7 +244,7 @@ mod tests {
             .unwrap()
             .set_modified(old)
             .unwrap();
-        store.put("ns/k", b"v").unwrap();
+        store.put("ns/k", b"v", ValueClass::Bulk).unwrap();
         drop(store);
         // Reopening (what the next publish or gc does) removes the stale one only.
         let store = LocalStore::open(dir.path()).unwrap();
@@ -250,7 +259,7 @@ mod tests {
         let store = LocalStore::open(dir.path().join("s")).unwrap();
         for bad in ["../x", "a/../../x", "/abs", ".tmp/x", "a b"] {
             assert!(
-                matches!(store.put(bad, b"v"), Err(StoreError::InvalidKey(_))),
+                matches!(store.put(bad, b"v", ValueClass::Bulk), Err(StoreError::InvalidKey(_))),
                 "{bad}"
             );
         }

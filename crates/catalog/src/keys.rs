@@ -20,7 +20,8 @@
 //! seq: gc writes a floor record *before* it removes any head below it, and never removes a head at
 //! or above it (see `catalog` and `gc`).
 
-use crate::generation::{CompatId, ContentHash, GenerationId};
+use jitship_generation::{CompatId, ContentHash, GenerationId};
+use jitship_store::{StoreError, check_key};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
@@ -28,8 +29,8 @@ pub struct KeyLayout {
 }
 
 impl KeyLayout {
-    pub fn new(namespace: &str) -> Result<Self, super::StoreError> {
-        super::check_key(namespace)?;
+    pub fn new(namespace: &str) -> Result<Self, StoreError> {
+        check_key(namespace)?;
         Ok(Self {
             namespace: namespace.trim_end_matches('/').to_owned(),
         })

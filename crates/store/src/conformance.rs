@@ -2,7 +2,7 @@
 //! unit tests, Mooncake against a real cluster in the end-to-end tests). Each check uses keys under
 //! its own `prefix` so runs do not collide; a failure says which promise was broken.
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, ValueClass};
 
 type Check = fn(&dyn Store, &str) -> Result<(), String>;
 
@@ -67,7 +67,7 @@ fn e(err: StoreError) -> String {
 
 fn put_then_get_returns_the_value(s: &dyn Store, p: &str) -> Result<(), String> {
     let key = format!("{p}/k");
-    s.put(&key, b"value-1").map_err(e)?;
+    s.put(&key, b"value-1", ValueClass::Bulk).map_err(e)?;
     let got = s.get(&key).map_err(e)?;
     ensure(got.as_deref() == Some(&b"value-1"[..]), || {
         format!("got {got:?}")
@@ -92,8 +92,8 @@ fn missing_key_is_a_miss_not_an_error(s: &dyn Store, p: &str) -> Result<(), Stri
 
 fn put_on_existing_key_keeps_the_old_value(s: &dyn Store, p: &str) -> Result<(), String> {
     let key = format!("{p}/k");
-    s.put(&key, b"first").map_err(e)?;
-    s.put(&key, b"second, longer")
+    s.put(&key, b"first", ValueClass::Bulk).map_err(e)?;
+    s.put(&key, b"second, longer", ValueClass::Bulk)
         .map_err(|err| format!("second put must succeed, got {err}"))?;
     let got = s.get(&key).map_err(e)?;
     ensure(got.as_deref() == Some(&b"first"[..]), || {
@@ -103,14 +103,14 @@ fn put_on_existing_key_keeps_the_old_value(s: &dyn Store, p: &str) -> Result<(),
 
 fn remove_then_get_misses(s: &dyn Store, p: &str) -> Result<(), String> {
     let key = format!("{p}/k");
-    s.put(&key, b"v").map_err(e)?;
+    s.put(&key, b"v", ValueClass::Bulk).map_err(e)?;
     ensure(s.remove(&key).map_err(e)?, || {
         "remove() of a present key said false".into()
     })?;
     ensure(s.get(&key).map_err(e)?.is_none(), || {
         "get after remove returned a value".into()
     })?;
-    s.put(&key, b"again").map_err(e)?;
+    s.put(&key, b"again", ValueClass::Bulk).map_err(e)?;
     let got = s.get(&key).map_err(e)?;
     ensure(got.as_deref() == Some(&b"again"[..]), || {
         format!("a removed key can be written again, got {got:?}")
@@ -126,7 +126,7 @@ fn batches_answer_per_key_in_order(s: &dyn Store, p: &str) -> Result<(), String>
         .take(4)
         .map(|(k, v)| (k.as_str(), v.as_slice()))
         .collect();
-    for r in s.put_batch(&items) {
+    for r in s.put_batch(&items, ValueClass::Bulk) {
         r.map_err(e)?;
     }
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -167,7 +167,7 @@ fn sized_batches_answer_per_key_whatever_the_hint(s: &dyn Store, p: &str) -> Res
         .zip(&values)
         .map(|(k, v)| (k.as_str(), v.as_slice()))
         .collect();
-    for r in s.put_batch(&items) {
+    for r in s.put_batch(&items, ValueClass::Bulk) {
         r.map_err(e)?;
     }
     let missing = format!("{p}/missing");
@@ -209,7 +209,7 @@ fn large_values_round_trip(s: &dyn Store, p: &str) -> Result<(), String> {
     let key = format!("{p}/big");
     let size = (8 * 1024 * 1024).min(s.max_value_size()) as usize;
     let value: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
-    s.put(&key, &value).map_err(e)?;
+    s.put(&key, &value, ValueClass::Bulk).map_err(e)?;
     let got = s
         .get(&key)
         .map_err(e)?
@@ -217,13 +217,21 @@ fn large_values_round_trip(s: &dyn Store, p: &str) -> Result<(), String> {
     ensure(got == value, || "large value came back different".into())
 }
 
+/// Listing works exactly when `capabilities()` says so; records and bulk values list alike.
 fn list_finds_keys_by_prefix_if_supported(s: &dyn Store, p: &str) -> Result<(), String> {
-    s.put(&format!("{p}/a/1"), b"x").map_err(e)?;
-    s.put(&format!("{p}/a/2"), b"x").map_err(e)?;
-    s.put(&format!("{p}/b/1"), b"x").map_err(e)?;
+    s.put(&format!("{p}/a/1"), b"x", ValueClass::Record).map_err(e)?;
+    s.put(&format!("{p}/a/2"), b"x", ValueClass::Bulk).map_err(e)?;
+    s.put(&format!("{p}/b/1"), b"x", ValueClass::Bulk).map_err(e)?;
+    let listing = s.capabilities().listing;
     match s.list(&format!("{p}/a/")) {
-        Err(StoreError::Unsupported(_)) => Ok(()),
+        Err(StoreError::Unsupported(_)) if !listing => Ok(()),
+        Err(StoreError::Unsupported(_)) => {
+            Err("capabilities() says listing works, list() says unsupported".into())
+        }
         Err(err) => Err(e(err)),
+        Ok(_) if !listing => {
+            Err("list() answered though capabilities() says listing is unsupported".into())
+        }
         Ok(mut keys) => {
             keys.sort();
             ensure(keys == vec![format!("{p}/a/1"), format!("{p}/a/2")], || {
@@ -239,7 +247,7 @@ fn concurrent_puts_of_one_key_keep_one_value(s: &dyn Store, p: &str) -> Result<(
     std::thread::scope(|scope| {
         for v in &values {
             let key = &key;
-            scope.spawn(move || s.put(key, v));
+            scope.spawn(move || s.put(key, v, ValueClass::Bulk));
         }
     });
     let got = s.get(&key).map_err(e)?.ok_or("raced key missing")?;
