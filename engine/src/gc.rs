@@ -43,12 +43,12 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError};
 use crate::generation::{CompatId, ContentHash, GenerationId};
 use crate::inspect::{self, CompatView, InspectError, ManifestState};
 use crate::policy::{CachePolicy, GenerationSummary, RetentionLimits};
 use crate::store::{Store, StoreError};
-use crate::catalog::KeyLayout;
 
 #[derive(Debug, Clone)]
 pub struct GcOptions {
@@ -215,13 +215,9 @@ pub fn collect(
     // Orphans, where the store can list and date keys.
     let grace_cutoff = SystemTime::UNIX_EPOCH + Duration::from_secs(opts.now)
         - opts.grace.min(Duration::from_secs(opts.now));
+    let dates = store.capabilities().write_times;
     let old_enough = |key: &str| -> Result<bool, StoreError> {
-        match store.modified(key) {
-            Ok(Some(t)) => Ok(t <= grace_cutoff),
-            Ok(None) => Ok(false),
-            Err(StoreError::Unsupported(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        Ok(dates && store.modified(key)?.is_some_and(|t| t <= grace_cutoff))
     };
     if let Some(keys) = list_or_none(store, &layout.generations_prefix())? {
         for key in keys {
@@ -528,10 +524,10 @@ fn fetch_if_decodable(
 }
 
 fn list_or_none(store: &dyn Store, prefix: &str) -> Result<Option<Vec<String>>, StoreError> {
-    match store.list(prefix) {
-        Ok(keys) => Ok(Some(keys)),
-        Err(StoreError::Unsupported(_)) => Ok(None),
-        Err(e) => Err(e),
+    if store.capabilities().listing {
+        store.list(prefix).map(Some)
+    } else {
+        Ok(None)
     }
 }
 

@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
+use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError, FloorRecord};
 use crate::generation::{
     CompatId, ContentHash, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef, Producer,
 };
 use crate::store::{Store, StoreError};
-use crate::catalog::KeyLayout;
 use crate::trust::{Signer, TrustPolicy};
 
 #[derive(Debug, thiserror::Error)]

@@ -52,6 +52,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError};
 use crate::facts::Facts;
 use crate::generation::{
@@ -60,7 +61,6 @@ use crate::generation::{
 use crate::policy::{CachePolicy, PolicyError};
 use crate::scan::STAGING_PREFIX;
 use crate::store::{Fetched, Store, StoreError, StoreResult};
-use crate::catalog::KeyLayout;
 use crate::trust::{Signer, TrustPolicy};
 
 pub mod confined;

@@ -39,6 +39,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError, now_secs, writer_id};
 use crate::facts::Facts;
 use crate::generation::{
@@ -49,7 +50,6 @@ use crate::generation::{
 use crate::policy::{CachePolicy, Decision, PolicyError, ReasonCategory, Verdict};
 use crate::scan::{self, ScannedFile};
 use crate::store::{Store, StoreError, ValueClass};
-use crate::catalog::KeyLayout;
 use crate::trust::PublishTrust;
 
 #[derive(Debug, Clone)]
@@ -730,11 +730,16 @@ fn upload_packs(
                 break;
             };
             let mut fill_error = None;
-            let stored = store.put_filled(&layout.pack(&plan.id), plan.size as usize, ValueClass::Bulk, &mut |buf| {
-                fill_pack(policy, root, plan, source_of, kept, buf)
-                    .map_err(|e| fill_error = Some(e))
-                    .is_ok()
-            });
+            let stored = store.put_filled(
+                &layout.pack(&plan.id),
+                plan.size as usize,
+                ValueClass::Bulk,
+                &mut |buf| {
+                    fill_pack(policy, root, plan, source_of, kept, buf)
+                        .map_err(|e| fill_error = Some(e))
+                        .is_ok()
+                },
+            );
             match (stored, fill_error) {
                 (_, Some(e)) => return Err(e),
                 (Err(e), None) => return Err(e.into()),
@@ -1093,7 +1098,7 @@ fn merge_onto(
 mod tests {
     use super::*;
     use crate::policy::native::NativeRules;
-    use crate::store::{LocalStore, StoreResult};
+    use crate::store::{Capabilities, LocalStore, StoreResult};
 
     #[test]
     fn kept_contents_stay_within_the_budget_and_go_once_fully_packed() {
@@ -1135,6 +1140,9 @@ mod tests {
         }
         fn max_value_size(&self) -> u64 {
             self.inner.max_value_size()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
         }
         fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
             if key.contains("/head/")
@@ -1179,6 +1187,9 @@ mod tests {
         }
         fn max_value_size(&self) -> u64 {
             self.race.max_value_size()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.race.capabilities()
         }
         fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
             let first = key.contains("/head/") && self.race.winner.lock().unwrap().is_some();
@@ -1255,6 +1266,9 @@ mod tests {
         fn max_value_size(&self) -> u64 {
             self.inner.max_value_size()
         }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
         fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
             self.inner.put(key, value, class)
         }
@@ -1269,8 +1283,11 @@ mod tests {
                 head.generation = winner;
                 head.writer = "the other publisher".into();
                 let (prefix, _) = key.rsplit_once('/').unwrap();
-                self.inner
-                    .put(&format!("{prefix}/{}", head.seq), &head.encode(), ValueClass::Record)?;
+                self.inner.put(
+                    &format!("{prefix}/{}", head.seq),
+                    &head.encode(),
+                    ValueClass::Record,
+                )?;
             }
             Ok(value)
         }
@@ -1375,12 +1392,19 @@ mod tests {
             .unwrap();
         for p in &m.packs {
             let bytes = store.inner.get(&scratch.pack(&p.id)).unwrap().unwrap();
-            store.inner.put(&layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
+            store
+                .inner
+                .put(&layout.pack(&p.id), &bytes, ValueClass::Bulk)
+                .unwrap();
         }
         if with_manifest {
             store
                 .inner
-                .put(&layout.generation(&generation), &m.encode(), ValueClass::Record)
+                .put(
+                    &layout.generation(&generation),
+                    &m.encode(),
+                    ValueClass::Record,
+                )
                 .unwrap();
         }
         generation
@@ -1511,7 +1535,11 @@ mod tests {
             if corrupt {
                 store
                     .inner
-                    .put(&layout.generation(&winner), b"{\"not\": \"a manifest\"}", ValueClass::Record)
+                    .put(
+                        &layout.generation(&winner),
+                        b"{\"not\": \"a manifest\"}",
+                        ValueClass::Record,
+                    )
                     .unwrap();
             }
             *store.winner.lock().unwrap() = Some(winner);
@@ -1549,7 +1577,10 @@ mod tests {
         };
         let key = layout.generation(&generation);
         store.inner.remove(&key).unwrap();
-        store.inner.put(&key, b"garbage", ValueClass::Record).unwrap();
+        store
+            .inner
+            .put(&key, b"garbage", ValueClass::Record)
+            .unwrap();
         tree(&root, &[("b.bin", b"b")]);
         let r = run(&store, &layout, &root);
         let PublishOutcome::Published { generation, seq: 2 } = r.outcome else {

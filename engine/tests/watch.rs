@@ -17,10 +17,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use jitship::catalog;
+use jitship::catalog::KeyLayout;
 use jitship::generation::{ContentHash, HeadRecord, Manifest};
 use jitship::policy::CachePolicy;
 use jitship::store::{LocalStore, Store};
-use jitship::catalog::KeyLayout;
 
 /// Longest a test waits for something that should take well under a second.
 const WAIT: Duration = Duration::from_secs(30);

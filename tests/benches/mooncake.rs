@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jitship::catalog;
-use jitship::store::{MooncakeStore, Store};
 use jitship::catalog::KeyLayout;
+use jitship::store::{MooncakeStore, Store};
 use jitship_tests::child::{Run, jitship_bin, run_measured, settle};
 use jitship_tests::fixtures::{digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{Cluster, cluster, unique_prefix};

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use jitship::store::ValueClass;
 use jitship::catalog;
+use jitship::catalog::now_secs;
 use jitship::generation::{CompatId, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
-use jitship::catalog::now_secs;
 use jitship::publish::PublishOutcome;
+use jitship::store::ValueClass;
 use jitship::store::testing::SlowPackGets;
 use jitship::store::{LocalStore, Store};
 use jitship_tests::fixtures::{self, bytes, digest};
@@ -242,7 +242,9 @@ fn a_root_that_is_a_symlink_is_installed_into_its_target() {
 /// Writes `manifest` (re-encoded) as a new generation and makes it head `seq` of `compat`.
 fn plant_head(s: &Scenario, compat: CompatId, seq: u64, bytes: &[u8]) -> GenerationId {
     let id = GenerationId(jitship::generation::ContentHash::of(bytes));
-    s.store.put(&s.layout.generation(&id), bytes, ValueClass::Record).unwrap();
+    s.store
+        .put(&s.layout.generation(&id), bytes, ValueClass::Record)
+        .unwrap();
     let head = HeadRecord {
         compat_id: compat,
         seq,
@@ -252,7 +254,11 @@ fn plant_head(s: &Scenario, compat: CompatId, seq: u64, bytes: &[u8]) -> Generat
         signature: None,
     };
     s.store
-        .put(&s.layout.head(&compat, seq), &head.encode(), ValueClass::Record)
+        .put(
+            &s.layout.head(&compat, seq),
+            &head.encode(),
+            ValueClass::Record,
+        )
         .unwrap();
     id
 }
@@ -478,7 +484,9 @@ fn a_sigkill_during_commit_never_shows_a_marker_before_its_files_and_the_next_in
     assert_eq!(markers, 30);
     let bytes = m.encode();
     let id = GenerationId(jitship::generation::ContentHash::of(&bytes));
-    store.put(&layout.generation(&id), &bytes, ValueClass::Record).unwrap();
+    store
+        .put(&layout.generation(&id), &bytes, ValueClass::Record)
+        .unwrap();
     let head = HeadRecord {
         compat_id: compat,
         seq: 2,
@@ -487,7 +495,9 @@ fn a_sigkill_during_commit_never_shows_a_marker_before_its_files_and_the_next_in
         writer: "test".into(),
         signature: None,
     };
-    store.put(&layout.head(&compat, 2), &head.encode(), ValueClass::Record).unwrap();
+    store
+        .put(&layout.head(&compat, 2), &head.encode(), ValueClass::Record)
+        .unwrap();
     let total = m.files.len();
     let plain = total - markers;
     let expected = digest(&src);

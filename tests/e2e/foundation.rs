@@ -6,12 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jitship::store::ValueClass;
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
 use jitship::store::testing::SlowPackGets;
-use jitship::store::{LocalStore, Store, StoreResult};
+use jitship::store::{Capabilities, LocalStore, Store, StoreResult, ValueClass};
 use jitship_tests::fixtures::{self, digest};
 use jitship_tests::harness::Scenario;
 
@@ -183,7 +182,11 @@ fn flipped_byte_in_a_pack_is_refused_and_the_root_untouched() {
 fn plant(s: &Scenario, manifest_json: &str) {
     let id = GenerationId(ContentHash::of(manifest_json.as_bytes()));
     s.store
-        .put(&s.layout.generation(&id), manifest_json.as_bytes(), ValueClass::Record)
+        .put(
+            &s.layout.generation(&id),
+            manifest_json.as_bytes(),
+            ValueClass::Record,
+        )
         .unwrap();
     let key = s.policy_key();
     let compat = CompatId::new("triton", &key);
@@ -196,7 +199,11 @@ fn plant(s: &Scenario, manifest_json: &str) {
         signature: None,
     };
     s.store
-        .put(&s.layout.head(&compat, 1), &head.encode(), ValueClass::Record)
+        .put(
+            &s.layout.head(&compat, 1),
+            &head.encode(),
+            ValueClass::Record,
+        )
         .unwrap();
 }
 
@@ -266,7 +273,11 @@ fn malicious_manifests_are_refused_before_any_write() {
         let s = Scenario::new(local(t.path()), "triton");
         // The pack exists, so only the manifest's own content can cause the refusal.
         s.store
-            .put(&s.layout.pack(&ContentHash::of(b"pack")), b"evil", ValueClass::Bulk)
+            .put(
+                &s.layout.pack(&ContentHash::of(b"pack")),
+                b"evil",
+                ValueClass::Bulk,
+            )
             .unwrap();
         plant(&s, &manifest_with_files(&s, &files, true));
         let root = t.path().join("root");
@@ -389,6 +400,9 @@ impl Store for FailingStore {
     }
     fn max_value_size(&self) -> u64 {
         self.inner.max_value_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
     fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
         use std::sync::atomic::Ordering;

@@ -8,18 +8,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jitship::store::ValueClass;
 use jitship::catalog;
+use jitship::catalog::KeyLayout;
+use jitship::catalog::now_secs;
 use jitship::gc::{self, GcOptions, GcReport, Verdict};
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::policy::RetentionLimits;
 use jitship::policy::native::NativeRules;
-use jitship::catalog::now_secs;
 use jitship::publish::PublishOutcome;
 use jitship::store::testing::SlowPackGets;
-use jitship::store::{Store, StoreError, StoreResult};
-use jitship::catalog::KeyLayout;
+use jitship::store::{Capabilities, Store, StoreError, StoreResult, ValueClass};
 use jitship_tests::backends::{Backend, backends};
 use jitship_tests::fixtures::{bytes, digest, triton_tree};
 use jitship_tests::mooncake::flow;
@@ -49,10 +48,15 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
         .unwrap();
     for p in &m.packs {
         let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
-        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
+        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk)
+            .unwrap();
     }
-    s.put(&b.layout.generation(&generation), &m.encode(), ValueClass::Record)
-        .unwrap();
+    s.put(
+        &b.layout.generation(&generation),
+        &m.encode(),
+        ValueClass::Record,
+    )
+    .unwrap();
     let head = HeadRecord {
         compat_id: m.compat_id,
         seq,
@@ -65,8 +69,12 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
         !s.exists(&b.layout.head(&m.compat_id, seq)).unwrap(),
         "graft: head {seq} taken"
     );
-    s.put(&b.layout.head(&m.compat_id, seq), &head.encode(), ValueClass::Record)
-        .unwrap();
+    s.put(
+        &b.layout.head(&m.compat_id, seq),
+        &head.encode(),
+        ValueClass::Record,
+    )
+    .unwrap();
     generation
 }
 
@@ -371,6 +379,9 @@ impl Store for ManifestRemovesFail {
     fn max_value_size(&self) -> u64 {
         self.0.max_value_size()
     }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
     fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
         self.0.put(key, value, class)
     }
@@ -617,10 +628,12 @@ fn plant_undecodable(
         .unwrap();
     for p in &m.packs {
         let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
-        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
+        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk)
+            .unwrap();
     }
     let (id, bytes) = bytes_of(&m.encode());
-    s.put(&b.layout.generation(&id), &bytes, ValueClass::Record).unwrap();
+    s.put(&b.layout.generation(&id), &bytes, ValueClass::Record)
+        .unwrap();
     let head = HeadRecord {
         compat_id: m.compat_id,
         seq,
@@ -629,8 +642,12 @@ fn plant_undecodable(
         writer: "another jitship".into(),
         signature: None,
     };
-    s.put(&b.layout.head(&m.compat_id, seq), &head.encode(), ValueClass::Record)
-        .unwrap();
+    s.put(
+        &b.layout.head(&m.compat_id, seq),
+        &head.encode(),
+        ValueClass::Record,
+    )
+    .unwrap();
     (id, m.packs.iter().map(|p| p.id).collect())
 }
 

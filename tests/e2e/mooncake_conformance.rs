@@ -39,7 +39,10 @@ fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
         format!("{p}/big2"),
         format!("{p}/small"),
     );
-    let r = store.put_batch(&[(&k1, &fits), (&k2, &big), (&k3, b"small")], ValueClass::Record);
+    let r = store.put_batch(
+        &[(&k1, &fits), (&k2, &big), (&k3, b"small")],
+        ValueClass::Record,
+    );
     assert!(
         r[0].is_ok() && matches!(r[1], Err(StoreError::TooLarge { .. })) && r[2].is_ok(),
         "{r:?}"
@@ -51,7 +54,9 @@ fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
     // A value written by a client with bigger buffers is TooLarge for this one, not a miss.
     let writer = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
     let k4 = format!("{p}/written-wide");
-    writer.put(&k4, &vec![1u8; 3 * 1024 * 1024], ValueClass::Record).unwrap();
+    writer
+        .put(&k4, &vec![1u8; 3 * 1024 * 1024], ValueClass::Record)
+        .unwrap();
     assert!(
         matches!(store.get(&k4), Err(StoreError::TooLarge { .. })),
         "{:?}",

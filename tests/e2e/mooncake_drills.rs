@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jitship::catalog::CatalogError;
+use jitship::catalog::KeyLayout;
 use jitship::install::InstallOutcome;
 use jitship::publish::{PublishError, PublishOutcome};
 use jitship::store::{MooncakeStore, Store, StoreError};
-use jitship::catalog::KeyLayout;
 use jitship_tests::fixtures::{TreeDigest, digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{Cluster, cluster, flow, unique_prefix};
 

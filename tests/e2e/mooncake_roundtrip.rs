@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use jitship::catalog::KeyLayout;
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
 use jitship::store::{MooncakeStore, Store};
-use jitship::catalog::KeyLayout;
 use jitship_tests::fixtures::{digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{cluster, flow, unique_prefix};
 

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jitship::catalog::KeyLayout;
 use jitship::facts::Facts;
 use jitship::generation::{GenerationId, PolicyRef, Producer, RelPath};
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
@@ -17,9 +18,8 @@ use jitship::policy::{
     CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
 };
 use jitship::publish::{HashCache, PublishOptions, PublishOutcome, PublishReport};
+use jitship::store::Store;
 use jitship::store::local::LocalStore;
-use jitship::store::{Store};
-use jitship::catalog::KeyLayout;
 
 /// Native rules, plus: `*.grp` files name the root, written `{ROOT}` in canonical form.
 struct Templated {

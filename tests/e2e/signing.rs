@@ -8,13 +8,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use jitship::store::ValueClass;
 use jitship::catalog;
+use jitship::catalog::KeyLayout;
 use jitship::config::TrustMode;
 use jitship::generation::{ContentHash, GenerationId, HeadRecord};
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
 use jitship::publish::{HashCache, PublishError, PublishOutcome, PublishReport};
-use jitship::catalog::KeyLayout;
+use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
 use jitship_tests::backends::{Backend, backends, cli_backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
@@ -91,7 +91,11 @@ fn compat_key(s: &Scenario) -> String {
 
 fn put_head(s: &Scenario, layout: &KeyLayout, h: &HeadRecord) {
     s.store
-        .put(&layout.head(&h.compat_id, h.seq), &h.encode(), ValueClass::Record)
+        .put(
+            &layout.head(&h.compat_id, h.seq),
+            &h.encode(),
+            ValueClass::Record,
+        )
         .unwrap();
 }
 
@@ -233,12 +237,15 @@ fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused(
             .unwrap();
         for p in &m.packs {
             let bytes = s.store.get(&s.layout.pack(&p.id)).unwrap().unwrap();
-            s.store.put(&elsewhere.layout.pack(&p.id), &bytes, ValueClass::Bulk).unwrap();
+            s.store
+                .put(&elsewhere.layout.pack(&p.id), &bytes, ValueClass::Bulk)
+                .unwrap();
         }
         s.store
             .put(
                 &elsewhere.layout.generation(&genuine.generation),
-                &m.encode(), ValueClass::Record,
+                &m.encode(),
+                ValueClass::Record,
             )
             .unwrap();
         put_head(&elsewhere, &elsewhere.layout, &genuine);

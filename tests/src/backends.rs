@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use jitship::catalog::KeyLayout;
 use jitship::config::{Backend as BackendKind, Config, StoreConfig};
 use jitship::store::testing::WithoutListing;
 use jitship::store::{LocalStore, MooncakeStore, Store};
-use jitship::catalog::KeyLayout;
 
 pub struct Backend {
     pub name: &'static str,

@@ -5,13 +5,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jitship::catalog::KeyLayout;
 use jitship::facts::Facts;
 use jitship::generation::Producer;
 use jitship::install::{InstallOptions, InstallReport};
 use jitship::policy::native::NativeRules;
 use jitship::publish::{HashCache, PublishError, PublishOptions, PublishReport};
-use jitship::store::{Store};
-use jitship::catalog::KeyLayout;
+use jitship::store::Store;
 
 pub struct Scenario {
     pub store: Arc<dyn Store>,

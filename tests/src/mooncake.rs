@@ -114,13 +114,13 @@ pub mod flow {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use jitship::catalog::KeyLayout;
     use jitship::facts::Facts;
     use jitship::generation::Producer;
     use jitship::install::{self, InstallOptions, InstallReport};
     use jitship::policy::native::NativeRules;
     use jitship::publish::{self, HashCache, PublishError, PublishOptions, PublishReport};
-    use jitship::store::{Store};
-use jitship::catalog::KeyLayout;
+    use jitship::store::Store;
 
     /// Facts that make a compat id of their own (tests in one namespace do not meet).
     pub fn facts(tag: &str) -> Facts {

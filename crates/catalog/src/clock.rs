@@ -30,10 +30,7 @@ pub fn writer_id() -> String {
         "{}/{}/{}",
         gethostname::gethostname().to_string_lossy(),
         std::process::id(),
-        ContentHash::of(&buf)
-            .to_hex()
-            .get(..16)
-            .unwrap_or_default()
+        ContentHash::of(&buf).to_hex().get(..16).unwrap_or_default()
     )
 }
 

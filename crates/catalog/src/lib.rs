@@ -9,9 +9,11 @@ pub mod keys;
 use serde::{Deserialize, Serialize};
 
 pub use clock::{now_secs, writer_id};
-use jitship_generation::{CompatId, ContentHash, GenerationId, HeadRecord, Manifest, ManifestError};
-pub use keys::KeyLayout;
+use jitship_generation::{
+    CompatId, ContentHash, GenerationId, HeadRecord, Manifest, ManifestError,
+};
 use jitship_store::{Store, StoreError, ValueClass};
+pub use keys::KeyLayout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -613,7 +615,11 @@ mod tests {
     fn heads(store: &dyn Store, layout: &KeyLayout, compat: CompatId, n: u64) {
         for s in 1..=n {
             store
-                .put(&layout.head(&compat, s), &head(compat, s).encode(), ValueClass::Record)
+                .put(
+                    &layout.head(&compat, s),
+                    &head(compat, s).encode(),
+                    ValueClass::Record,
+                )
                 .unwrap();
         }
     }

@@ -219,9 +219,12 @@ fn large_values_round_trip(s: &dyn Store, p: &str) -> Result<(), String> {
 
 /// Listing works exactly when `capabilities()` says so; records and bulk values list alike.
 fn list_finds_keys_by_prefix_if_supported(s: &dyn Store, p: &str) -> Result<(), String> {
-    s.put(&format!("{p}/a/1"), b"x", ValueClass::Record).map_err(e)?;
-    s.put(&format!("{p}/a/2"), b"x", ValueClass::Bulk).map_err(e)?;
-    s.put(&format!("{p}/b/1"), b"x", ValueClass::Bulk).map_err(e)?;
+    s.put(&format!("{p}/a/1"), b"x", ValueClass::Record)
+        .map_err(e)?;
+    s.put(&format!("{p}/a/2"), b"x", ValueClass::Bulk)
+        .map_err(e)?;
+    s.put(&format!("{p}/b/1"), b"x", ValueClass::Bulk)
+        .map_err(e)?;
     let listing = s.capabilities().listing;
     match s.list(&format!("{p}/a/")) {
         Err(StoreError::Unsupported(_)) if !listing => Ok(()),

@@ -259,7 +259,10 @@ mod tests {
         let store = LocalStore::open(dir.path().join("s")).unwrap();
         for bad in ["../x", "a/../../x", "/abs", ".tmp/x", "a b"] {
             assert!(
-                matches!(store.put(bad, b"v", ValueClass::Bulk), Err(StoreError::InvalidKey(_))),
+                matches!(
+                    store.put(bad, b"v", ValueClass::Bulk),
+                    Err(StoreError::InvalidKey(_))
+                ),
                 "{bad}"
             );
         }

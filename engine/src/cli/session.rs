@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 
 use super::args::{PolicySandboxArgs, SettingsArgs, StoreArgs};
 use super::output::{self, ErrorRecord, Stage};
+use crate::catalog::KeyLayout;
 use crate::config::{Backend, CacheConfig, Config, StoreConfig};
 use crate::facts::{Facts, FactsConfig};
 use crate::generation::Producer;
@@ -14,8 +15,7 @@ use crate::policy::CachePolicy;
 use crate::policy::set::PolicySet;
 use crate::publish::PublishOptions;
 use crate::roots::{ProcessEnv, RootOrigin};
-use crate::store::{Store};
-use crate::catalog::KeyLayout;
+use crate::store::Store;
 use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 
 /// What working on one cache needs: the store and the kind's policy.

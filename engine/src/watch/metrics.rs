@@ -440,10 +440,10 @@ mod tests {
     /// fixed set of `files_skipped` series as an empty one: categories, never file names.
     #[test]
     fn skip_labels_are_bounded_whatever_the_tree_holds() {
+        use crate::catalog::KeyLayout;
         use crate::policy::native::NativeRules;
         use crate::publish::{HashCache, PublishOptions, publish};
-        use crate::store::{LocalStore};
-use crate::catalog::KeyLayout;
+        use crate::store::LocalStore;
 
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");

@@ -36,10 +36,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::catalog::KeyLayout;
 use crate::policy::CachePolicy;
 use crate::publish::{HashCache, PublishError, PublishOptions, PublishOutcome, PublishReport};
-use crate::store::{Store};
-use crate::catalog::KeyLayout;
+use crate::store::Store;
 use fswatch::FsWatch;
 use metrics::Metrics;
 use ready::{Probe, ReadyUrl};

@@ -2,8 +2,8 @@
 
 use anyhow::{Context, Result, bail};
 
-use crate::cli::args::{GcArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs};
 use crate::catalog::now_secs;
+use crate::cli::args::{GcArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs};
 use crate::cli::render::{age, short, spinner, table};
 use crate::cli::session::Session;
 use crate::cli::{exit, output};
