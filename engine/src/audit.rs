@@ -6,118 +6,12 @@
 //! installed cache adds none of those.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::generation::Manifest;
-use crate::install::confined::{self, Confined};
+pub use crate::install::record::{InstallRecord, record_path, write_record};
 use crate::policy::native::never_publish_reason;
-use crate::scan::STAGING_PREFIX;
-
-/// How install records end; the scan skips files with this suffix (jitship's own), so a record
-/// beside one root is never published by a root that contains it (the `inductor-pch` root lies
-/// inside the default `inductor` root).
-pub const RECORD_SUFFIX: &str = ".jitship-installed.json";
-
-/// What one install put into a root.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InstallRecord {
-    pub cache_kind: String,
-    pub generation: String,
-    /// Seconds since the Unix epoch.
-    pub installed_at: u64,
-    /// Every file of the generation the install put or found in place (not the conflicts it left
-    /// alone), by path, with its size on disk.
-    pub files: BTreeMap<String, u64>,
-}
-
-impl InstallRecord {
-    pub fn of(cache_kind: &str, manifest: &Manifest) -> Self {
-        Self {
-            cache_kind: cache_kind.to_string(),
-            generation: manifest.id().to_string(),
-            installed_at: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            files: manifest
-                .files
-                .iter()
-                .map(|f| (f.path.to_string(), f.size))
-                .collect(),
-        }
-    }
-}
-
-/// The record's name in the directory holding a root named `root_name`.
-pub fn record_name(root_name: &str) -> String {
-    format!(".{root_name}{RECORD_SUFFIX}")
-}
-
-/// The root as install resolves it: absolute, and a root that is a symlink followed once (the
-/// record lies beside what the link points to).
-fn resolve(root: &Path) -> PathBuf {
-    let root = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
-    match std::fs::symlink_metadata(&root) {
-        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(&root).unwrap_or(root),
-        _ => root,
-    }
-}
-
-/// Where the record of `root` lives: beside it, in its parent directory.
-pub fn record_path(root: &Path) -> PathBuf {
-    let root = resolve(root);
-    let name = root
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "root".into());
-    root.parent()
-        .unwrap_or_else(|| Path::new("/"))
-        .join(record_name(&name))
-}
-
-/// Writes the record of the root `root_name` into `parent` (the open directory holding the root)
-/// atomically: a temp file with a staging name (scans skip it) created there without following a
-/// link, then renamed over the record. The caller holds the root's install lock, so the temp
-/// name is its own; one left by a crash is replaced.
-pub fn write_record_in(
-    parent: &Confined,
-    root_name: &str,
-    record: &InstallRecord,
-) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    let tmp = format!("{STAGING_PREFIX}{root_name}.record");
-    match parent.remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let written = parent.create_new(&tmp, 0o644).and_then(|mut f| {
-        f.write_all(&bytes)?;
-        f.sync_data()
-    });
-    let moved =
-        written.and_then(|()| confined::rename_over(parent.fd(), &tmp, &record_name(root_name)));
-    if moved.is_err() {
-        let _ = parent.remove_file(&tmp);
-    }
-    moved
-}
-
-/// Writes the record of `root` (see [`write_record_in`]), opening the directory holding it.
-pub fn write_record(root: &Path, record: &InstallRecord) -> std::io::Result<()> {
-    let root = resolve(root);
-    let (Some(parent), Some(name)) = (root.parent(), root.file_name().and_then(|n| n.to_str()))
-    else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{}: no directory holds this root", root.display()),
-        ));
-    };
-    let parent = Confined::open(&std::fs::canonicalize(parent)?)?;
-    write_record_in(&parent, name, record)
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -240,6 +134,7 @@ pub fn audit(cache_kind: &str, root: &Path) -> Result<AuditReport, AuditError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scan::{RECORD_SUFFIX, STAGING_PREFIX};
 
     fn write(root: &Path, rel: &str, bytes: &[u8]) {
         let p = root.join(rel);

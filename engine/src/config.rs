@@ -9,10 +9,13 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
+pub use crate::facts::GatherConfig;
+pub use crate::policy::host::PolicyConfig;
 pub use crate::store::settings::{
     Backend, InvalidSetting, LocalStoreConfig, MOONCAKE_LIBRARY_ENV, MooncakeConfig,
     MooncakeProtocol, StoreConfig, parse_host_port,
 };
+pub use crate::trust::{TrustConfig, TrustMode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -58,60 +61,6 @@ pub struct Config {
     pub watch: WatchConfig,
     pub retention: RetentionConfig,
     pub trust: TrustConfig,
-}
-
-/// `[trust]`: which publishers' generations are installed and built on, and this publisher's key
-/// (see `crate::trust` and the README's threat model).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrustConfig {
-    /// `required`, `warn` or `off`. Unset: `required` once a trusted key is configured, else `off`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<TrustMode>,
-    /// Trusted public keys, `ed25519:<64 hex digits>` as `jitship key generate` prints them.
-    /// Several at once during a key rotation.
-    pub trusted_keys: Vec<String>,
-    /// Files holding one trusted public key each (that form, or a PEM `PUBLIC KEY`), e.g. a
-    /// mounted ConfigMap.
-    pub trusted_key_files: Vec<PathBuf>,
-    /// This publisher's private key (PKCS#8 PEM, as `jitship key generate` writes it). Publish and
-    /// watch sign every head they write with it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signing_key_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum TrustMode {
-    /// Signatures are shown but not checked before use.
-    Off,
-    /// Unsigned or untrusted generations are used, with a warning.
-    Warn,
-    /// Only generations signed by a trusted key are installed or built on.
-    Required,
-}
-
-impl TrustMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Off => "off",
-            Self::Warn => "warn",
-            Self::Required => "required",
-        }
-    }
-}
-
-impl TrustConfig {
-    /// The mode in force: the configured one, else `required` when trusted keys are configured.
-    pub fn effective_mode(&self) -> TrustMode {
-        self.mode.unwrap_or(
-            if self.trusted_keys.is_empty() && self.trusted_key_files.is_empty() {
-                TrustMode::Off
-            } else {
-                TrustMode::Required
-            },
-        )
-    }
 }
 
 /// Quotas handed to the retention policy, per compat key, and gc's safety margin.
@@ -199,41 +148,6 @@ impl CacheConfig {
     /// Whether the root is left to be resolved from the environment (`crate::roots`).
     pub fn root_is_default(&self) -> bool {
         path_is_empty(&self.root)
-    }
-}
-
-/// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GatherConfig {
-    /// The inference engine's interpreter (e.g. a venv's `bin/python3`); default `python3` on PATH.
-    pub python: Option<PathBuf>,
-    /// Site-packages directories to read package versions from, instead of asking the interpreter.
-    pub site_packages: Vec<PathBuf>,
-    /// Distributions whose versions become `pkg.*` facts, beyond the built-in list.
-    pub packages: Vec<String>,
-    /// The engine's configuration file; its blake3 becomes `engine.config_digest`.
-    pub engine_config: Option<PathBuf>,
-    /// NVML, loaded at run time.
-    pub nvml_library: PathBuf,
-    /// The NVIDIA kernel module's version file (driver version when NVML and nvidia-smi fail).
-    pub driver_version_file: PathBuf,
-    /// Bound on each external program (nvidia-smi, nvcc, python) and on NVML.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-}
-
-impl Default for GatherConfig {
-    fn default() -> Self {
-        Self {
-            python: None,
-            site_packages: Vec::new(),
-            packages: Vec::new(),
-            engine_config: None,
-            nvml_library: PathBuf::from("libnvidia-ml.so.1"),
-            driver_version_file: PathBuf::from("/proc/driver/nvidia/version"),
-            timeout: Duration::from_secs(5),
-        }
     }
 }
 
@@ -334,52 +248,13 @@ impl WatchConfig {
             ));
         }
         if let Some(url) = &self.ready_url {
-            crate::watch::ready::ReadyUrl::parse(url).map_err(|e| ConfigError::Invalid {
+            crate::ready::ReadyUrl::parse(url).map_err(|e| ConfigError::Invalid {
                 what: "watch.ready_url",
                 value: url.clone(),
                 hint: e.hint.into(),
             })?;
         }
         Ok(())
-    }
-}
-
-/// The sandbox every policy runs in (research/wasm-plugins.md §3.7). Each call gets a fresh instance
-/// with these budgets; a policy that exceeds one is stopped with a typed error and its cache kind is
-/// disabled, nothing else.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PolicyConfig {
-    /// Deterministic CPU budget per call, in wasmtime fuel units (about one per wasm instruction).
-    /// The built-in selects are linear, 2,500 to 41,000 units per entry (vllm-compile the
-    /// heaviest; `tests/e2e/policy_scale.rs` prints them): the default covers a 100,000-entry
-    /// cache of any built-in kind with 2x to spare, and the deadline still stops a runaway loop.
-    pub fuel: u64,
-    /// Wall-clock backstop per call, for when the machine is so starved that fuel alone would take
-    /// too long; keep it generous, busy nodes run slow.
-    #[serde(with = "humantime_serde")]
-    pub deadline: Duration,
-    /// Cap on a policy's linear memory.
-    pub memory: ByteSize,
-    /// Cap on what one evaluation may read through `read-file` (host work is not metered by fuel).
-    pub read_budget: ByteSize,
-    /// Keep compiled policies on disk so a start costs milliseconds instead of a compile.
-    pub compile_cache: bool,
-    /// Where compiled policies are kept (created 0700; only files jitship wrote there are loaded).
-    /// If it cannot be created or trusted, jitship warns and compiles in memory.
-    pub cache_dir: PathBuf,
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        Self {
-            fuel: 10_000_000_000,
-            deadline: Duration::from_secs(5),
-            memory: ByteSize::mib(64),
-            read_budget: ByteSize::mib(16),
-            compile_cache: true,
-            cache_dir: PathBuf::from("/var/cache/jitship/policy"),
-        }
     }
 }
 
@@ -625,6 +500,15 @@ pub fn parse_fact_arg(s: &str) -> Result<(String, String), ConfigError> {
     }
 }
 
+/// Parses `k=v;k=v` (the form of `JITSHIP_FACTS`); empty items are ignored.
+pub fn parse_fact_list(s: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    s.split(';')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(parse_fact_arg)
+        .collect()
+}
+
 /// `local:DIR`, `mooncake` (the `[store.mooncake]` settings) or `mooncake:HOST:PORT` (those
 /// settings with another master), as given to `--store`.
 pub fn apply_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigError> {
@@ -655,6 +539,20 @@ pub fn apply_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fact_lists_parse_like_the_env_variable() {
+        let parsed = parse_fact_list("model.id=Qwen/Qwen3-8B; gpu.cc=9.0;;").unwrap();
+        assert_eq!(
+            parsed,
+            BTreeMap::from([
+                ("gpu.cc".into(), "9.0".into()),
+                ("model.id".into(), "Qwen/Qwen3-8B".into())
+            ])
+        );
+        assert!(parse_fact_list("model.id").is_err());
+        assert!(parse_fact_list("").unwrap().is_empty());
+    }
 
     #[test]
     fn example_config_parses() {

@@ -599,7 +599,7 @@ fn fetch_pack(
 
 /// `Untrusted` problems for the heads of `g` that `trust` refuses (none under mode `off`).
 pub fn signature_problems(g: &GenerationView, trust: &TrustPolicy) -> Vec<Problem> {
-    if trust.mode() == crate::config::TrustMode::Off {
+    if trust.mode() == crate::trust::TrustMode::Off {
         return vec![];
     }
     g.signatures

@@ -37,7 +37,7 @@
 //! on disk.
 //!
 //! Once the generation is in place (installed, already current, or partly, beside conflicts), the
-//! install leaves a record of it beside the root (`crate::audit`, `.<name>.jitship-installed.json`,
+//! install leaves a record of it beside the root (`record`: `.<name>.jitship-installed.json`,
 //! written through the parent's descriptor) for `jitship audit`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -64,6 +64,7 @@ use crate::store::{Fetched, Store, StoreError, StoreResult};
 use crate::trust::{Signer, TrustPolicy};
 
 pub mod confined;
+pub mod record;
 use confined::{Confined, Kind};
 
 #[derive(Debug, Clone)]
@@ -626,14 +627,14 @@ impl Job {
         }
     }
 
-    /// Leaves the record `jitship audit` compares the root with later (`crate::audit`), beside
+    /// Leaves the record `jitship audit` compares the root with later (`record`), beside
     /// the root, through the descriptor of its parent the commit renames through (the lock is
     /// held): never following a link, and scans never offer it. It holds what this install put (or found) in
     /// place: every file of the generation but the conflicts left alone, with its size on disk (a
     /// file materialized for this root has its own). Best effort: the files are installed whether
     /// or not the record can be written.
     fn record(&self, manifest: &Manifest, target: &Target) {
-        let mut record = crate::audit::InstallRecord::of(&self.report.cache_kind, manifest);
+        let mut record = record::InstallRecord::of(&self.report.cache_kind, manifest);
         for c in &self.report.conflicts {
             record.files.remove(c);
         }
@@ -649,7 +650,7 @@ impl Job {
                 }
             }
         }
-        if let Err(e) = crate::audit::write_record_in(&target.parent, &target.name, &record) {
+        if let Err(e) = record::write_record_in(&target.parent, &target.name, &record) {
             tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
         }
     }

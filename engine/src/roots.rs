@@ -23,7 +23,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::config::CacheConfig;
-use crate::policy::set::PolicySet;
+use crate::policies::PolicySet;
 use crate::policy::{CachePolicy, PolicyInfo};
 
 /// The environment root resolution reads: variables and the user's passwd entry.

@@ -11,6 +11,11 @@ use crate::policy::FileEntry;
 /// jitship's own staging directories inside a root (when the root is a mount point); never scanned.
 pub const STAGING_PREFIX: &str = ".jitship-staging-";
 
+/// How install records end (see `install::record`); the scan skips files with this suffix
+/// (jitship's own), so a record beside one root is never published by a root that contains it
+/// (the `inductor-pch` root lies inside the default `inductor` root).
+pub const RECORD_SUFFIX: &str = ".jitship-installed.json";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScannedFile {
     pub path: RelPath,
@@ -65,8 +70,7 @@ pub fn snapshot(root: &Path) -> std::io::Result<Snapshot> {
     // jitship's own files: staging directories and install records (of a root nested in this one).
     let walker = walker.filter_entry(|e| {
         let name = e.file_name().to_string_lossy();
-        e.depth() == 0
-            || !(name.starts_with(STAGING_PREFIX) || name.ends_with(crate::audit::RECORD_SUFFIX))
+        e.depth() == 0 || !(name.starts_with(STAGING_PREFIX) || name.ends_with(RECORD_SUFFIX))
     });
     for entry in walker {
         let entry = match entry {

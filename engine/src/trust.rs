@@ -27,10 +27,63 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{TrustConfig, TrustMode};
 use crate::generation::{HeadRecord, HeadSignature};
+
+/// `[trust]`: which publishers' generations are installed and built on, and this publisher's key
+/// (see the module docs and the README's threat model).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrustConfig {
+    /// `required`, `warn` or `off`. Unset: `required` once a trusted key is configured, else `off`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<TrustMode>,
+    /// Trusted public keys, `ed25519:<64 hex digits>` as `jitship key generate` prints them.
+    /// Several at once during a key rotation.
+    pub trusted_keys: Vec<String>,
+    /// Files holding one trusted public key each (that form, or a PEM `PUBLIC KEY`), e.g. a
+    /// mounted ConfigMap.
+    pub trusted_key_files: Vec<PathBuf>,
+    /// This publisher's private key (PKCS#8 PEM, as `jitship key generate` writes it). Publish and
+    /// watch sign every head they write with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signing_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TrustMode {
+    /// Signatures are shown but not checked before use.
+    Off,
+    /// Unsigned or untrusted generations are used, with a warning.
+    Warn,
+    /// Only generations signed by a trusted key are installed or built on.
+    Required,
+}
+
+impl TrustMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Warn => "warn",
+            Self::Required => "required",
+        }
+    }
+}
+
+impl TrustConfig {
+    /// The mode in force: the configured one, else `required` when trusted keys are configured.
+    pub fn effective_mode(&self) -> TrustMode {
+        self.mode.unwrap_or(
+            if self.trusted_keys.is_empty() && self.trusted_key_files.is_empty() {
+                TrustMode::Off
+            } else {
+                TrustMode::Required
+            },
+        )
+    }
+}
 
 pub const PUBLIC_KEY_PREFIX: &str = "ed25519:";
 

@@ -11,10 +11,10 @@ use jitship::config::CacheConfig;
 use jitship::facts::Facts;
 use jitship::generation::RelPath;
 use jitship::generation::{ContentHash, GenerationId};
+use jitship::policies::{PolicySet, PolicySource};
 use jitship::policy::build::{BuildOptions, build_policy_crate_to};
 use jitship::policy::host::Rewrite;
 use jitship::policy::host::{Limits, PolicyEngine, WasmPolicy};
-use jitship::policy::set::{PolicySet, PolicySource};
 use jitship::policy::{
     CachePolicy, FileEntry, GenerationSummary, PolicyError, ReasonCategory, RetentionLimits,
     Verdict,

@@ -16,8 +16,8 @@ use clap::{CommandFactory, Parser};
 use jitship::cli::{Cli, Command, SettingsArgs};
 use jitship::config::Config;
 use jitship::facts::{Facts, FactsConfig, Gathered, Provenance, Source};
+use jitship::policies::{PolicySet, PolicySource};
 use jitship::policy::CachePolicy;
-use jitship::policy::set::{PolicySet, PolicySource};
 use jitship::roots::{self, ProcessEnv, RootOrigin};
 use serde::Deserialize;
 use serde_norway::Value;
@@ -224,7 +224,7 @@ fn render(c: &Container, files: &BTreeMap<String, PathBuf>, worker: &Gathered) -
     // the --fact / JITSHIP_FACTS values resolved into it.
     let mut gathered = worker.clone();
     gathered.apply_overrides_and_derive(
-        &FactsConfig::from_process(&config, &Default::default()).overrides,
+        &FactsConfig::from_process(&config.gather, &config.facts, &Default::default()).overrides,
     );
     Rendered {
         config,
@@ -375,7 +375,7 @@ fn check_example(file: &str) {
     );
 
     // Every fact JITSHIP_FACTS gives is read by some policy: without it a key changes or is refused.
-    let given = jitship::facts::parse_fact_list(&watch.env["JITSHIP_FACTS"]).unwrap();
+    let given = jitship::config::parse_fact_list(&watch.env["JITSHIP_FACTS"]).unwrap();
     for name in given.keys() {
         let without: Facts = side
             .facts

@@ -11,8 +11,8 @@ use crate::catalog::KeyLayout;
 use crate::config::{Backend, CacheConfig, Config, StoreConfig};
 use crate::facts::{Facts, FactsConfig};
 use crate::generation::Producer;
+use crate::policies::PolicySet;
 use crate::policy::CachePolicy;
-use crate::policy::set::PolicySet;
 use crate::publish::PublishOptions;
 use crate::roots::{ProcessEnv, RootOrigin};
 use crate::store::Store;
@@ -100,7 +100,8 @@ impl CacheSession {
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
         // [facts] and the --fact flags (already merged into it) on top. Gathering runs probes
         // (python, nvidia-smi) that take about as long as connecting to Mooncake: side by side.
-        let facts_config = FactsConfig::from_process(&config, &Default::default());
+        let facts_config =
+            FactsConfig::from_process(&config.gather, &config.facts, &Default::default());
         let (gathered, store, policies) = std::thread::scope(|s| {
             let gathering = s.spawn(|| crate::facts::gather(&facts_config));
             let store = open_store(&config.store).map_err(|e| SharedFailure {

@@ -51,10 +51,9 @@ mod python;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use serde::Serialize;
-
-use crate::config::{Config, ConfigError, GatherConfig};
+use serde::{Deserialize, Serialize};
 
 pub use cpu::is_inductor_env;
 pub use python::normalize as normalize_package_name;
@@ -193,6 +192,41 @@ pub struct OverrideLayer {
     pub facts: BTreeMap<String, String>,
 }
 
+/// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatherConfig {
+    /// The inference engine's interpreter (e.g. a venv's `bin/python3`); default `python3` on PATH.
+    pub python: Option<PathBuf>,
+    /// Site-packages directories to read package versions from, instead of asking the interpreter.
+    pub site_packages: Vec<PathBuf>,
+    /// Distributions whose versions become `pkg.*` facts, beyond the built-in list.
+    pub packages: Vec<String>,
+    /// The engine's configuration file; its blake3 becomes `engine.config_digest`.
+    pub engine_config: Option<PathBuf>,
+    /// NVML, loaded at run time.
+    pub nvml_library: PathBuf,
+    /// The NVIDIA kernel module's version file (driver version when NVML and nvidia-smi fail).
+    pub driver_version_file: PathBuf,
+    /// Bound on each external program (nvidia-smi, nvcc, python) and on NVML.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for GatherConfig {
+    fn default() -> Self {
+        Self {
+            python: None,
+            site_packages: Vec::new(),
+            packages: Vec::new(),
+            engine_config: None,
+            nvml_library: PathBuf::from("libnvidia-ml.so.1"),
+            driver_version_file: PathBuf::from("/proc/driver/nvidia/version"),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 /// Everything `gather` reads, explicit so that tests (running in parallel) and callers decide it.
 #[derive(Debug, Clone)]
 pub struct FactsConfig {
@@ -212,9 +246,14 @@ pub struct FactsConfig {
 }
 
 impl FactsConfig {
-    /// The settings of `config`, this process's PATH and CUDA variables, the config's `[facts]`
-    /// and then `flag_facts` (the `--fact` flags, or `JITSHIP_FACTS` when no flag is given).
-    pub fn from_process(config: &Config, flag_facts: &BTreeMap<String, String>) -> Self {
+    /// The `[gather]` settings, this process's PATH and CUDA variables, the config's `[facts]`
+    /// (`config_facts`) and then `flag_facts` (the `--fact` flags, or `JITSHIP_FACTS` when no
+    /// flag is given).
+    pub fn from_process(
+        settings: &GatherConfig,
+        config_facts: &BTreeMap<String, String>,
+        flag_facts: &BTreeMap<String, String>,
+    ) -> Self {
         let env: BTreeMap<String, String> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, v)| consulted_env(k) && !v.is_empty())
@@ -223,7 +262,7 @@ impl FactsConfig {
             .map(|p| std::env::split_paths(&p).collect())
             .unwrap_or_default();
         Self {
-            settings: config.gather.clone(),
+            settings: settings.clone(),
             search_path,
             env,
             default_cuda_home: PathBuf::from("/usr/local/cuda"),
@@ -232,7 +271,7 @@ impl FactsConfig {
             overrides: vec![
                 OverrideLayer {
                     origin: "config [facts]".into(),
-                    facts: config.facts.clone(),
+                    facts: config_facts.clone(),
                 },
                 OverrideLayer {
                     origin: format!("--fact / {FACTS_ENV}"),
@@ -249,15 +288,6 @@ pub fn consulted_env(name: &str) -> bool {
         name,
         "CUDA_HOME" | "CUDA_PATH" | "CXX" | "ATEN_CPU_CAPABILITY" | "OMP_NUM_THREADS"
     ) || is_inductor_env(name)
-}
-
-/// Parses `k=v;k=v` (the form of `JITSHIP_FACTS`); empty items are ignored.
-pub fn parse_fact_list(s: &str) -> Result<BTreeMap<String, String>, ConfigError> {
-    s.split(';')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(crate::config::parse_fact_arg)
-        .collect()
 }
 
 /// Gathers every fact of the table above, then applies the overrides. Never fails and never
@@ -1076,7 +1106,8 @@ mod tests {
     fn this_machines_defaults_never_fail_and_account_for_every_fact() {
         // Whatever this machine has (no GPU on CI), gathering with real defaults must answer,
         // quickly, with each fact either found or missing with a reason.
-        let cfg = FactsConfig::from_process(&Config::default(), &BTreeMap::new());
+        let cfg =
+            FactsConfig::from_process(&GatherConfig::default(), &BTreeMap::new(), &BTreeMap::new());
         let g = gather(&cfg);
         every_expected_fact_is_accounted_for(&g, &[]);
         assert!(g.missing.values().all(|why| !why.is_empty()), "{g:#?}");
@@ -1255,19 +1286,5 @@ mod tests {
         assert_eq!(v["sources"]["model.id"]["source"], "override");
         assert_eq!(v["sources"]["os.arch"]["source"], "target");
         assert!(v["missing"]["gpu.name"].is_string());
-    }
-
-    #[test]
-    fn fact_lists_parse_like_the_env_variable() {
-        let parsed = parse_fact_list("model.id=Qwen/Qwen3-8B; gpu.cc=9.0;;").unwrap();
-        assert_eq!(
-            parsed,
-            BTreeMap::from([
-                ("gpu.cc".into(), "9.0".into()),
-                ("model.id".into(), "Qwen/Qwen3-8B".into())
-            ])
-        );
-        assert!(parse_fact_list("model.id").is_err());
-        assert!(parse_fact_list("").unwrap().is_empty());
     }
 }

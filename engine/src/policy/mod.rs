@@ -6,7 +6,6 @@ pub mod build;
 pub mod builtin;
 pub mod host;
 pub mod native;
-pub mod set;
 
 use std::path::Path;
 

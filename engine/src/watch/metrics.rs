@@ -26,8 +26,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::policies::KindStatus;
 use crate::policy::ReasonCategory;
-use crate::policy::set::KindStatus;
 use crate::publish::{PublishOutcome, PublishReport};
 
 /// Where the metrics learn which cache kinds have their policy disabled (the process's `PolicySet`).
@@ -193,9 +193,9 @@ impl Metrics {
         let status = source();
         for s in &status {
             for cause in [
-                crate::policy::set::DisabledCause::Load,
-                crate::policy::set::DisabledCause::Violation,
-                crate::policy::set::DisabledCause::Backoff,
+                crate::policies::DisabledCause::Load,
+                crate::policies::DisabledCause::Violation,
+                crate::policies::DisabledCause::Backoff,
             ] {
                 self.policy_disabled
                     .get_or_create(&vec![
@@ -528,7 +528,7 @@ mod tests {
 
     #[test]
     fn disabled_policies_show_in_the_metric_and_healthz() {
-        use crate::policy::set::{DisabledCause, PolicySource};
+        use crate::policies::{DisabledCause, PolicySource};
         let m = Metrics::new();
         assert_eq!(m.health(), "ok\n");
         let kind = |kind: &str, cause: Option<DisabledCause>| KindStatus {

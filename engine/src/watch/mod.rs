@@ -23,7 +23,6 @@
 
 pub mod fswatch;
 pub mod metrics;
-pub mod ready;
 pub mod schedule;
 
 use std::net::SocketAddr;
@@ -39,10 +38,10 @@ use tokio::time::Instant;
 use crate::catalog::KeyLayout;
 use crate::policy::CachePolicy;
 use crate::publish::{HashCache, PublishError, PublishOptions, PublishOutcome, PublishReport};
+use crate::ready::{Probe, ReadyUrl};
 use crate::store::Store;
 use fswatch::FsWatch;
 use metrics::Metrics;
-use ready::{Probe, ReadyUrl};
 pub use schedule::Timing;
 use schedule::{Rescan, RootSchedule};
 
@@ -446,7 +445,7 @@ impl Loop {
             self.gate.open = true;
             return;
         };
-        let result = ready::probe(&url).await;
+        let result = crate::ready::probe(&url).await;
         if result == Probe::Ready {
             tracing::info!(url = %url.as_str(), "server is ready: publishing from now on");
             self.gate.open = true;

@@ -5,7 +5,7 @@ use anyhow::{Result, bail};
 use crate::cli::args::AuditArgs;
 use crate::cli::output::{self, Envelope};
 use crate::cli::{exit, render};
-use crate::policy::set::PolicySet;
+use crate::policies::PolicySet;
 use crate::roots::ProcessEnv;
 
 pub(crate) fn run_audit(args: AuditArgs) -> Result<i32> {

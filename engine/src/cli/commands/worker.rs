@@ -14,7 +14,7 @@ use crate::cli::session::CacheSession;
 use crate::config::{self, Config};
 use crate::facts::FactsConfig;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
-use crate::policy::set::PolicySet;
+use crate::policies::PolicySet;
 use crate::publish::{HashCache, PublishReport};
 use crate::roots::{ProcessEnv, RootOrigin};
 
@@ -170,7 +170,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     let ready_url = wc
         .ready_url
         .as_deref()
-        .map(watch::ready::ReadyUrl::parse)
+        .map(crate::ready::ReadyUrl::parse)
         .transpose()?;
     let opts = WatchOptions {
         timing: watch::Timing {
@@ -374,7 +374,11 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
         let (k, v) = config::parse_fact_arg(arg.trim())?;
         flag_facts.insert(k, v);
     }
-    let gathered = crate::facts::gather(&FactsConfig::from_process(&config, &flag_facts));
+    let gathered = crate::facts::gather(&FactsConfig::from_process(
+        &config.gather,
+        &config.facts,
+        &flag_facts,
+    ));
     config::apply_cache_args(&mut config, &args.caches)?;
     config.validate()?;
     let roots = resolved_roots(&config)?;

@@ -10,6 +10,7 @@
 
 mod cache;
 mod contract;
+mod settings;
 mod state;
 
 use std::path::Path;
@@ -22,6 +23,7 @@ use wasmtime::{Config, Engine, Store, Trap};
 
 pub use self::cache::{CacheError, CompileCache};
 pub use self::contract::{CONTRACT_MAJOR, CONTRACT_MINOR, CONTRACT_PACKAGE, ContractInfo};
+pub use self::settings::PolicyConfig;
 use self::state::HostState;
 pub use self::state::{
     LogLine, MAX_LOG_MESSAGE, MAX_LOG_MESSAGES, MAX_READ_CALLS, MAX_READ_PER_CALL,
@@ -31,7 +33,6 @@ use super::{
     CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
     RetentionLimits, Selection, Verdict,
 };
-use crate::config::PolicyConfig;
 use crate::facts::Facts;
 use crate::generation::{GenerationId, PolicyRef, RelPath};
 

@@ -12,15 +12,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::host::PolicyEngine;
-use super::native::NativeRules;
-use super::{
-    CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
-    builtin,
-};
 use crate::config::{CacheConfig, Config};
 use crate::facts::Facts;
 use crate::generation::{GenerationId, PolicyRef, RelPath};
+use crate::policy::host::PolicyEngine;
+use crate::policy::native::NativeRules;
+use crate::policy::{
+    CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
+    builtin,
+};
 
 /// Where a kind's policy came from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
