@@ -1,0 +1,306 @@
+
+use super::*;
+
+#[test]
+fn fact_lists_parse_like_the_env_variable() {
+    let parsed = parse_fact_list("model.id=Qwen/Qwen3-8B; gpu.cc=9.0;;").unwrap();
+    assert_eq!(
+        parsed,
+        BTreeMap::from([
+            ("gpu.cc".into(), "9.0".into()),
+            ("model.id".into(), "Qwen/Qwen3-8B".into())
+        ])
+    );
+    assert!(parse_fact_list("model.id").is_err());
+    assert!(parse_fact_list("").unwrap().is_empty());
+}
+
+#[test]
+fn example_config_parses() {
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/jitship.toml"
+    ));
+    let config = Config::load(path).unwrap();
+    assert!(!config.caches.is_empty());
+}
+
+/// The tests crate writes configs with `toml::to_string`; [watch] must survive the round trip.
+#[test]
+fn default_config_round_trips_through_toml() {
+    let mut config = Config::default();
+    config.watch.metrics_addr = Some("127.0.0.1:9464".parse().unwrap());
+    let text = toml::to_string(&config).unwrap();
+    assert_eq!(Config::parse(&text, Path::new("x.toml")).unwrap(), config);
+    let text = toml::to_string(&Config::default()).unwrap();
+    assert_eq!(
+        Config::parse(&text, Path::new("x.toml")).unwrap(),
+        Config::default()
+    );
+}
+
+/// The Kubernetes example embeds a jitship.toml in a ConfigMap; it must stay a valid config.
+#[test]
+fn kubernetes_example_config_parses() {
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/kubernetes/configmap.yaml"
+    ));
+    let yaml = std::fs::read_to_string(path).unwrap();
+    let (_, body) = yaml.split_once("jitship.toml: |\n").unwrap();
+    let toml: String = body
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::parse(&toml, path).unwrap();
+    assert_eq!(config.store.backend, Backend::Mooncake);
+    assert_eq!(config.watch.metrics_addr.unwrap().port(), 9464);
+    assert_eq!(config.trust.effective_mode(), TrustMode::Required);
+    config.validate().unwrap();
+}
+
+#[test]
+fn trust_is_off_until_a_key_is_configured_and_required_needs_a_key() {
+    let config = Config::parse("", Path::new("x.toml")).unwrap();
+    assert_eq!(config.trust.effective_mode(), TrustMode::Off);
+    let config = Config::parse(
+        "[trust]\ntrusted_keys = ['ed25519:00']\n",
+        Path::new("x.toml"),
+    )
+    .unwrap();
+    assert_eq!(config.trust.effective_mode(), TrustMode::Required);
+    // Parsing validates; a config built another way is checked by `validate`.
+    let err = match Config::parse("[trust]\nmode = 'required'\n", Path::new("x.toml")) {
+        Ok(config) => config.validate().unwrap_err().to_string(),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("jitship key generate"), "{err}");
+    let err = Config::parse("[trust]\nmode = 'strict'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("strict"), "{err}");
+}
+
+#[test]
+fn unknown_keys_and_bad_values_are_clear_errors() {
+    let err = Config::parse("[store]\nbakend = 'local'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bakend") && err.contains("x.toml"), "{err}");
+    let err = Config::parse("[install]\ndeadline = 'soon'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("deadline"), "{err}");
+    let err = Config::parse("[publish]\npack_size = '1KiB'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at least"), "{err}");
+    let err = Config::parse("[watch]\nrescan_interval = '0s'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("busy polling"), "{err}");
+    let err = Config::parse("[watch]\nready_url = 'https://x/h'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("http://"), "{err}");
+    let err = Config::parse("[watch]\nsettel = '1s'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("settel"), "{err}");
+    assert!(parse_cache_arg("Tri ton=/x").is_err());
+    assert!(parse_cache_arg("triton=").is_err());
+    assert!(parse_cache_arg("triton:=/x").is_err());
+    assert!(parse_fact_arg("=x").is_err());
+    let err = Config::parse("[gather]\ntimeout = '0s'\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gather.timeout"), "{err}");
+    let err = Config::parse("[gather]\npackages = ['torch>=2']\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("torch>=2"), "{err}");
+    let err = Config::parse("[policy]\nfuel = 5\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("policy.fuel"), "{err}");
+    let err = Config::parse("[policy]\nfule = 5\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fule"), "{err}");
+}
+
+#[test]
+fn cache_arg_takes_a_kind_an_optional_policy_and_an_optional_root() {
+    let c = parse_cache_arg("triton=/c/triton").unwrap();
+    assert_eq!(
+        (c.kind.as_str(), c.root.as_path(), c.policy),
+        ("triton", Path::new("/c/triton"), None)
+    );
+    let c = parse_cache_arg("inductor").unwrap();
+    assert!(c.root_is_default() && c.policy.is_none());
+    let c = parse_cache_arg("kernels:native=/data/k").unwrap();
+    assert!(c.uses_native_policy() && c.policy_file().is_none());
+    assert_eq!(c.root, Path::new("/data/k"));
+    let c = parse_cache_arg("mine:/p/mine.wasm").unwrap();
+    assert_eq!(c.policy_file(), Some(Path::new("/p/mine.wasm")));
+    assert!(c.root_is_default() && !c.uses_native_policy());
+}
+
+/// An unknown kind is refused with the built-in kinds and the nearest one, unless the operator
+/// chose a policy module or the native rules; a missing root is left for `roots` to resolve.
+#[test]
+fn unknown_kinds_are_refused_with_the_builtins_and_the_nearest_name() {
+    let parse = |t: &str| Config::parse(t, Path::new("x.toml"));
+    for (kind, nearest) in [
+        ("vllm", "vllm-compile"),
+        ("flashinfer", "flashinfer-jit"),
+        ("inducter", "inductor"),
+        ("deep_gemm", "deepgemm"),
+    ] {
+        let err = parse(&format!("[[cache]]\nkind = '{kind}'\nroot = '/c'\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("did you mean {nearest:?}")), "{err}");
+        for b in crate::policy::builtin::kinds() {
+            assert!(err.contains(b), "{b} is not listed: {err}");
+        }
+        assert!(
+            err.contains("policy = \"native\"") && err.contains(&format!("{kind}:native=ROOT")),
+            "{err}"
+        );
+    }
+    let err = parse("[[cache]]\nkind = 'zzzzzzzzzz'\nroot = '/c'\n")
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains("did you mean"), "{err}");
+    let native = parse("[[cache]]\nkind = 'vllm'\nroot = '/c'\npolicy = 'native'\n").unwrap();
+    assert!(native.caches[0].uses_native_policy());
+    let module = parse("[[cache]]\nkind = 'vllm'\nroot = '/c'\npolicy = '/p/v.wasm'\n").unwrap();
+    assert_eq!(module.caches[0].policy_file(), Some(Path::new("/p/v.wasm")));
+    let default_root = parse("[[cache]]\nkind = 'inductor'\n").unwrap();
+    assert!(default_root.caches[0].root_is_default());
+    assert!(!toml::to_string(&default_root).unwrap().contains("root"));
+}
+
+#[test]
+fn policy_section_and_per_cache_policy_parse() {
+    let text = "[policy]\nfuel = 2000000\ndeadline = '250ms'\nmemory = '16 MiB'\ncompile_cache = false\n\n\
+                    [[cache]]\nkind = 'triton'\nroot = '/c'\npolicy = '/p/triton.wasm'\n";
+    let config = Config::parse(text, Path::new("x.toml")).unwrap();
+    assert_eq!(config.policy.fuel, 2_000_000);
+    assert_eq!(config.policy.deadline, Duration::from_millis(250));
+    assert_eq!(config.policy.memory, ByteSize::mib(16));
+    assert!(!config.policy.compile_cache);
+    assert_eq!(
+        config.caches[0].policy.as_deref(),
+        Some(Path::new("/p/triton.wasm"))
+    );
+}
+
+#[test]
+fn gather_settings_parse_beside_the_facts_overrides() {
+    let text = "[facts]\n\"model.id\" = \"m\"\n[gather]\npython = \"/venv/bin/python3\"\npackages = [\"xformers\"]\ntimeout = \"2s\"\n";
+    let config = Config::parse(text, Path::new("x.toml")).unwrap();
+    assert_eq!(config.facts.get("model.id").map(String::as_str), Some("m"));
+    assert_eq!(
+        config.gather.python.as_deref(),
+        Some(Path::new("/venv/bin/python3"))
+    );
+    assert_eq!(config.gather.packages, vec!["xformers".to_string()]);
+    assert_eq!(config.gather.timeout, Duration::from_secs(2));
+    assert_eq!(
+        config.gather.nvml_library,
+        PathBuf::from("libnvidia-ml.so.1")
+    );
+}
+
+#[test]
+fn example_mooncake_section_parses_when_uncommented() {
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/jitship.toml"
+    ));
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut inside = false;
+    let mut out = String::new();
+    for line in text.lines() {
+        if line == "# [store.mooncake]" {
+            inside = true;
+        } else if line.trim().is_empty() {
+            inside = false;
+        }
+        let body = line.strip_prefix("# ").unwrap_or(line);
+        let setting = body.starts_with('[')
+            || body
+                .split_once(" = ")
+                .is_some_and(|(k, _)| !k.contains(' '));
+        out.push_str(if inside && setting { body } else { line });
+        out.push('\n');
+    }
+    let out = out.replace("backend = \"local\"", "backend = \"mooncake\"");
+    assert!(
+        out.contains("\n[store.mooncake]\n") && out.contains("\nrdma_devices = "),
+        "the example has no mooncake section"
+    );
+    let config = Config::parse(&out, path).unwrap();
+    assert_eq!(config.store.backend, Backend::Mooncake);
+    assert_eq!(
+        config.store.mooncake.library_path().unwrap(),
+        PathBuf::from("/opt/mooncake/lib/libmooncake_store.so")
+    );
+}
+
+#[test]
+fn mooncake_section_parses_validates_and_store_arg_selects_it() {
+    let text = "[store]\nbackend = 'mooncake'\n[store.mooncake]\nmaster = '10.0.0.5:50051'\nprotocol = 'rdma'\n\
+                    rdma_devices = ['mlx5_0', 'mlx5_1']\nreplicas = 2\nsoft_pin = true\nstaging_buffer_size = '128 MiB'\n\
+                    call_timeout = '5s'\n";
+    let c = Config::parse(text, Path::new("x.toml")).unwrap();
+    assert_eq!(c.store.backend, Backend::Mooncake);
+    assert_eq!(c.store.mooncake.master, "10.0.0.5:50051");
+    assert_eq!(c.store.mooncake.protocol, MooncakeProtocol::Rdma);
+    assert_eq!(c.store.mooncake.replicas, 2);
+    assert_eq!(c.store.mooncake.call_timeout, Duration::from_secs(5));
+    assert_eq!(
+        c.store.mooncake.staging_buffers, 4,
+        "unset fields take their defaults"
+    );
+
+    let bad = |t: &str| {
+        Config::parse(
+            &format!("[store]\nbackend = 'mooncake'\n[store.mooncake]\n{t}\n"),
+            Path::new("x.toml"),
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(bad("mastr = 'x:1'").contains("mastr"));
+    assert!(bad("master = 'nohost'").contains("HOST:PORT"));
+    assert!(bad("master = 'h:0'").contains("HOST:PORT"));
+    assert!(bad("protocol = 'udp'").contains("protocol"));
+    assert!(bad("replicas = 0").contains("replicas"));
+    assert!(bad("staging_buffers = 0").contains("staging_buffers"));
+    assert!(bad("call_timeout = '0s'").contains("call_timeout"));
+    assert!(bad("metadata_server = 'localhost:8080'").contains("metadata_server"));
+    let err = Config::parse(
+            "[store]\nbackend = 'mooncake'\n[store.mooncake]\nstaging_buffer_size = '32 MiB'\n[publish]\npack_size = '64 MiB'\n",
+            Path::new("x.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("pack_size") && err.contains("staging_buffer_size"),
+        "{err}"
+    );
+
+    let mut store = StoreConfig::default();
+    apply_store_arg(&mut store, "mooncake").unwrap();
+    assert_eq!(store.backend, Backend::Mooncake);
+    assert_eq!(store.mooncake.master, "127.0.0.1:50051");
+    apply_store_arg(&mut store, "mooncake:master.svc:6000").unwrap();
+    assert_eq!(store.mooncake.master, "master.svc:6000");
+    assert!(apply_store_arg(&mut store, "mooncake:").is_err());
+    assert!(apply_store_arg(&mut store, "mooncake:host").is_err());
+    assert!(apply_store_arg(&mut store, "redis:host:1").is_err());
+}

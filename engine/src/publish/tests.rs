@@ -1,0 +1,540 @@
+
+use super::*;
+use crate::policy::native::NativeRules;
+use crate::store::{Capabilities, LocalStore, StoreResult};
+
+#[test]
+fn kept_contents_stay_within_the_budget_and_go_once_fully_packed() {
+    let kept = KeptContents::new(10);
+    let (a, b) = (ContentHash::of(b"0123456"), ContentHash::of(b"xyz"));
+    assert!(kept.reserve(7));
+    kept.keep(a, b"0123456".to_vec(), 7);
+    // An identical content is not kept twice: its reservation comes back.
+    assert!(kept.reserve(3));
+    kept.keep(a, b"0123456".to_vec(), 3);
+    assert!(kept.reserve(3));
+    kept.keep(b, b"xyz".to_vec(), 3);
+    assert!(!kept.reserve(1), "budget of 10 spent on 7 + 3 bytes");
+    assert!(!kept.reserve(KEEP_FILE_LIMIT + 1));
+    // Pieces in order; the content is dropped after its last piece.
+    let mut first = [0u8; 4];
+    assert!(kept.copy_piece(&a, 0, &mut first));
+    assert_eq!(&first, b"0123");
+    let mut rest = [0u8; 3];
+    assert!(kept.copy_piece(&a, 4, &mut rest));
+    assert_eq!(&rest, b"456");
+    assert!(!kept.copy_piece(&a, 0, &mut first), "dropped once packed");
+    assert!(!kept.copy_piece(&ContentHash::of(b"other"), 0, &mut rest));
+}
+
+/// Before the first head put goes through, another publisher's head lands at that key.
+#[derive(Debug)]
+struct LosesFirstHead {
+    inner: LocalStore,
+    winner: Mutex<Option<GenerationId>>,
+    /// Signs the winner's head with this key (otherwise it keeps our signature, which then
+    /// no longer matches: a forged head).
+    resign: Mutex<Option<crate::trust::PublisherKey>>,
+}
+
+impl Store for LosesFirstHead {
+    fn describe(&self) -> String {
+        "race".into()
+    }
+    fn max_value_size(&self) -> u64 {
+        self.inner.max_value_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        if key.contains("/head/")
+            && let Some(winner) = self.winner.lock().unwrap().take()
+        {
+            let mut head = HeadRecord::decode(value).unwrap();
+            head.generation = winner;
+            head.writer = "the other publisher".into();
+            if let Some(k) = self.resign.lock().unwrap().as_ref() {
+                k.sign("ns", &mut head);
+            }
+            self.inner.put(key, &head.encode(), ValueClass::Record)?;
+        }
+        self.inner.put(key, value, class)
+    }
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        self.inner.exists(key)
+    }
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        self.inner.remove(key)
+    }
+    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.inner.list(prefix)
+    }
+}
+
+/// Another publisher's put of our first head key is "in flight": its value is there (our put
+/// keeps it) but the first `hidden_reads` gets of that key miss, as on Mooncake.
+#[derive(Debug)]
+struct InFlightHead {
+    race: LosesFirstHead,
+    hidden_key: Mutex<Option<String>>,
+    hidden_reads: Mutex<u32>,
+}
+
+impl Store for InFlightHead {
+    fn describe(&self) -> String {
+        "in flight".into()
+    }
+    fn max_value_size(&self) -> u64 {
+        self.race.max_value_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.race.capabilities()
+    }
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        let first = key.contains("/head/") && self.race.winner.lock().unwrap().is_some();
+        if first {
+            *self.hidden_key.lock().unwrap() = Some(key.to_owned());
+        }
+        self.race.put(key, value, class)
+    }
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        if self.hidden_key.lock().unwrap().as_deref() == Some(key) {
+            let mut n = self.hidden_reads.lock().unwrap();
+            if *n > 0 {
+                *n -= 1;
+                return Ok(None);
+            }
+        }
+        self.race.get(key)
+    }
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        self.race.exists(key)
+    }
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        self.race.remove(key)
+    }
+    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.race.list(prefix)
+    }
+}
+
+#[test]
+fn a_head_put_still_in_flight_is_merged_not_skipped() {
+    // 3 hidden reads: the read-back retries see it. 8: it stays hidden through all 8 read-backs,
+    // the publisher writes above it, and the check below its won seq merges it.
+    for hidden in [3, 8] {
+        let (dir, race, layout) = setup();
+        let winner = other_publisher(&race, &layout, dir.path(), &[("w.bin", b"w")], true);
+        *race.winner.lock().unwrap() = Some(winner);
+        let store = InFlightHead {
+            race,
+            hidden_key: Mutex::new(None),
+            hidden_reads: Mutex::new(hidden),
+        };
+        let root = dir.path().join("ours");
+        tree(&root, &[("o.bin", b"ours")]);
+        let r = run(&store, &layout, &root);
+        let head = catalog::newest_head(&store.race.inner, &layout, &r.compat_id)
+            .unwrap()
+            .unwrap();
+        let m = catalog::fetch_manifest(&store.race.inner, &layout, &head.generation)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            paths(&m),
+            vec!["o.bin", "w.bin"],
+            "hidden={hidden}: {:?}",
+            r.outcome
+        );
+        assert_eq!(r.merged, vec![winner], "hidden={hidden}");
+    }
+}
+
+/// When our head is read back, another publisher's head appears one seq above it, built
+/// without ours (its writer read our seq while our put was in flight).
+#[derive(Debug)]
+struct HeadAppearsAbove {
+    inner: LocalStore,
+    above: Mutex<Option<GenerationId>>,
+}
+
+impl Store for HeadAppearsAbove {
+    fn describe(&self) -> String {
+        "above".into()
+    }
+    fn max_value_size(&self) -> u64 {
+        self.inner.max_value_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        self.inner.put(key, value, class)
+    }
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        let value = self.inner.get(key)?;
+        if key.contains("/head/")
+            && let Some(v) = &value
+            && let Some(winner) = self.above.lock().unwrap().take()
+        {
+            let mut head = HeadRecord::decode(v).unwrap();
+            head.seq += 1;
+            head.generation = winner;
+            head.writer = "the other publisher".into();
+            let (prefix, _) = key.rsplit_once('/').unwrap();
+            self.inner.put(
+                &format!("{prefix}/{}", head.seq),
+                &head.encode(),
+                ValueClass::Record,
+            )?;
+        }
+        Ok(value)
+    }
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        self.inner.exists(key)
+    }
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        self.inner.remove(key)
+    }
+    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.inner.list(prefix)
+    }
+}
+
+#[test]
+fn a_head_written_above_ours_without_it_is_merged() {
+    let (dir, race, layout) = setup();
+    let winner = other_publisher(&race, &layout, dir.path(), &[("w.bin", b"w")], true);
+    let store = HeadAppearsAbove {
+        inner: race.inner,
+        above: Mutex::new(Some(winner)),
+    };
+    let root = dir.path().join("ours");
+    tree(&root, &[("o.bin", b"ours")]);
+    let r = run(&store, &layout, &root);
+    assert!(
+        store.above.lock().unwrap().is_none(),
+        "the other head was written"
+    );
+    assert!(
+        matches!(r.outcome, PublishOutcome::Published { seq: 3, .. }),
+        "{:?}",
+        r.outcome
+    );
+    let head = catalog::newest_head(&store.inner, &layout, &r.compat_id)
+        .unwrap()
+        .unwrap();
+    let m = catalog::fetch_manifest(&store.inner, &layout, &head.generation)
+        .unwrap()
+        .unwrap();
+    assert_eq!(paths(&m), vec!["o.bin", "w.bin"]);
+}
+
+fn opts() -> PublishOptions {
+    let mut facts = Facts::new();
+    facts.set("model.id", "m");
+    PublishOptions {
+        pack_size: 4096,
+        producer: Producer {
+            host: "h".into(),
+            pod: None,
+            jitship_version: "t".into(),
+        },
+        facts,
+        max_head_attempts: 4,
+        trust: Default::default(),
+    }
+}
+
+fn tree(root: &Path, files: &[(&str, &[u8])]) {
+    for (p, c) in files {
+        let path = root.join(p);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, c).unwrap();
+    }
+}
+
+fn run(store: &dyn Store, layout: &KeyLayout, root: &Path) -> PublishReport {
+    publish(
+        store,
+        layout,
+        &NativeRules::new("triton"),
+        root,
+        &opts(),
+        &mut HashCache::default(),
+    )
+    .unwrap()
+}
+
+fn paths(m: &Manifest) -> Vec<String> {
+    m.files.iter().map(|f| f.path.to_string()).collect()
+}
+
+/// Publishes `files` as another publisher's generation in a scratch namespace and copies its
+/// packs (and, if `with_manifest`, its manifest) into `layout`, without a head.
+fn other_publisher(
+    store: &LosesFirstHead,
+    layout: &KeyLayout,
+    dir: &Path,
+    files: &[(&str, &[u8])],
+    with_manifest: bool,
+) -> GenerationId {
+    let scratch = KeyLayout::new("scratch").unwrap();
+    let root = dir.join("winner");
+    tree(&root, files);
+    let r = run(&store.inner, &scratch, &root);
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    let m = catalog::fetch_manifest(&store.inner, &scratch, &generation)
+        .unwrap()
+        .unwrap();
+    for p in &m.packs {
+        let bytes = store.inner.get(&scratch.pack(&p.id)).unwrap().unwrap();
+        store
+            .inner
+            .put(&layout.pack(&p.id), &bytes, ValueClass::Bulk)
+            .unwrap();
+    }
+    if with_manifest {
+        store
+            .inner
+            .put(
+                &layout.generation(&generation),
+                &m.encode(),
+                ValueClass::Record,
+            )
+            .unwrap();
+    }
+    generation
+}
+
+fn setup() -> (tempfile::TempDir, LosesFirstHead, KeyLayout) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LosesFirstHead {
+        inner: LocalStore::open(dir.path().join("store")).unwrap(),
+        winner: Mutex::new(None),
+        resign: Mutex::new(None),
+    };
+    (dir, store, KeyLayout::new("ns").unwrap())
+}
+
+/// Under `required`: a lost race merges a trusted winner and the head written after the merge
+/// is signed; a winner whose signature does not match is written over, never merged.
+#[test]
+fn under_required_a_lost_race_merges_only_a_trusted_winner_and_signs_the_merged_head() {
+    use crate::trust::{PublisherKey, Signer, TrustPolicy};
+    use std::sync::Arc;
+    let key = PublisherKey::generate().unwrap();
+    let policy = TrustPolicy::new(crate::config::TrustMode::Required, &[key.public_key()]);
+    let mut o = opts();
+    o.trust = PublishTrust {
+        signing_key: Some(Arc::new(key.clone())),
+        policy: Arc::new(policy.clone()),
+    };
+    for trusted_winner in [true, false] {
+        let (dir, store, layout) = setup();
+        let winner = other_publisher(&store, &layout, dir.path(), &[("w.bin", b"winner's")], true);
+        *store.winner.lock().unwrap() = Some(winner);
+        if trusted_winner {
+            *store.resign.lock().unwrap() = Some(key.clone());
+        }
+        let root = dir.path().join("ours");
+        tree(&root, &[("o.bin", b"ours")]);
+        let r = publish(
+            &store,
+            &layout,
+            &NativeRules::new("triton"),
+            &root,
+            &o,
+            &mut HashCache::default(),
+        )
+        .unwrap();
+        let PublishOutcome::Published { generation, seq } = r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        assert_eq!(seq, 2, "wrote above the winner");
+        let m = catalog::fetch_manifest(&store, &layout, &generation)
+            .unwrap()
+            .unwrap();
+        let compat = m.compat_id;
+        let judge = |seq| {
+            policy.judge(
+                "ns",
+                &catalog::read_head(&store, &layout, &compat, seq)
+                    .unwrap()
+                    .unwrap(),
+            )
+        };
+        assert!(
+            matches!(judge(2), Signer::Trusted { .. }),
+            "our head is signed"
+        );
+        if trusted_winner {
+            assert!(matches!(judge(1), Signer::Trusted { .. }));
+            assert_eq!(r.merged, vec![winner]);
+            assert_eq!(paths(&m), vec!["o.bin", "w.bin"]);
+        } else {
+            assert!(matches!(judge(1), Signer::Forged { .. }));
+            assert!(r.merged.is_empty(), "{:?}", r.merged);
+            assert_eq!(
+                paths(&m),
+                vec!["o.bin"],
+                "nothing of the forged head merged"
+            );
+        }
+    }
+}
+
+#[test]
+fn losing_a_head_race_merges_onto_the_winner_and_reports_the_conflict() {
+    let (dir, store, layout) = setup();
+    let winner = other_publisher(
+        &store,
+        &layout,
+        dir.path(),
+        &[("w.bin", b"winner's"), ("same.bin", b"winner's version")],
+        true,
+    );
+    *store.winner.lock().unwrap() = Some(winner);
+    let root = dir.path().join("ours");
+    tree(&root, &[("o.bin", b"ours"), ("same.bin", b"our version")]);
+    let r = run(&store, &layout, &root);
+    let PublishOutcome::Published { generation, seq } = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    assert_eq!(seq, 2, "wrote above the winner");
+    assert_eq!(r.merged, vec![winner]);
+    assert_eq!(r.conflicts.len(), 1);
+    assert_eq!(r.conflicts[0].path.as_str(), "same.bin");
+    let m = catalog::fetch_manifest(&store, &layout, &generation)
+        .unwrap()
+        .unwrap();
+    assert_eq!(paths(&m), vec!["o.bin", "same.bin", "w.bin"]);
+    let same = m
+        .files
+        .iter()
+        .find(|f| f.path.as_str() == "same.bin")
+        .unwrap();
+    assert_eq!(
+        same.blake3,
+        ContentHash::of(b"winner's version"),
+        "the published version wins"
+    );
+    assert_eq!(m.parent, Some(winner));
+    assert!(catalog::packs_present(&store, &layout, &m).unwrap());
+}
+
+#[test]
+fn a_winner_whose_manifest_is_missing_or_corrupt_is_written_above() {
+    for corrupt in [false, true] {
+        let (dir, store, layout) = setup();
+        let winner = other_publisher(&store, &layout, dir.path(), &[("w.bin", b"w")], false);
+        if corrupt {
+            store
+                .inner
+                .put(
+                    &layout.generation(&winner),
+                    b"{\"not\": \"a manifest\"}",
+                    ValueClass::Record,
+                )
+                .unwrap();
+        }
+        *store.winner.lock().unwrap() = Some(winner);
+        let root = dir.path().join("ours");
+        tree(&root, &[("o.bin", b"ours")]);
+        let r = run(&store, &layout, &root);
+        let PublishOutcome::Published { generation, seq } = r.outcome else {
+            panic!("corrupt={corrupt}: {:?}", r.outcome)
+        };
+        assert_eq!(seq, 2, "corrupt={corrupt}");
+        assert!(r.merged.is_empty());
+        let head = catalog::newest_head(&store, &layout, &r.compat_id)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.generation, generation);
+        // The next publish builds on our generation, not on the broken one.
+        tree(&root, &[("o2.bin", b"more")]);
+        let r = run(&store, &layout, &root);
+        assert!(
+            matches!(r.outcome, PublishOutcome::Published { seq: 3, .. }),
+            "{:?}",
+            r.outcome
+        );
+    }
+}
+
+#[test]
+fn a_corrupt_head_manifest_does_not_block_later_publishes() {
+    let (dir, store, layout) = setup();
+    let root = dir.path().join("r");
+    tree(&root, &[("a.bin", b"a")]);
+    let r = run(&store, &layout, &root);
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!()
+    };
+    let key = layout.generation(&generation);
+    store.inner.remove(&key).unwrap();
+    store
+        .inner
+        .put(&key, b"garbage", ValueClass::Record)
+        .unwrap();
+    tree(&root, &[("b.bin", b"b")]);
+    let r = run(&store, &layout, &root);
+    let PublishOutcome::Published { generation, seq: 2 } = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    let m = catalog::fetch_manifest(&store, &layout, &generation)
+        .unwrap()
+        .unwrap();
+    assert_eq!(paths(&m), vec!["a.bin", "b.bin"]);
+    assert_eq!(m.parent, None, "a fresh chain");
+}
+
+#[test]
+fn a_parent_with_lost_packs_is_repaired_by_the_next_publish() {
+    let (dir, store, layout) = setup();
+    let root = dir.path().join("r");
+    // Two files of 3 KiB: one pack each at a 4 KiB pack size.
+    tree(&root, &[("a.bin", &[1u8; 3072]), ("b.bin", &[2u8; 3072])]);
+    let r = run(&store, &layout, &root);
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!()
+    };
+    let m = catalog::fetch_manifest(&store, &layout, &generation)
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.packs.len(), 2);
+    let b = m.files.iter().find(|f| f.path.as_str() == "b.bin").unwrap();
+    let lost = m.packs[b.chunks[0].pack as usize].id;
+    store.inner.remove(&layout.pack(&lost)).unwrap();
+
+    // A publisher without b.bin: the new generation drops it and is complete.
+    let other = dir.path().join("other");
+    tree(&other, &[("a.bin", &[1u8; 3072]), ("c.bin", b"c")]);
+    let r = run(&store, &layout, &other);
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    let m = catalog::fetch_manifest(&store, &layout, &generation)
+        .unwrap()
+        .unwrap();
+    assert_eq!(paths(&m), vec!["a.bin", "c.bin"]);
+    assert!(catalog::packs_present(&store, &layout, &m).unwrap());
+
+    // A publisher with b.bin uploads it again, even with nothing else new.
+    store.inner.remove(&layout.pack(&lost)).unwrap();
+    let r = run(&store, &layout, &root);
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    let m = catalog::fetch_manifest(&store, &layout, &generation)
+        .unwrap()
+        .unwrap();
+    assert_eq!(paths(&m), vec!["a.bin", "b.bin", "c.bin"]);
+    assert!(catalog::packs_present(&store, &layout, &m).unwrap());
+}

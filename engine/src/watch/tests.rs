@@ -1,0 +1,196 @@
+
+use super::*;
+use crate::facts::Facts;
+use crate::generation::{GenerationId, PolicyRef, Producer};
+use crate::policy::native::NativeRules;
+use crate::policy::{
+    FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
+};
+use crate::store::LocalStore;
+
+/// A policy whose every call fails, as a broken policy module would.
+struct Broken(PolicyInfo);
+
+impl CachePolicy for Broken {
+    fn info(&self) -> &PolicyInfo {
+        &self.0
+    }
+    fn policy_ref(&self) -> PolicyRef {
+        PolicyRef {
+            name: "broken".into(),
+            version: "0".into(),
+            digest: "x".into(),
+        }
+    }
+    fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
+        Err(PolicyError::Internal("out of fuel".into()))
+    }
+    fn select(&self, _: &std::path::Path, _: &[FileEntry]) -> Result<Selection, PolicyError> {
+        Err(PolicyError::Internal("out of fuel".into()))
+    }
+    fn retain(
+        &self,
+        _: &[GenerationSummary],
+        _: u64,
+        _: &RetentionLimits,
+    ) -> Result<Vec<GenerationId>, PolicyError> {
+        Ok(vec![])
+    }
+}
+
+fn options() -> WatchOptions {
+    WatchOptions {
+        timing: Timing {
+            settle: Duration::from_millis(50),
+            min_interval: Duration::ZERO,
+            rescan_interval: Duration::from_secs(60),
+        },
+        ready_url: None,
+        grace: Duration::from_secs(10),
+        metrics_addr: None,
+        notify: true,
+        publish: PublishOptions {
+            pack_size: 1 << 20,
+            producer: Producer {
+                host: "test".into(),
+                pod: None,
+                jitship_version: "0".into(),
+            },
+            facts: Facts::new(),
+            max_head_attempts: 4,
+            trust: Default::default(),
+        },
+    }
+}
+
+#[tokio::test]
+async fn a_failing_root_is_counted_and_retried_while_the_others_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&good).unwrap();
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(good.join("k.cubin"), b"kernel").unwrap();
+    std::fs::write(bad.join("k.cubin"), b"kernel").unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::open(dir.path().join("store")).unwrap());
+    let layout = KeyLayout::new("t").unwrap();
+    let roots = vec![
+        WatchedRoot {
+            kind: "bad".into(),
+            root: bad,
+            policy: std::sync::Arc::new(Broken(NativeRules::new("bad").info().clone())),
+        },
+        WatchedRoot {
+            kind: "good".into(),
+            root: good.clone(),
+            policy: std::sync::Arc::new(NativeRules::new("good")),
+        },
+    ];
+    let metrics = Arc::new(Metrics::new());
+    let (tx, rx) = mpsc::channel(2);
+    let task = tokio::spawn(run_with_metrics(
+        store.clone(),
+        layout.clone(),
+        roots,
+        options(),
+        rx,
+        metrics.clone(),
+    ));
+    let compat = crate::generation::CompatId::new("good", "");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // The good root publishes; meanwhile the bad one fails and is retried (backoff 2 s).
+    loop {
+        let published = crate::catalog::newest_head(store.as_ref(), &layout, &compat)
+            .unwrap()
+            .is_some();
+        let text = metrics.encode();
+        if published && text.contains("jitship_watch_errors_total{cache=\"bad\",kind=\"policy\"} 2")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Writing more into the good root still publishes: the bad root does not stall the loop.
+    std::fs::write(good.join("k2.cubin"), b"kernel 2").unwrap();
+    loop {
+        let head = crate::catalog::newest_head(store.as_ref(), &layout, &compat)
+            .unwrap()
+            .unwrap();
+        if head.seq == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no second generation");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tx.send("SIGTERM".into()).await.unwrap();
+    let summary = task.await.unwrap().unwrap();
+    assert_eq!(summary.stopped_by, "SIGTERM");
+    assert_eq!(summary.generations, 2);
+    assert_eq!(
+        summary.final_publish,
+        FinalPublish::Failed {
+            caches: vec!["bad".into()]
+        }
+    );
+    assert!(summary.failed_cycles >= 4, "{summary:?}");
+}
+
+/// No file events at all (network file system): the rescan alone finds the change, and the
+/// settle window still applies after it.
+#[tokio::test]
+async fn the_rescan_alone_finds_changes_when_no_event_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::open(dir.path().join("store")).unwrap());
+    let layout = KeyLayout::new("t").unwrap();
+    let mut opts = options();
+    opts.notify = false;
+    opts.timing.rescan_interval = Duration::from_secs(1);
+    let (tx, rx) = mpsc::channel(2);
+    let task = tokio::spawn(run(
+        store.clone(),
+        layout.clone(),
+        vec![WatchedRoot {
+            kind: "k".into(),
+            root: root.clone(),
+            policy: std::sync::Arc::new(NativeRules::new("k")),
+        }],
+        opts,
+        rx,
+    ));
+    // Let the start-up cycle (empty root) pass, then write.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(root.join("a.cubin"), b"kernel").unwrap();
+    let written = Instant::now();
+    let compat = crate::generation::CompatId::new("k", "");
+    loop {
+        if crate::catalog::newest_head(store.as_ref(), &layout, &compat)
+            .unwrap()
+            .is_some()
+        {
+            break;
+        }
+        assert!(
+            written.elapsed() < Duration::from_secs(20),
+            "the rescan never found the file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.send("SIGTERM".into()).await.unwrap();
+    let summary = task.await.unwrap().unwrap();
+    assert_eq!(summary.generations, 1);
+    assert_eq!(summary.final_publish, FinalPublish::Done);
+}
+
+#[tokio::test]
+async fn without_roots_it_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::open(dir.path()).unwrap());
+    let (_tx, rx) = mpsc::channel(1);
+    let err = run(store, KeyLayout::new("t").unwrap(), vec![], options(), rx)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("--cache"), "{err}");
+}
