@@ -1,8 +1,6 @@
-
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
-use ContentHash;
 use jitship_store::testing::WithoutListing;
 use jitship_store::{LocalStore, StoreResult};
 

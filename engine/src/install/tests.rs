@@ -1,4 +1,3 @@
-
 use std::os::unix::fs::symlink;
 
 use proptest::prelude::*;

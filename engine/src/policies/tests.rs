@@ -1,4 +1,3 @@
-
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;

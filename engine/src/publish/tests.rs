@@ -1,7 +1,11 @@
+use std::sync::Mutex;
 
+use super::packs::KEEP_FILE_LIMIT;
 use super::*;
+use crate::facts::Facts;
+use crate::generation::Producer;
 use crate::policy::native::NativeRules;
-use crate::store::{Capabilities, LocalStore, StoreResult};
+use crate::store::{Capabilities, LocalStore, StoreResult, ValueClass};
 
 #[test]
 fn kept_contents_stay_within_the_budget_and_go_once_fully_packed() {

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::facts::Facts;
 use crate::generation::{GenerationId, PolicyRef, Producer};

@@ -1,0 +1,327 @@
+//! Each source `gather` consults, one function each: the GPU (NVML, nvidia-smi, the driver's
+//! proc file), the bare interpreter and its packages, CUDA, the CPU, the deployment.
+
+use super::*;
+
+pub(super) fn gather_gpu(cfg: &FactsConfig) -> Gathered {
+    let settings = &cfg.settings;
+    let mut reasons = Vec::new();
+    let mut reports: Vec<(gpu::GpuReport, Source, String)> = Vec::new();
+    match gpu::from_nvml(&settings.nvml_library, settings.timeout) {
+        Ok(r) => reports.push((r, Source::Nvml, settings.nvml_library.display().to_string())),
+        Err(e) => reasons.push(format!("NVML: {e}")),
+    }
+    if !reports.iter().any(|(r, ..)| complete(r)) {
+        match command::find_in(&cfg.search_path, "nvidia-smi") {
+            Some(smi) => match gpu::from_nvidia_smi(&smi, settings.timeout) {
+                Ok(r) => reports.push((r, Source::NvidiaSmi, smi.display().to_string())),
+                Err(e) => reasons.push(format!("nvidia-smi: {e}")),
+            },
+            None => reasons.push("nvidia-smi: not on PATH".into()),
+        }
+    }
+    if !reports.iter().any(|(r, ..)| r.driver.is_some()) {
+        let path = &settings.driver_version_file;
+        match gpu::from_proc_version(path) {
+            Ok(r) => reports.push((r, Source::ProcDriver, path.display().to_string())),
+            Err(e) => reasons.push(e),
+        }
+    }
+    let mut g = Gathered::default();
+    let fields: [(&str, ReportField); 4] = [
+        ("gpu.name", |r| r.name.clone()),
+        ("gpu.count", |r| r.count.map(|c| c.to_string())),
+        ("gpu.cc", |r| r.cc.clone()),
+        ("driver.version", |r| r.driver.clone()),
+    ];
+    for (name, field) in fields {
+        match reports
+            .iter()
+            .find_map(|(r, source, detail)| field(r).map(|v| (v, *source, detail)))
+        {
+            Some((value, source, detail)) => g.found(name, value, source, detail.clone()),
+            None if name.starts_with("gpu.")
+                && reports.iter().any(|(r, ..)| r.count == Some(0)) =>
+            {
+                g.lack(name, "no GPU visible (the driver reports 0 devices)")
+            }
+            None => {
+                let mut why = reasons.clone();
+                for (_, source, _) in &reports {
+                    why.push(format!("{source}: did not report it"));
+                }
+                g.lack(name, why.join("; "));
+            }
+        }
+    }
+    g
+}
+
+pub(super) fn complete(r: &gpu::GpuReport) -> bool {
+    r.name.is_some() && r.count.is_some() && r.cc.is_some() && r.driver.is_some()
+        || r.count == Some(0) && r.driver.is_some()
+}
+
+/// `python.*` facts and `pkg.*` versions; returns the site-packages directories it read.
+pub(super) fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf> {
+    let settings = &cfg.settings;
+    let interpreter = match &settings.python {
+        Some(p) if command::is_executable(p) => Ok(p.clone()),
+        Some(p) => Err(format!(
+            "[gather] python {} is not an executable file",
+            p.display()
+        )),
+        None => command::find_in(&cfg.search_path, "python3")
+            .ok_or_else(|| "no python3 on PATH; set [gather] python".to_string()),
+    };
+    let probed = interpreter.and_then(|p| python::probe(&p, settings.timeout).map(|i| (p, i)));
+    let asked = match probed {
+        Ok((path, info)) => {
+            let detail = format!("{} -I -S", path.display());
+            g.found("python.version", info.version, Source::Python, &detail);
+            g.found(
+                "python.executable",
+                info.executable.clone(),
+                Source::Python,
+                &detail,
+            );
+            match &info.include {
+                Some(dir) => g.found("python.include", dir.clone(), Source::Python, &detail),
+                None => g.lack(
+                    "python.include",
+                    format!("{} has no sysconfig include path", info.executable),
+                ),
+            }
+            if info.site_packages.is_empty() {
+                Err(format!(
+                    "{} reports no existing site-packages directory",
+                    info.executable
+                ))
+            } else {
+                Ok(info.site_packages)
+            }
+        }
+        Err(reason) => {
+            g.lack("python.version", reason.clone());
+            g.lack("python.executable", reason.clone());
+            g.lack("python.include", reason.clone());
+            Err(format!("no interpreter to ask: {reason}"))
+        }
+    };
+    let site_dirs = if settings.site_packages.is_empty() {
+        asked.map(|dirs| (dirs, Source::Python, "sys.path of the interpreter"))
+    } else {
+        Ok((
+            settings.site_packages.clone(),
+            Source::Config,
+            "[gather] site_packages",
+        ))
+    };
+    let mut names: Vec<&str> = DEFAULT_PACKAGES.to_vec();
+    names.extend(settings.packages.iter().map(String::as_str));
+    let site_dirs = match site_dirs {
+        Ok((dirs, source, detail)) => {
+            match std::env::join_paths(&dirs) {
+                Ok(v) => g.found("python.site_packages", v.to_string_lossy(), source, detail),
+                Err(e) => g.lack("python.site_packages", format!("cannot be listed: {e}")),
+            }
+            dirs
+        }
+        Err(reason) => {
+            g.lack("python.site_packages", reason.clone());
+            for name in names {
+                let fact = format!("pkg.{}", python::normalize(name));
+                g.lack(&fact, format!("no site-packages: {reason}"));
+            }
+            return Vec::new();
+        }
+    };
+    for name in names {
+        let fact = format!("pkg.{}", python::normalize(name));
+        match python::package_version(&site_dirs, name) {
+            Ok((version, path)) => g.found(
+                &fact,
+                version,
+                Source::SitePackages,
+                path.display().to_string(),
+            ),
+            Err(reason) => g.lack(&fact, reason),
+        }
+    }
+    site_dirs
+}
+
+/// `cuda.home`, `cuda.runtime` (torch's, else libcudart's) and `cuda.nvcc`.
+pub(super) fn gather_cuda(cfg: &FactsConfig, site_dirs: &[PathBuf], g: &mut Gathered) {
+    let home = ["CUDA_HOME", "CUDA_PATH"].iter().find_map(|var| {
+        cfg.env
+            .get(*var)
+            .map(|v| (PathBuf::from(v), Source::Env, var.to_string()))
+    });
+    let home = home.or_else(|| {
+        cfg.default_cuda_home.is_dir().then(|| {
+            (
+                cfg.default_cuda_home.clone(),
+                Source::Filesystem,
+                "default location".to_string(),
+            )
+        })
+    });
+    match &home {
+        Some((path, source, detail)) => g.found(
+            "cuda.home",
+            path.display().to_string(),
+            *source,
+            detail.clone(),
+        ),
+        None => g.lack(
+            "cuda.home",
+            format!(
+                "CUDA_HOME and CUDA_PATH unset and no {}",
+                cfg.default_cuda_home.display()
+            ),
+        ),
+    }
+    let home = home.map(|(p, ..)| p);
+
+    let mut lib_dirs: Vec<PathBuf> = site_dirs
+        .iter()
+        .map(|d| d.join("nvidia/cuda_runtime/lib"))
+        .collect();
+    if let Some(home) = &home {
+        lib_dirs.extend([home.join("lib64"), home.join("lib")]);
+    }
+    match python::torch_cuda(site_dirs) {
+        Ok((v, path)) => g.found(
+            "cuda.runtime",
+            v,
+            Source::SitePackages,
+            path.display().to_string(),
+        ),
+        Err(torch_reason) => match python::libcudart_version(site_dirs, &lib_dirs) {
+            Ok((v, path)) => g.found(
+                "cuda.runtime",
+                v,
+                Source::Libcudart,
+                path.display().to_string(),
+            ),
+            Err(cudart_reason) => {
+                g.lack("cuda.runtime", format!("{torch_reason}; {cudart_reason}"))
+            }
+        },
+    }
+
+    let nvcc = home
+        .as_ref()
+        .map(|h| h.join("bin/nvcc"))
+        .filter(|p| command::is_executable(p));
+    match nvcc.or_else(|| command::find_in(&cfg.search_path, "nvcc")) {
+        Some(nvcc) => match command::run(&nvcc, &["--version"], cfg.settings.timeout) {
+            Ok(out) if out.success => match python::parse_nvcc_release(&out.stdout) {
+                Some(v) => g.found("cuda.nvcc", v, Source::Nvcc, nvcc.display().to_string()),
+                None => g.lack(
+                    "cuda.nvcc",
+                    format!("{} --version printed no \"release X.Y\"", nvcc.display()),
+                ),
+            },
+            Ok(out) => g.lack(
+                "cuda.nvcc",
+                format!("{} --version failed: {}", nvcc.display(), out.failure()),
+            ),
+            Err(e) => g.lack("cuda.nvcc", e),
+        },
+        None => g.lack("cuda.nvcc", "no nvcc in cuda.home/bin nor on PATH"),
+    }
+}
+
+/// `cpu.isa`, `cpu.flags_digest`, `cpu.threads`, `cxx.identity`, `inductor.env_digest`.
+pub(super) fn gather_cpu(cfg: &FactsConfig, g: &mut Gathered) {
+    let cpuinfo_path = cfg.cpuinfo.display().to_string();
+    let flags = std::fs::read_to_string(&cfg.cpuinfo)
+        .map_err(|e| format!("cannot read {cpuinfo_path}: {e}"))
+        .and_then(|text| {
+            cpu::cpu_flags(&text).ok_or_else(|| format!("{cpuinfo_path} lists no CPU flags"))
+        });
+    match &flags {
+        Ok(flags) => {
+            let digest = blake3::hash(flags.join(" ").as_bytes()).to_hex();
+            g.found(
+                "cpu.flags_digest",
+                digest.as_str(),
+                Source::File,
+                format!("flags of the first processor in {cpuinfo_path}"),
+            );
+        }
+        Err(why) => g.lack("cpu.flags_digest", why.clone()),
+    }
+    let capability = cfg.env.get("ATEN_CPU_CAPABILITY").map(String::as_str);
+    match (&flags, std::env::consts::ARCH) {
+        (Ok(flags), "x86_64") => {
+            let tier = cpu::x86_isa_tier(flags, capability);
+            let detail = match capability {
+                Some(c) => format!("{cpuinfo_path} flags with ATEN_CPU_CAPABILITY={c}"),
+                None => format!("{cpuinfo_path} flags (ATEN_CPU_CAPABILITY unset)"),
+            };
+            let source = if capability.is_some() {
+                Source::Env
+            } else {
+                Source::File
+            };
+            g.found("cpu.isa", tier, source, detail);
+        }
+        (Err(why), _) => g.lack("cpu.isa", why.clone()),
+        (Ok(_), arch) => g.lack(
+            "cpu.isa",
+            format!("jitship derives torch's ISA tier on x86_64 only (this is {arch}); give it with --fact cpu.isa=VALUE"),
+        ),
+    }
+    match cpu::torch_threads(
+        cfg.env.get("OMP_NUM_THREADS").map(String::as_str),
+        cfg.affinity_cpus,
+    ) {
+        Ok((n, detail)) => g.found("cpu.threads", n.to_string(), Source::Env, detail),
+        Err(why) => g.lack("cpu.threads", why),
+    }
+    let cxx = cfg.env.get("CXX").map_or("g++", String::as_str);
+    match cpu::compiler_identity(cxx, &cfg.search_path, cfg.settings.timeout) {
+        Ok((digest, detail)) => g.found("cxx.identity", digest, Source::Program, detail),
+        Err(why) => g.lack("cxx.identity", why),
+    }
+    let (digest, names) = cpu::inductor_env_digest(&cfg.env);
+    let detail = if names.is_empty() {
+        "no TORCHINDUCTOR_*/TORCH_COMPILE_* variable set".to_string()
+    } else {
+        names.join(", ")
+    };
+    g.found("inductor.env_digest", digest, Source::Env, detail);
+}
+
+/// Facts about the deployment rather than the machine: model and engine configuration.
+pub(super) fn gather_deployment(cfg: &FactsConfig, g: &mut Gathered) {
+    let how = |name: &str| {
+        format!(
+            "not on the machine: give it with --fact {name}=VALUE, {FACTS_ENV} or [facts] in the config"
+        )
+    };
+    g.lack("model.id", how("model.id"));
+    g.lack("model.revision", how("model.revision"));
+    match &cfg.settings.engine_config {
+        Some(path) => match digest_file(path) {
+            Ok(hex) => g.found("engine.config_digest", hex, Source::File, path.display().to_string()),
+            Err(e) => g.lack("engine.config_digest", e),
+        },
+        None => g.lack(
+            "engine.config_digest",
+            format!("no [gather] engine_config file to digest; or give it with --fact engine.config_digest=VALUE, {FACTS_ENV} or [facts]"),
+        ),
+    }
+}
+
+pub(super) fn digest_file(path: &Path) -> Result<String, String> {
+    let mut file =
+        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    std::io::copy(&mut file, &mut hasher)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(hasher.finalize().to_hex().to_string())
+}

@@ -1,0 +1,270 @@
+//! Into the root: the diff of a manifest with what is on disk, and the commit that moves staged
+//! files in (markers last) and rolls back exactly what it moved.
+
+use super::*;
+
+/// Files of the manifest missing on disk; paths present with other content (left alone); and how
+/// many are present already. A path whose parent on disk is a link or a file is a conflict too:
+/// the install never writes through a link. A root that does not exist yet needs every file.
+pub(super) fn diff_with_disk<'m>(
+    root: Option<&Confined>,
+    manifest: &'m Manifest,
+    materializer: &Materializer,
+) -> Result<(Vec<&'m FileRecord>, Vec<String>, u64), InstallError> {
+    let Some(root) = root else {
+        return Ok((manifest.files.iter().collect(), vec![], 0));
+    };
+    let mut todo = Vec::new();
+    let mut conflicts = Vec::new();
+    let mut present = 0;
+    let mut dir_ok: HashMap<&str, bool> = HashMap::new();
+    for f in &manifest.files {
+        // Top down, so a link or file in a parent is seen before anything below it is looked up.
+        let blocked = f.path.ancestors().any(|d| {
+            !*dir_ok.entry(d).or_insert_with(|| match root.entry(d) {
+                Ok(Some(e)) => e.kind == Kind::Dir,
+                Ok(None) => true,
+                Err(_) => false,
+            })
+        });
+        if blocked {
+            conflicts.push(format!("{}: a parent on disk is not a directory", f.path));
+            continue;
+        }
+        let rel = f.path.as_str();
+        let shown = || root.display(rel);
+        match root.entry(rel).map_err(io("stat", &shown()))? {
+            None => todo.push(f),
+            // Stored canonical: the size differs from the file's; compare in canonical form.
+            Some(e) if e.kind == Kind::File && f.canonical => {
+                let matches = e.size <= CANONICAL_COMPARE_LIMIT && {
+                    let file = root.open_read(rel).map_err(io("read", &shown()))?;
+                    materializer.on_disk_matches(f, file, &shown())?
+                };
+                if matches {
+                    present += 1;
+                } else {
+                    conflicts.push(format!("{}: present with other content", f.path));
+                }
+            }
+            // Same size and the exact mtime an install sets: the file is ours; skip rehashing it.
+            Some(e)
+                if e.kind == Kind::File
+                    && e.size == f.size
+                    && e.mtime_s == f.mtime_s
+                    && e.mtime_ns == i64::from(f.mtime_ns) =>
+            {
+                present += 1;
+            }
+            Some(e) if e.kind == Kind::File && e.size == f.size => {
+                let mut file = root.open_read(rel).map_err(io("read", &shown()))?;
+                let (h, _) = hash_open_file(&mut file).map_err(io("read", &shown()))?;
+                if h == f.blake3 {
+                    present += 1;
+                } else {
+                    conflicts.push(format!("{}: present with other content", f.path));
+                }
+            }
+            Some(_) => conflicts.push(format!("{}: present with another size or type", f.path)),
+        }
+    }
+    Ok((todo, conflicts, present))
+}
+
+/// Moves verified files into the root: non-marker files first, then markers, so the engine never
+/// finds a marker before what it marks. A root that does not exist yet, or is an empty directory,
+/// receives the whole tree in one rename; otherwise file by file with RENAME_NOREPLACE (never over
+/// a file that appeared meanwhile), each through a descriptor of its directory reached beneath the
+/// root's without following a link. On an error, what was moved and created is taken back out
+/// through the same descriptors, so the root is as it was.
+pub(super) fn commit(
+    target: &Target,
+    staging: &Confined,
+    pending: &[Pending],
+    pause: Duration,
+    report: &mut InstallReport,
+) -> Result<(), InstallError> {
+    let root_path = target.path();
+    let bytes: u64 = pending.iter().map(|p| p.record.size).sum();
+    let root_is_empty = match &target.dir {
+        None => true,
+        Some(dir) => dir.is_empty().map_err(io("read", &root_path))?,
+    };
+    if root_is_empty {
+        let old_mode = match &target.dir {
+            Some(dir) => Some(dir.stat().map_err(io("stat", &root_path))?.2),
+            None => None,
+        };
+        // rename(2) replaces an empty directory and nothing else (a link or a file fails).
+        match confined::rename_dir_over_empty(
+            staging.fd(),
+            STAGED_TREE,
+            target.parent.fd(),
+            &target.name,
+        ) {
+            Ok(()) => {
+                // The tree took the empty root's place: give it the root's permissions.
+                if let Some(mode) = old_mode {
+                    let dir = target
+                        .parent
+                        .open_dir(&target.name)
+                        .map_err(io("open", &root_path))?;
+                    confined::chmod(dir.fd(), mode).map_err(io("chmod", &root_path))?;
+                }
+                report.files_installed = pending.len() as u64;
+                report.bytes_installed = bytes;
+                return Ok(());
+            }
+            Err(e) if target.dir.is_none() => {
+                return Err(InstallError::Io {
+                    op: "rename into",
+                    path: root_path,
+                    source: e,
+                });
+            }
+            // The root is a mount point, or a file appeared in it: go file by file.
+            Err(_) => {}
+        }
+    }
+    let root = target.dir.as_ref().expect("an existing root");
+    raise_open_file_limit();
+    let mut dirs = DirCache::new(root).map_err(io("open", &root_path))?;
+    let mut moved: Vec<(Arc<OwnedFd>, &str, u64, u64)> = Vec::new();
+    let ordered = pending
+        .iter()
+        .filter(|p| !p.record.marker)
+        .chain(pending.iter().filter(|p| p.record.marker));
+    let mut result = Ok(());
+    for p in ordered {
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        let rel = p.record.path.as_str();
+        let (dir, name) = match rel.rsplit_once('/') {
+            Some((dir, name)) => (dir, name),
+            None => ("", rel),
+        };
+        let parent = match dirs.get_or_create(dir) {
+            Ok(fd) => fd,
+            Err(e) => {
+                result = Err(InstallError::Io {
+                    op: "install under",
+                    path: root.display(dir),
+                    source: e,
+                });
+                break;
+            }
+        };
+        let shown = staging.display(&p.staged);
+        let staged = staging
+            .parent_of(&p.staged)
+            .and_then(|(d, n)| Ok((confined::entry_at(d.as_fd(), n)?, d, n)));
+        let (identity, from_dir, from_name) = match staged {
+            Ok((Some(e), d, n)) => ((e.dev, e.ino), d, n),
+            Ok((None, ..)) => {
+                result = Err(InstallError::Io {
+                    op: "find staged",
+                    path: shown,
+                    source: std::io::ErrorKind::NotFound.into(),
+                });
+                break;
+            }
+            Err(e) => {
+                result = Err(InstallError::Io {
+                    op: "find staged",
+                    path: shown,
+                    source: e,
+                });
+                break;
+            }
+        };
+        match confined::rename_noreplace(from_dir.as_fd(), from_name, parent.as_fd(), name) {
+            Ok(()) => {
+                moved.push((parent, name, identity.0, identity.1));
+                report.files_installed += 1;
+                report.bytes_installed += p.record.size;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                report.conflicts.push(format!(
+                    "{}: appeared during the install (left alone)",
+                    p.record.path
+                ));
+            }
+            Err(e) => {
+                result = Err(InstallError::Io {
+                    op: "rename into",
+                    path: root.display(rel),
+                    source: e,
+                });
+                break;
+            }
+        }
+    }
+    if result.is_err() {
+        // Only what this install put there: a file is removed if it is still the inode we moved.
+        for (dir, name, dev, ino) in moved.iter().rev() {
+            let _ = confined::remove_if_same(dir.as_fd(), name, *dev, *ino);
+        }
+        for (dir, name) in dirs.created.iter().rev() {
+            let _ = confined::remove_dir_at(dir.as_fd(), name);
+        }
+        report.files_installed = 0;
+        report.bytes_installed = 0;
+        report.files_materialized.clear();
+    }
+    result
+}
+
+/// Descriptors of the root's directories the commit writes into, each opened one component at a
+/// time from its parent's descriptor without following a link, and kept open so a rollback
+/// reaches exactly the directories the commit used even if a name was swapped meanwhile.
+pub(super) struct DirCache<'r> {
+    pub(super) open: HashMap<&'r str, Arc<OwnedFd>>,
+    /// Directories this commit created: (parent, name), top down.
+    pub(super) created: Vec<(Arc<OwnedFd>, &'r str)>,
+}
+
+impl<'r> DirCache<'r> {
+    pub(super) fn new(root: &Confined) -> std::io::Result<Self> {
+        Ok(Self {
+            open: HashMap::from([("", Arc::new(root.dir_fd("")?))]),
+            created: Vec::new(),
+        })
+    }
+
+    pub(super) fn get_or_create(&mut self, dir: &'r str) -> std::io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.open.get(dir) {
+            return Ok(fd.clone());
+        }
+        let mut at = self.open[""].clone();
+        let components = dir.match_indices('/').map(|(i, _)| i).chain([dir.len()]);
+        let mut start = 0;
+        for end in components {
+            let sofar = &dir[..end];
+            let name = &dir[start..end];
+            start = end + 1;
+            if let Some(fd) = self.open.get(sofar) {
+                at = fd.clone();
+                continue;
+            }
+            let fd = match confined::open_dir_at(at.as_fd(), name) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    confined::mkdir_at(at.as_fd(), name, 0o777)?;
+                    self.created.push((at.clone(), name));
+                    confined::open_dir_at(at.as_fd(), name)?
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+                    return Err(std::io::Error::other(
+                        "not a directory (changed during the install)",
+                    ));
+                }
+                Err(e) => return Err(e),
+            };
+            let fd = Arc::new(fd);
+            self.open.insert(sofar, fd.clone());
+            at = fd;
+        }
+        Ok(at)
+    }
+}

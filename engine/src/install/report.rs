@@ -1,0 +1,197 @@
+//! What an install is asked and what it answers: options, outcome, report, errors.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct InstallOptions {
+    /// Bound on the whole install, lock wait included.
+    pub deadline: Duration,
+    /// How many older heads to try when the newest generation is unusable: packs evicted from the
+    /// store, or recorded as an incomplete cache by its policy (a complete one is preferred).
+    pub fallback_depth: usize,
+    /// Test hook (hidden flag `--test-commit-pause`): a pause before each file moved into the
+    /// root, so a test can SIGKILL the real binary mid-commit. Zero otherwise.
+    pub commit_pause: Duration,
+    /// Which heads may be installed.
+    pub trust: Arc<TrustPolicy>,
+}
+
+impl Default for InstallOptions {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(60),
+            fallback_depth: 3,
+            commit_pause: Duration::ZERO,
+            trust: Arc::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstallOutcome {
+    Installed,
+    AlreadyCurrent,
+    Miss,
+    Failed,
+    /// Files of the generation are present with other content (left alone): the generation is
+    /// only partly installed.
+    Conflict,
+    /// Every candidate generation was refused by the trust (unsigned, untrusted or forged).
+    Untrusted,
+}
+
+impl InstallOutcome {
+    /// Process exit codes, one per outcome (1 and 2 stay with usage and config errors).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Self::Installed => 0,
+            Self::AlreadyCurrent => 10,
+            Self::Miss => 11,
+            Self::Failed => 12,
+            Self::Conflict => 13,
+            Self::Untrusted => 14,
+        }
+    }
+
+    /// Severity order used to summarize several caches in one exit code.
+    pub fn severity(self) -> u8 {
+        match self {
+            Self::AlreadyCurrent => 0,
+            Self::Installed => 1,
+            Self::Miss => 2,
+            Self::Conflict => 3,
+            Self::Untrusted => 4,
+            Self::Failed => 5,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InstallReport {
+    pub cache_kind: String,
+    pub root: PathBuf,
+    pub outcome: InstallOutcome,
+    /// Human explanation of the outcome.
+    pub detail: String,
+    pub compat_key: Option<String>,
+    pub compat_id: Option<CompatId>,
+    pub generation: Option<GenerationId>,
+    /// Who signed the head of the installed generation.
+    pub signer: Option<Signer>,
+    /// Newer heads the trust refused (newest first).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedHead>,
+    /// Newer generations given up on because a pack was corrupt or vanished while fetched.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<String>,
+    /// Whether the generation taken is a complete cache for its kind (its policy said so when it
+    /// was published); `None` when none was taken.
+    pub complete: Option<bool>,
+    /// Why it is not complete (the policy's words at publish).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+    /// Newer generations passed over because they were incomplete caches.
+    pub newer_incomplete: Vec<GenerationId>,
+    pub files_in_generation: u64,
+    pub files_installed: u64,
+    pub bytes_installed: u64,
+    pub files_already_present: u64,
+    /// Files written in the form the policy materialized for this root (they embed the root).
+    pub files_materialized: Vec<String>,
+    /// Paths present on disk with other content (left alone).
+    pub conflicts: Vec<String>,
+    pub packs_fetched: u64,
+    pub bytes_fetched: u64,
+    pub duration_ms: u64,
+}
+
+/// A head the trust did not admit.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedHead {
+    pub seq: u64,
+    pub generation: GenerationId,
+    pub signer: Signer,
+}
+
+impl InstallReport {
+    /// A `failed` report with nothing done: the starting point of every install, and the report
+    /// of a cache that could not be started (store unreachable, no policy engine).
+    pub fn failed(cache_kind: &str, root: &Path, detail: String) -> Self {
+        Self {
+            cache_kind: cache_kind.to_owned(),
+            root: root.to_owned(),
+            outcome: InstallOutcome::Failed,
+            detail,
+            compat_key: None,
+            compat_id: None,
+            generation: None,
+            signer: None,
+            refused: vec![],
+            damaged: vec![],
+            complete: None,
+            incomplete: None,
+            newer_incomplete: vec![],
+            files_in_generation: 0,
+            files_installed: 0,
+            bytes_installed: 0,
+            files_already_present: 0,
+            files_materialized: vec![],
+            conflicts: vec![],
+            packs_fetched: 0,
+            bytes_fetched: 0,
+            duration_ms: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("pack {0} vanished from the store during the install (evicted); retry")]
+    PackVanished(ContentHash),
+    #[error("pack {id} is {actual} bytes, the manifest says {expected}: refusing a corrupt pack")]
+    PackSize {
+        id: ContentHash,
+        expected: u64,
+        actual: usize,
+    },
+    #[error(
+        "{path}: content hash {actual} does not match the manifest's {expected}: refusing corrupt data"
+    )]
+    Corrupt {
+        path: String,
+        expected: ContentHash,
+        actual: ContentHash,
+    },
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path}: the policy could not write this file for this root ({source}); the root was left as it was"
+    )]
+    Materialize { path: String, source: PolicyError },
+    #[error("deadline of {0:?} passed; the root was left as it was")]
+    Deadline(Duration),
+    #[error("cancelled at the deadline")]
+    Cancelled,
+    #[error(
+        "head for compat id {head} ({kind}) points at generation {generation} of compat id \
+         {manifest_compat} ({manifest_kind}): refusing a generation of another cache"
+    )]
+    CrossCompat {
+        head: CompatId,
+        kind: String,
+        generation: GenerationId,
+        manifest_compat: CompatId,
+        manifest_kind: String,
+    },
+    #[error("{0}: the cache root must be a directory (or not exist yet)")]
+    RootNotDir(PathBuf),
+}

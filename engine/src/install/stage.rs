@@ -1,0 +1,467 @@
+//! Writing fetched packs into staging: batches of packs to fetch, the files they hold written
+//! and verified in parallel, canonical files materialized for this root, final modes and times.
+
+use super::*;
+
+impl Job {
+    /// A fresh staging directory on the root's filesystem, open; stale ones from crashed installs
+    /// (we hold the lock, so nobody else is using them) are removed first.
+    pub(super) fn staging_dir(&self, target: &Target) -> Result<(PathBuf, Confined), InstallError> {
+        let parent = target.parent.path();
+        let root = target.path();
+        let beside = format!("{STAGING_PREFIX}{}-", target.name);
+        remove_stale(parent, &beside);
+        let same_fs = match &target.dir {
+            Some(dir) => {
+                let (root_dev, _, _) = dir.stat().map_err(io("stat", &root))?;
+                let (parent_dev, _, _) = target.parent.stat().map_err(io("stat", parent))?;
+                root_dev == parent_dev
+            }
+            None => true,
+        };
+        let (dir, prefix) = if same_fs {
+            (parent.to_owned(), beside)
+        } else {
+            remove_stale(&root, STAGING_PREFIX);
+            (root, STAGING_PREFIX.to_owned())
+        };
+        let staging = tempfile::Builder::new()
+            .prefix(&prefix)
+            .tempdir_in(&dir)
+            .map_err(io("create staging in", &dir))?
+            .keep();
+        let opened = Confined::open(&staging).map_err(io("open", &staging));
+        match opened {
+            Ok(c) => Ok((staging, c)),
+            Err(e) => {
+                remove_staging(&staging);
+                Err(e)
+            }
+        }
+    }
+
+    /// Streams the needed packs and writes every file into staging, verifying its blake3 before
+    /// it counts as written. Packs are fetched in batches of at most the largest pack's bytes
+    /// (one `get_sized_batch` each) while the previous batch is written, so
+    /// fetching overlaps hashing and writing and at most two batches are held at once; the files
+    /// of a pack are written in parallel. A file is open only while a piece of it is written, so
+    /// the number of descriptors stays bounded whatever the number of files.
+    pub(super) fn write_staging(
+        &mut self,
+        manifest: &Manifest,
+        pending: &[Pending],
+        staging: &Confined,
+    ) -> Result<(), InstallError> {
+        let mut writer = StagingWriter::new(staging, &self.materializer)?;
+        // Which pending files need which pack, in pack order.
+        let mut by_pack: BTreeMap<u32, Vec<PackPiece>> = BTreeMap::new();
+        for (i, p) in pending.iter().enumerate() {
+            if p.record.chunks.is_empty() {
+                writer.write_whole(p, &[])?;
+            }
+            let mut file_offset = 0;
+            for c in &p.record.chunks {
+                by_pack.entry(c.pack).or_default().push(PackPiece {
+                    file: i,
+                    file_offset,
+                    pack_offset: c.offset,
+                    len: c.len,
+                });
+                file_offset += c.len;
+            }
+        }
+
+        let packs: Vec<u32> = by_pack.keys().copied().collect();
+        let store = self.store.clone();
+        let layout = self.layout.clone();
+        // A batch holds at most the bytes of the largest pack: small packs (a tree's tail, a
+        // small tree) share one call, and memory stays at two packs' worth, as with one pack in
+        // flight.
+        let largest = packs
+            .iter()
+            .map(|&i| manifest.packs[i as usize].size)
+            .max()
+            .unwrap_or(0);
+        let batches = fetch_batches(
+            packs.iter().map(|&i| {
+                let p = &manifest.packs[i as usize];
+                (p.id, p.size)
+            }),
+            largest.min(store.max_value_size()),
+        );
+        // A rendezvous channel: the fetcher hands a batch over only when the writer takes it, so
+        // one batch is written while the next is fetched, never more.
+        let (tx, rx) = mpsc::sync_channel::<Vec<(usize, StoreResult<Option<Fetched>>)>>(0);
+        let gate = self.gate.clone();
+        std::thread::spawn(move || {
+            for batch in batches {
+                if gate.cancelled() {
+                    return;
+                }
+                let keys: Vec<(String, u64)> = batch
+                    .iter()
+                    .map(|(_, id, size)| (layout.pack(id), *size))
+                    .collect();
+                let items: Vec<(&str, u64)> = keys.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+                let fetched = store.get_sized_batch(&items);
+                let batch = batch.iter().map(|&(i, _, _)| i).zip(fetched).collect();
+                if tx.send(batch).is_err() {
+                    return;
+                }
+            }
+        });
+        for batch in rx {
+            for (i, received) in batch {
+                self.check_time()?;
+                let pack = &manifest.packs[packs[i] as usize];
+                let bytes = received?.ok_or(InstallError::PackVanished(pack.id))?;
+                if bytes.len() as u64 != pack.size {
+                    return Err(InstallError::PackSize {
+                        id: pack.id,
+                        expected: pack.size,
+                        actual: bytes.len(),
+                    });
+                }
+                self.report.packs_fetched += 1;
+                self.report.bytes_fetched += bytes.len() as u64;
+                writer.write_pack(pending, &by_pack[&packs[i]], &bytes)?;
+            }
+        }
+        self.report.files_materialized = std::mem::take(&mut writer.materialized);
+        if let Some(fi) = writer.unfinished.keys().next() {
+            // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
+            return Err(InstallError::Corrupt {
+                path: pending[*fi].record.path.to_string(),
+                expected: pending[*fi].record.blake3,
+                actual: ContentHash::of(b""),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Splits packs `(id, size)` (numbered in the order given) into consecutive batches of at most
+/// `budget` bytes each (a larger pack is a batch of its own).
+pub(super) fn fetch_batches(
+    packs: impl Iterator<Item = (ContentHash, u64)>,
+    budget: u64,
+) -> Vec<Vec<(usize, ContentHash, u64)>> {
+    let mut batches: Vec<Vec<(usize, ContentHash, u64)>> = Vec::new();
+    let mut bytes = 0;
+    for (i, (id, size)) in packs.enumerate() {
+        match batches.last_mut() {
+            Some(last) if bytes + size <= budget => last.push((i, id, size)),
+            _ => {
+                batches.push(vec![(i, id, size)]);
+                bytes = 0;
+            }
+        }
+        bytes += size;
+    }
+    batches
+}
+
+/// Where a piece of a pending file lies in a pack.
+pub(super) struct PackPiece {
+    /// Index into the pending files.
+    pub(super) file: usize,
+    pub(super) file_offset: u64,
+    pub(super) pack_offset: u64,
+    pub(super) len: u64,
+}
+
+/// The directory inside staging that holds the files, laid out as in the root (so a root that
+/// does not exist yet receives it in one rename).
+pub(super) const STAGED_TREE: &str = "tree";
+
+/// Largest file on disk compared in canonical form (files that embed the root are small metadata,
+/// as at publish); a larger one at such a path is not the installed file.
+pub(super) const CANONICAL_COMPARE_LIMIT: u64 = 16 << 20;
+
+/// Turns the root-independent form of a file that embeds the root back into the file for this
+/// root (`CachePolicy::materialize`), and the other way for comparing a copy on disk. `root` is
+/// the root as configured (the path the engine names its files by), as at publish.
+pub(super) struct Materializer {
+    pub(super) policy: Arc<dyn CachePolicy>,
+    pub(super) root: PathBuf,
+}
+
+impl Materializer {
+    /// The bytes to write for `record` given its verified stored bytes.
+    pub(super) fn for_root<'b>(
+        &self,
+        record: &FileRecord,
+        verified: &'b [u8],
+    ) -> Result<std::borrow::Cow<'b, [u8]>, InstallError> {
+        if !record.canonical {
+            return Ok(verified.into());
+        }
+        self.policy
+            .materialize(&self.root, &record.path, verified)
+            .map(Into::into)
+            .map_err(|source| InstallError::Materialize {
+                path: record.path.to_string(),
+                source,
+            })
+    }
+
+    /// Whether `file` (the copy on disk of `record`, read through the root's descriptor) is
+    /// `record` as materialized for this root: its canonical form hashes to the record's (a file
+    /// the policy cannot canonicalize, e.g. one naming another root, is not).
+    pub(super) fn on_disk_matches(
+        &self,
+        record: &FileRecord,
+        mut file: File,
+        shown: &Path,
+    ) -> Result<bool, InstallError> {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io("read", shown))?;
+        Ok(self
+            .policy
+            .canonicalize(&self.root, &record.path, &bytes)
+            .is_ok_and(|c| ContentHash::of(&c) == record.blake3))
+    }
+}
+
+/// Writes staged files: a single-piece file (nearly all of them) is checked in memory and written
+/// in one go; a file spread over several packs is written piece by piece and checked once the
+/// last piece is in. Everything goes through the staging directory's descriptor. A file stored
+/// canonical is verified as stored, then written as materialized for this root.
+pub(super) struct StagingWriter<'s> {
+    pub(super) staging: &'s Confined,
+    pub(super) created_dirs: HashSet<String>,
+    pub(super) unfinished: HashMap<usize, Unfinished>,
+    pub(super) materializer: &'s Materializer,
+    pub(super) materialized: Vec<String>,
+}
+
+pub(super) struct Unfinished {
+    pub(super) hasher: blake3::Hasher,
+    pub(super) hashed: u64,
+    pub(super) written: u64,
+    pub(super) in_order: bool,
+}
+
+impl<'s> StagingWriter<'s> {
+    pub(super) fn new(
+        staging: &'s Confined,
+        materializer: &'s Materializer,
+    ) -> Result<Self, InstallError> {
+        staging
+            .mkdir(STAGED_TREE, 0o777)
+            .map_err(io("create", &staging.display(STAGED_TREE)))?;
+        Ok(Self {
+            staging,
+            created_dirs: HashSet::from([STAGED_TREE.to_owned()]),
+            unfinished: HashMap::new(),
+            materializer,
+            materialized: Vec::new(),
+        })
+    }
+
+    pub(super) fn ensure_parent(&mut self, staged: &str) -> Result<(), InstallError> {
+        match staged.rsplit_once('/') {
+            Some((dir, _)) => self.ensure_dir(dir),
+            None => Ok(()),
+        }
+    }
+
+    /// Creates `dir` and its missing parents, one `mkdirat` each: staging is this install's own
+    /// fresh directory, so a directory not yet created here does not exist (and if something
+    /// else put one there, the install fails rather than write into it).
+    pub(super) fn ensure_dir(&mut self, dir: &str) -> Result<(), InstallError> {
+        if self.created_dirs.contains(dir) {
+            return Ok(());
+        }
+        if let Some((parent, _)) = dir.rsplit_once('/') {
+            self.ensure_dir(parent)?;
+        }
+        self.staging
+            .mkdir(dir, 0o777)
+            .map_err(io("create", &self.staging.display(dir)))?;
+        self.created_dirs.insert(dir.to_owned());
+        Ok(())
+    }
+
+    /// Writes the pieces a pack holds: the parents first (created once), then the files held
+    /// whole by this pack in parallel (hash, create, write: per-file system calls dominate a tree
+    /// of small files), then the pieces of files split over packs, in order.
+    pub(super) fn write_pack(
+        &mut self,
+        pending: &[Pending],
+        pieces: &[PackPiece],
+        pack: &[u8],
+    ) -> Result<(), InstallError> {
+        for piece in pieces {
+            self.ensure_parent(&pending[piece.file].staged)?;
+        }
+        let bytes_of = |piece: &PackPiece| {
+            &pack[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize]
+        };
+        let (whole, split): (Vec<&PackPiece>, Vec<&PackPiece>) = pieces
+            .iter()
+            .partition(|piece| pending[piece.file].record.chunks.len() == 1);
+        let this = &*self;
+        let materialized = whole
+            .par_iter()
+            .with_min_len(8)
+            .map(|piece| this.stage_whole(&pending[piece.file], bytes_of(piece)))
+            .collect::<Result<Vec<bool>, InstallError>>()?;
+        for (piece, materialized) in whole.iter().zip(materialized) {
+            if materialized {
+                let path = pending[piece.file].record.path.to_string();
+                self.materialized.push(path);
+            }
+        }
+        for piece in split {
+            let p = &pending[piece.file];
+            self.write_piece(piece.file, p, piece.file_offset, bytes_of(piece))?;
+        }
+        Ok(())
+    }
+
+    /// Writes a file held whole in `bytes` (checked against its blake3 first).
+    pub(super) fn write_whole(&mut self, p: &Pending, bytes: &[u8]) -> Result<(), InstallError> {
+        self.ensure_parent(&p.staged)?;
+        if self.stage_whole(p, bytes)? {
+            self.materialized.push(p.record.path.to_string());
+        }
+        Ok(())
+    }
+
+    /// Verifies and stages one whole file whose parent exists; true if it was materialized for
+    /// this root.
+    pub(super) fn stage_whole(&self, p: &Pending, bytes: &[u8]) -> Result<bool, InstallError> {
+        let actual: ContentHash = blake3::hash(bytes).into();
+        if actual != p.record.blake3 {
+            return Err(InstallError::Corrupt {
+                path: p.record.path.to_string(),
+                expected: p.record.blake3,
+                actual,
+            });
+        }
+        self.stage_verified(p, bytes)?;
+        Ok(p.record.canonical)
+    }
+
+    pub(super) fn write_piece(
+        &mut self,
+        fi: usize,
+        p: &Pending,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), InstallError> {
+        self.ensure_parent(&p.staged)?;
+        let shown = self.staging.display(&p.staged);
+        let file = self
+            .staging
+            .open_write(&p.staged, 0o600)
+            .map_err(io("create", &shown))?;
+        file.write_all_at(bytes, offset)
+            .map_err(io("write", &shown))?;
+        let state = self.unfinished.entry(fi).or_insert_with(|| Unfinished {
+            hasher: blake3::Hasher::new(),
+            hashed: 0,
+            written: 0,
+            in_order: true,
+        });
+        if state.in_order && state.hashed == offset {
+            state.hasher.update(bytes);
+            state.hashed += bytes.len() as u64;
+        } else {
+            state.in_order = false;
+        }
+        state.written += bytes.len() as u64;
+        if state.written < p.record.size {
+            return Ok(());
+        }
+        let state = self.unfinished.remove(&fi).expect("present");
+        let actual = if state.in_order {
+            state.hasher.finalize().into()
+        } else {
+            let mut f = self
+                .staging
+                .open_read(&p.staged)
+                .map_err(io("read", &shown))?;
+            hash_open_file(&mut f).map_err(io("read", &shown))?.0
+        };
+        if actual != p.record.blake3 {
+            return Err(InstallError::Corrupt {
+                path: p.record.path.to_string(),
+                expected: p.record.blake3,
+                actual,
+            });
+        }
+        if p.record.canonical {
+            // Verified as stored; now the same file rewritten for this root.
+            drop(file);
+            let mut verified = Vec::new();
+            let mut f = self
+                .staging
+                .open_read(&p.staged)
+                .map_err(io("read", &shown))?;
+            std::io::Read::read_to_end(&mut f, &mut verified).map_err(io("read", &shown))?;
+            drop(f);
+            self.staging
+                .remove_file(&p.staged)
+                .map_err(io("remove", &shown))?;
+            self.stage_verified(p, &verified)?;
+            self.materialized.push(p.record.path.to_string());
+            return Ok(());
+        }
+        finish_file(&file, p, &shown)
+    }
+
+    /// Writes a verified file into staging: the point where a stored file becomes the file for
+    /// this root.
+    pub(super) fn stage_verified(&self, p: &Pending, verified: &[u8]) -> Result<(), InstallError> {
+        let bytes = self.materializer.for_root(p.record, verified)?;
+        let shown = self.staging.display(&p.staged);
+        // Created with its final mode when the umask leaves that mode alone (the usual case),
+        // which saves an fchmod per file; staging is private until the commit anyway.
+        let mode = p.record.mode & 0o777;
+        let exact = umask().is_some_and(|umask| mode & umask == 0);
+        let mut file = self
+            .staging
+            .create_new(&p.staged, if exact { mode } else { 0o600 })
+            .map_err(io("create", &shown))?;
+        file.write_all(&bytes).map_err(io("write", &shown))?;
+        set_times(&file, p, &shown)?;
+        if exact {
+            return Ok(());
+        }
+        set_mode(&file, p, &shown)
+    }
+}
+
+/// Gives a verified staged file the manifest's mode and times.
+pub(super) fn finish_file(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
+    set_times(file, p, shown)?;
+    set_mode(file, p, shown)
+}
+
+pub(super) fn set_times(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
+    let mtime = UNIX_EPOCH
+        + Duration::new(
+            p.record.mtime_s.max(0) as u64,
+            p.record.mtime_ns.min(999_999_999),
+        );
+    file.set_times(FileTimes::new().set_modified(mtime).set_accessed(mtime))
+        .map_err(io("set times on", shown))
+}
+
+pub(super) fn set_mode(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
+    file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777))
+        .map_err(io("chmod", shown))
+}
+
+/// The process's umask, read once from `/proc/self/status` (`umask(2)` can only be read by
+/// setting it, which races with other threads creating files); `None` where it cannot be read.
+pub(super) fn umask() -> Option<u32> {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = fs::read_to_string("/proc/self/status").ok()?;
+        let value = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(value.trim(), 8).ok()
+    })
+}

@@ -1,0 +1,217 @@
+//! Committing a generation: putting the manifest and the head record, and when another publisher
+//! wins a head seq, merging onto its generation (`commit_head`, `merge_onto`).
+
+use std::collections::HashSet;
+
+use crate::catalog::KeyLayout;
+use crate::catalog::{self, CatalogError, now_secs, writer_id};
+use crate::generation::{GenerationId, HeadRecord, Manifest, merge_files, prune_packs};
+use crate::store::{Store, ValueClass};
+use crate::trust::PublishTrust;
+
+use super::{PublishError, PublishOptions, PublishReport};
+
+/// Puts the manifest and the head at `seq`; if another publisher won `seq`, merges onto its
+/// generation and tries the next seq.
+///
+/// Union (invariant 4) holds because every head we write includes the generations of all heads
+/// between our parent's seq and ours: a seq we lose is merged before we move on, and after we win a
+/// seq the head just below it is checked once more: if it holds a generation we never merged (its
+/// put was still in flight when we read that seq back), we merge it and write the next seq.
+pub(super) fn commit_head(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    mut candidate: Manifest,
+    mut seq: u64,
+    opts: &PublishOptions,
+    report: &mut PublishReport,
+) -> Result<(GenerationId, u64), PublishError> {
+    let writer = writer_id();
+    let base_seq = seq.saturating_sub(1);
+    let mut included: HashSet<GenerationId> = candidate.parent.into_iter().collect();
+    for _ in 0..opts.max_head_attempts {
+        candidate.normalize();
+        let bytes = candidate.encode();
+        let generation = candidate.id();
+        store.put(&layout.generation(&generation), &bytes, ValueClass::Record)?;
+        let mut record = HeadRecord {
+            compat_id: candidate.compat_id,
+            seq,
+            generation,
+            written_at: now_secs(),
+            writer: writer.clone(),
+            signature: None,
+        };
+        if let Some(key) = &opts.trust.signing_key {
+            key.sign(layout.namespace(), &mut record);
+        }
+        let admits = |h: &HeadRecord| opts.trust.admits(layout.namespace(), h);
+        let Some(stored) = put_and_read_back(store, layout, &record)? else {
+            // Nobody's head is readable at this seq even after retries (evicted at once): write
+            // above it; the check below merges it if it shows up after all.
+            tracing::warn!(
+                seq,
+                "head record unreadable right after writing it; trying the next seq"
+            );
+            seq += 1;
+            continue;
+        };
+        // Another publisher of the same generation counts as ours only if its head is admitted.
+        if stored == record || (stored.generation == generation && admits(&stored)) {
+            included.insert(generation);
+            // Won. A head below ours that we never merged (its put was in flight when we read its
+            // seq back) would be superseded without its files: merge it and write the next seq.
+            let below = seq - 1;
+            let missed = if below > base_seq {
+                // A refused head below needs no merging: ours supersedes it.
+                catalog::read_head(store, layout, &candidate.compat_id, below)?
+                    .filter(|h| !included.contains(&h.generation) && admits(h))
+            } else {
+                None
+            };
+            let Some(missed) = missed else {
+                // And a head above ours written by someone who did not see ours (our put was the
+                // one in flight): merge onto it and write above it.
+                let Some(above) =
+                    head_above_without(store, layout, &candidate, seq, generation, &opts.trust)?
+                else {
+                    return Ok((generation, seq));
+                };
+                tracing::info!(seq = seq + 1, generation = %above.0, "a head above ours does not include ours; merging onto it");
+                included.insert(above.0);
+                if let Some(other) = above.1
+                    && merge_onto(&mut candidate, &other, generation, report)
+                {
+                    return Ok((other.id(), seq + 1));
+                }
+                seq += 2;
+                continue;
+            };
+            tracing::info!(seq = below, generation = %missed.generation, "a head below ours was never merged; merging it");
+            included.insert(missed.generation);
+            if let Some(other) = winner_manifest(store, layout, &missed.generation)? {
+                let (files, packs, conflicts) = merge_files(
+                    &candidate.files,
+                    &candidate.packs,
+                    &other.files,
+                    &other.packs,
+                );
+                report.conflicts.extend(conflicts);
+                report.merged.push(other.id());
+                candidate.merged.push(other.id());
+                candidate.parent = Some(generation);
+                candidate.files = files;
+                candidate.packs = packs;
+                prune_packs(&mut candidate);
+                seq += 1;
+                continue;
+            }
+            return Ok((generation, seq));
+        }
+        // Another publisher won this seq: build on its generation (the union of both).
+        tracing::info!(seq, winner = %stored.generation, "another publisher won the head; merging");
+        included.insert(stored.generation);
+        let winner = if admits(&stored) {
+            winner_manifest(store, layout, &stored.generation)?
+        } else {
+            tracing::warn!(seq, winner = %stored.generation, "the head that won this seq is not trusted; not merging it, writing above it");
+            None
+        };
+        if winner.is_none() {
+            // Our candidate is unchanged and is written again (same id) at the next seq.
+            tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
+        }
+        if let Some(winner) = winner
+            && merge_onto(&mut candidate, &winner, generation, report)
+        {
+            return Ok((winner.id(), seq));
+        }
+        seq += 1;
+    }
+    Err(PublishError::Contention(opts.max_head_attempts))
+}
+
+/// The head at `seq + 1` if it exists and its generation neither builds on nor merged `ours`
+/// (with its manifest, when readable and the head is admitted by `trust`: a refused head above
+/// ours is written over, never merged).
+fn head_above_without(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    candidate: &Manifest,
+    seq: u64,
+    ours: GenerationId,
+    trust: &PublishTrust,
+) -> Result<Option<(GenerationId, Option<Manifest>)>, PublishError> {
+    let Some(above) = catalog::read_head(store, layout, &candidate.compat_id, seq + 1)? else {
+        return Ok(None);
+    };
+    if !trust.admits(layout.namespace(), &above) {
+        return Ok(Some((above.generation, None)));
+    }
+    let manifest = winner_manifest(store, layout, &above.generation)?;
+    let includes_ours = manifest
+        .as_ref()
+        .is_some_and(|m| m.parent == Some(ours) || m.merged.contains(&ours));
+    Ok((!includes_ours).then_some((above.generation, manifest)))
+}
+
+/// Puts `record` and reads its seq back. A miss is retried with backoff, putting ours again each
+/// time: on Mooncake another client's put of the same key can be in flight (our put returns as if
+/// the key existed, a get still misses), and deciding "nobody holds this seq" too early would skip
+/// that publisher's files. `None` only if the seq stays unreadable.
+fn put_and_read_back(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    record: &HeadRecord,
+) -> Result<Option<HeadRecord>, PublishError> {
+    let key = layout.head(&record.compat_id, record.seq);
+    let bytes = record.encode();
+    for attempt in 0..8u32 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(25 << attempt.min(4)));
+        }
+        store.put(&key, &bytes, ValueClass::Record)?;
+        if let Some(stored) = catalog::read_head(store, layout, &record.compat_id, record.seq)? {
+            return Ok(Some(stored));
+        }
+    }
+    Ok(None)
+}
+
+/// A winning (or missed) head's manifest; `None` if it is missing or corrupt (it cannot be merged,
+/// and the next seq supersedes it).
+fn winner_manifest(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<Option<Manifest>, PublishError> {
+    match catalog::fetch_manifest(store, layout, id) {
+        Ok(m) => Ok(m),
+        Err(CatalogError::Manifest { id, source }) => {
+            tracing::warn!(generation = %id, error = %source, "a head's manifest is corrupt; it cannot be merged");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Rebuilds `candidate` (whose previous id was `ours`) on top of `base`, another publisher's
+/// generation: the union of both, `base` winning conflicting paths. True if the result holds
+/// nothing `base` lacks, so `base` itself is the answer.
+fn merge_onto(
+    candidate: &mut Manifest,
+    base: &Manifest,
+    ours: GenerationId,
+    report: &mut PublishReport,
+) -> bool {
+    let (files, packs, conflicts) =
+        merge_files(&base.files, &base.packs, &candidate.files, &candidate.packs);
+    report.conflicts.extend(conflicts);
+    report.merged.push(base.id());
+    candidate.parent = Some(base.id());
+    candidate.merged.push(ours);
+    candidate.files = files;
+    candidate.packs = packs;
+    prune_packs(candidate);
+    candidate.files == base.files
+}

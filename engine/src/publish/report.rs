@@ -1,0 +1,127 @@
+//! What a publish is given and what it returns: options, the report and outcome, skip details
+//! and errors (re-exported from `crate::publish`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::catalog::CatalogError;
+use crate::facts::Facts;
+use crate::generation::{CompatId, Conflict, GenerationId, Producer, RelPath};
+use crate::policy::{PolicyError, ReasonCategory};
+use crate::store::StoreError;
+use crate::trust::PublishTrust;
+
+#[derive(Debug, Clone)]
+pub struct PublishOptions {
+    pub pack_size: u64,
+    pub producer: Producer,
+    pub facts: Facts,
+    /// Head seqs to try before giving up when other publishers keep winning.
+    pub max_head_attempts: u32,
+    /// The key heads are signed with, and which heads may be built on and merged.
+    pub trust: PublishTrust,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum PublishOutcome {
+    /// A new generation is the head.
+    Published { generation: GenerationId, seq: u64 },
+    /// The head already holds every selected file.
+    Unchanged { generation: GenerationId },
+    /// Nothing publishable under the root and no head yet.
+    Empty,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PublishReport {
+    pub cache_kind: String,
+    pub root: PathBuf,
+    pub compat_key: String,
+    pub compat_id: CompatId,
+    #[serde(flatten)]
+    pub outcome: PublishOutcome,
+    pub files_selected: u64,
+    /// Files not published, by category (`ReasonCategory`: a small fixed set, so summaries and
+    /// metric labels stay bounded whatever the tree holds).
+    pub skipped: BTreeMap<ReasonCategory, u64>,
+    /// Which files were skipped and why in words: the first `MAX_SKIP_DETAILS` of them, for `-v`
+    /// and reports (never for metric labels).
+    pub skip_details: Vec<SkipDetail>,
+    /// Why the root is not a complete cache for its kind (the policy's `incomplete-detail`); the
+    /// generation published from it is recorded as incomplete. `None` = complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+    /// Selected files the parent generation did not have.
+    pub files_new: u64,
+    pub files_hashed: u64,
+    pub bytes_uploaded: u64,
+    /// Bytes of packs this publish needed that the store already held (other pods, crashed runs).
+    pub bytes_deduplicated: u64,
+    pub packs_uploaded: u64,
+    pub packs_reused: u64,
+    pub conflicts: Vec<Conflict>,
+    /// Generations of other publishers merged in because they won a head seq first.
+    pub merged: Vec<GenerationId>,
+    /// Key id of the key the new head was signed with (None: unsigned).
+    pub signed_by: Option<String>,
+    /// Who signed the head this publish built on (None: no parent).
+    pub parent_signer: Option<crate::trust::Signer>,
+    /// Time spent hashing files, and reading and uploading packs (where a publish's time goes).
+    pub hash_ms: u64,
+    pub upload_ms: u64,
+    pub duration_ms: u64,
+}
+
+/// Most skipped files `PublishReport::skip_details` lists (the counts by category are complete).
+pub const MAX_SKIP_DETAILS: usize = 100;
+
+/// One skipped file, for `-v` and reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkipDetail {
+    pub path: String,
+    pub category: ReasonCategory,
+    pub detail: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("policy {policy}: {source}")]
+    Policy { policy: String, source: PolicyError },
+    #[error("policy {0} returned {1} decisions for {2} files")]
+    PolicyContract(String, usize, usize),
+    #[error("scanning {root}: {source}")]
+    Scan {
+        root: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The policy refused or failed to give the root-independent form of a file it said embeds
+    /// the root.
+    #[error("policy could not canonicalize {path}: {source}")]
+    Canonicalize { path: RelPath, source: PolicyError },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(
+        "gave up after {0} attempts to write a head: other publishers kept winning; retry later"
+    )]
+    Contention(u32),
+    #[error(
+        "trust mode is required but no signing key is configured: set trust.signing_key_file, \
+         --signing-key or JITSHIP_SIGNING_KEY_FILE (make a key with `jitship key generate`), or \
+         every generation this publisher writes would be refused"
+    )]
+    NoSigningKey,
+    #[error("cache root {0} does not exist: check the path (or the volume mount)")]
+    RootMissing(PathBuf),
+    #[error("cache root {0} is not a directory")]
+    RootNotDir(PathBuf),
+}
