@@ -44,7 +44,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::catalog::KeyLayout;
-use crate::catalog::{self, CatalogError};
+use crate::catalog::{self, CatalogError, ManifestRead};
 use crate::generation::{CompatId, ContentHash, GenerationId};
 use crate::inspect::{self, CompatView, InspectError, ManifestState};
 use crate::policy::{CachePolicy, GenerationSummary, RetentionLimits};
@@ -333,18 +333,17 @@ pub fn collect(
         if let Some(head) = catalog::newest_head(store, layout, &compat)?
             && !plan.known.contains(&head.generation)
         {
-            match catalog::fetch_manifest(store, layout, &head.generation) {
-                Ok(Some(m)) => spared.extend(m.packs.iter().map(|p| p.id)),
-                Ok(None) => {}
+            match catalog::read_manifest(store, layout, &head.generation)? {
+                ManifestRead::Present(m) => spared.extend(m.packs.iter().map(|p| p.id)),
+                ManifestRead::Missing => {}
                 // A generation published meanwhile that this jitship cannot read (a newer
                 // jitship's): it may reference any pack, so none is removed.
-                Err(CatalogError::Manifest { source, .. }) => {
+                ManifestRead::Unreadable(source) => {
                     report.unreadable.push(format!(
                         "compat id {compat} generation {} (published during this gc): {source}",
                         head.generation
                     ));
                 }
-                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -516,10 +515,9 @@ fn fetch_if_decodable(
     layout: &KeyLayout,
     id: &GenerationId,
 ) -> Result<Option<crate::generation::Manifest>, GcError> {
-    match catalog::fetch_manifest(store, layout, id) {
-        Ok(m) => Ok(m),
-        Err(CatalogError::Manifest { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
+    match catalog::read_manifest(store, layout, id)? {
+        ManifestRead::Present(m) => Ok(Some(m)),
+        ManifestRead::Missing | ManifestRead::Unreadable(_) => Ok(None),
     }
 }
 

@@ -4,13 +4,16 @@
 //! manifests (every pack fetched, every file hash checked), and `repair`, which removes packs
 //! whose bytes do not match so the next publish uploads them again. Who signed each head is judged
 //! with the caller's `TrustPolicy`. Works on stores without listing.
+//!
+//! Size: survey, show, verify and repair share their readers (the index walk, the tolerant
+//! manifest fetch, the per-pack check); splitting them would export those readers for three callers.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
 use crate::catalog::KeyLayout;
-use crate::catalog::{self, CatalogError, FloorRecord};
+use crate::catalog::{self, CatalogError, FloorRecord, ManifestRead};
 use crate::generation::{
     CompatId, ContentHash, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef, Producer,
 };
@@ -189,19 +192,18 @@ pub fn survey_compat(
                 }
             }
             None => {
-                let state = match catalog::fetch_manifest(store, layout, &h.generation) {
-                    Ok(Some(m)) => {
+                let state = match catalog::read_manifest(store, layout, &h.generation)? {
+                    ManifestRead::Present(m) => {
                         if view.cache_kind.is_none() {
                             view.cache_kind = Some(m.cache_kind.clone());
                             view.compat_key = Some(m.compat_key.clone());
                         }
                         ManifestState::Present(Box::new(ManifestSummary::of(&m)))
                     }
-                    Ok(None) => ManifestState::Missing,
-                    Err(CatalogError::Manifest { source, .. }) => ManifestState::Corrupt {
+                    ManifestRead::Missing => ManifestState::Missing,
+                    ManifestRead::Unreadable(source) => ManifestState::Corrupt {
                         error: source.to_string(),
                     },
-                    Err(e) => return Err(e.into()),
                 };
                 by_id.insert(h.generation, view.generations.len());
                 view.generations.push(GenerationView {
@@ -326,8 +328,8 @@ pub fn inspect(
         if parent_chain.len() >= MAX_CHAIN || !seen.insert(p) {
             break;
         }
-        match catalog::fetch_manifest(store, layout, &p) {
-            Ok(Some(m)) => {
+        match catalog::read_manifest(store, layout, &p)? {
+            ManifestRead::Present(m) => {
                 parent_chain.push(ChainLink {
                     id: p,
                     created_at: Some(m.created_at),
@@ -335,7 +337,7 @@ pub fn inspect(
                 });
                 next = m.parent;
             }
-            Ok(None) | Err(CatalogError::Manifest { .. }) => {
+            ManifestRead::Missing | ManifestRead::Unreadable(_) => {
                 parent_chain.push(ChainLink {
                     id: p,
                     created_at: None,
@@ -343,7 +345,6 @@ pub fn inspect(
                 });
                 next = None;
             }
-            Err(e) => return Err(e.into()),
         }
     }
     Ok(Inspection {
@@ -474,19 +475,18 @@ pub fn verify(
         signatures: vec![],
         repaired: vec![],
     };
-    let manifest = match catalog::fetch_manifest(store, layout, id) {
-        Ok(Some(m)) => m,
-        Ok(None) => {
+    let manifest = match catalog::read_manifest(store, layout, id)? {
+        ManifestRead::Present(m) => m,
+        ManifestRead::Missing => {
             v.problems.push(Problem::ManifestMissing);
             return Ok(v);
         }
-        Err(CatalogError::Manifest { source, .. }) => {
+        ManifestRead::Unreadable(source) => {
             v.problems.push(Problem::ManifestCorrupt {
                 error: source.to_string(),
             });
             return Ok(v);
         }
-        Err(e) => return Err(e.into()),
     };
     // Per file: a hasher fed in chunk order. Chunks are visited pack by pack, so a file whose
     // chunks go back to an earlier pack is re-checked on its own afterwards.

@@ -39,6 +39,9 @@
 //! Once the generation is in place (installed, already current, or partly, beside conflicts), the
 //! install leaves a record of it beside the root (`record`: `.<name>.jitship-installed.json`,
 //! written through the parent's descriptor) for `jitship audit`.
+//!
+//! Size: about 600 lines with these docs: the job that picks a generation (candidates, trust,
+//! fallbacks, completeness) and drives the stages, which live in the submodules.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, FileTimes};

@@ -39,7 +39,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::catalog::KeyLayout;
-use crate::catalog::{self, CatalogError, now_secs};
+use crate::catalog::{self, ManifestRead, now_secs};
 use crate::generation::{
     Chunk, CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord,
     Manifest, PackRef, RelPath, merge_files, plan_packs, prune_packs,
@@ -401,14 +401,13 @@ fn usable_parent(
     layout: &KeyLayout,
     id: &GenerationId,
 ) -> Result<(Option<Manifest>, bool), PublishError> {
-    let mut manifest = match catalog::fetch_manifest(store, layout, id) {
-        Ok(Some(m)) => m,
-        Ok(None) => return Ok((None, false)),
-        Err(CatalogError::Manifest { id, source }) => {
+    let mut manifest = match catalog::read_manifest(store, layout, id)? {
+        ManifestRead::Present(m) => m,
+        ManifestRead::Missing => return Ok((None, false)),
+        ManifestRead::Unreadable(source) => {
             tracing::warn!(generation = %id, error = %source, "the head's manifest is corrupt; publishing a fresh chain");
             return Ok((None, false));
         }
-        Err(e) => return Err(e.into()),
     };
     let keys: Vec<String> = manifest.packs.iter().map(|p| layout.pack(&p.id)).collect();
     let mut missing = vec![false; keys.len()];

@@ -384,12 +384,38 @@ pub fn fetch_manifest(
     layout: &KeyLayout,
     id: &GenerationId,
 ) -> Result<Option<Manifest>, CatalogError> {
+    match read_manifest(store, layout, id)? {
+        ManifestRead::Present(m) => Ok(Some(m)),
+        ManifestRead::Missing => Ok(None),
+        ManifestRead::Unreadable(source) => Err(CatalogError::Manifest { id: *id, source }),
+    }
+}
+
+/// A manifest as the store holds it. The one tolerant read: every caller that must go on past a
+/// manifest it cannot use (gc, inspect, a publish building on a head) matches these three states
+/// instead of picking an error variant apart.
+#[derive(Debug)]
+pub enum ManifestRead {
+    Present(Manifest),
+    /// Never written, removed, or evicted.
+    Missing,
+    /// There, but not a manifest this jitship accepts: corrupt, or a newer format.
+    Unreadable(ManifestError),
+}
+
+/// Reads the manifest of `id` (see [`ManifestRead`]); only the store failing is an error.
+pub fn read_manifest(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+) -> Result<ManifestRead, StoreError> {
     let Some(bytes) = store.get(&layout.generation(id))? else {
-        return Ok(None);
+        return Ok(ManifestRead::Missing);
     };
-    Manifest::decode(&bytes, *id)
-        .map(Some)
-        .map_err(|source| CatalogError::Manifest { id: *id, source })
+    Ok(match Manifest::decode(&bytes, *id) {
+        Ok(m) => ManifestRead::Present(m),
+        Err(e) => ManifestRead::Unreadable(e),
+    })
 }
 
 /// True if every pack `manifest` references is in the store right now.

@@ -27,6 +27,11 @@
 //!   OBJECT_NOT_FOUND (-704) a miss.
 //! - Immutable put: Mooncake keeps the old value of an existing key and reports success (or
 //!   OBJECT_ALREADY_EXISTS, taken as success), which is the store contract. No listing.
+//!
+//! Size: one file on purpose. The unsafe rules of the FFI (a staging buffer stays registered and
+//! leased until the call that uses it has returned; every call runs on a thread of its own; the
+//! handle is destroyed only after the last call) span the buffer pool, the calls and the teardown,
+//! and each SAFETY comment leans on the others; kept together they are reviewed together.
 
 use std::ffi::{CString, c_int, c_void};
 use std::net::{TcpStream, ToSocketAddrs};

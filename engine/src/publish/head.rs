@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use crate::catalog::KeyLayout;
-use crate::catalog::{self, CatalogError, now_secs, writer_id};
+use crate::catalog::{self, ManifestRead, now_secs, writer_id};
 use crate::generation::{GenerationId, HeadRecord, Manifest, merge_files, prune_packs};
 use crate::store::{Store, ValueClass};
 use crate::trust::PublishTrust;
@@ -185,13 +185,13 @@ fn winner_manifest(
     layout: &KeyLayout,
     id: &GenerationId,
 ) -> Result<Option<Manifest>, PublishError> {
-    match catalog::fetch_manifest(store, layout, id) {
-        Ok(m) => Ok(m),
-        Err(CatalogError::Manifest { id, source }) => {
+    match catalog::read_manifest(store, layout, id)? {
+        ManifestRead::Present(m) => Ok(Some(m)),
+        ManifestRead::Missing => Ok(None),
+        ManifestRead::Unreadable(source) => {
             tracing::warn!(generation = %id, error = %source, "a head's manifest is corrupt; it cannot be merged");
             Ok(None)
         }
-        Err(e) => Err(e.into()),
     }
 }
 
