@@ -25,6 +25,9 @@ rustup component add rustfmt clippy
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "layers: crates and engine modules depend one way (ARCHITECTURE.md, Layers)"
+python3 tests/layers/check.py
+
 step "unit and end-to-end tests on the local store"
 cargo test --workspace --no-fail-fast
 

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Checks that dependencies point one way (ARCHITECTURE.md, "Layers").
+
+Between crates, the compiler already refuses cycles; this also refuses an arrow the codemap does
+not allow (say, the store crate depending on the generation crate). Inside the engine crate,
+where the compiler allows any module to use any other, every non-comment `crate::<module>` path
+must name a module of a lower layer. Run from anywhere; exits 1 listing each upward arrow.
+"""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Workspace crates and the workspace crates each may depend on (normal dependencies).
+CRATES = {
+    "jitship-generation": set(),
+    "mooncake-sys": set(),
+    "jitship-store": {"mooncake-sys"},
+    "jitship-catalog": {"jitship-generation", "jitship-store"},
+    "jitship": {"jitship-generation", "jitship-store", "jitship-catalog", "jitship-policy-sdk"},
+}
+
+# Engine modules by layer: a module may use modules of lower layers only. `generation`, `store`
+# and `catalog` are the crates below, re-exported under those names.
+LAYERS = [
+    {"generation", "store", "catalog", "facts", "ready"},
+    {"policy", "trust"},
+    {"config"},
+    {"scan", "policies"},
+    {"publish", "install", "inspect", "author", "roots"},
+    {"gc", "audit", "watch"},
+    {"cli"},
+]
+LAYER_OF = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+
+
+def crate_problems():
+    meta = json.loads(
+        subprocess.run(
+            ["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"],
+            cwd=ROOT, check=True, capture_output=True, text=True,
+        ).stdout
+    )
+    members = {p["name"] for p in meta["packages"]}
+    problems = []
+    for p in meta["packages"]:
+        if p["name"] not in CRATES:
+            continue
+        deps = {d["name"] for d in p["dependencies"] if d["kind"] is None and d["name"] in members}
+        for d in sorted(deps - CRATES[p["name"]]):
+            problems.append(f"crate {p['name']} depends on {d}, which the codemap does not allow")
+    return problems
+
+
+def module_of(path):
+    rel = path.relative_to(ROOT / "engine" / "src")
+    return rel.parts[0].removesuffix(".rs")
+
+
+def module_problems():
+    problems = []
+    for path in sorted((ROOT / "engine" / "src").rglob("*.rs")):
+        own = module_of(path)
+        if own in ("lib", "main"):
+            continue
+        if own not in LAYER_OF:
+            problems.append(f"{path.relative_to(ROOT)}: module {own} has no layer in {__file__}")
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("//", 1)[0]
+            for used in re.findall(r"\bcrate::([a-z_]+)", code):
+                if used == own or used not in LAYER_OF:
+                    continue
+                if LAYER_OF[used] >= LAYER_OF[own]:
+                    problems.append(
+                        f"{path.relative_to(ROOT)}:{n}: {own} (layer {LAYER_OF[own]}) uses "
+                        f"{used} (layer {LAYER_OF[used]})"
+                    )
+    return problems
+
+
+def main():
+    problems = crate_problems() + module_problems()
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} upward dependencies (see ARCHITECTURE.md, Layers)", file=sys.stderr)
+        return 1
+    print(f"layers: {len(CRATES)} crates and {len(LAYER_OF)} engine modules point one way")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
