@@ -516,7 +516,7 @@ fn fetch_if_decodable(
     id: &GenerationId,
 ) -> Result<Option<crate::generation::Manifest>, GcError> {
     match catalog::read_manifest(store, layout, id)? {
-        ManifestRead::Present(m) => Ok(Some(m)),
+        ManifestRead::Present(m) => Ok(Some(*m)),
         ManifestRead::Missing | ManifestRead::Unreadable(_) => Ok(None),
     }
 }

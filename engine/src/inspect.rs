@@ -476,7 +476,7 @@ pub fn verify(
         repaired: vec![],
     };
     let manifest = match catalog::read_manifest(store, layout, id)? {
-        ManifestRead::Present(m) => m,
+        ManifestRead::Present(m) => *m,
         ManifestRead::Missing => {
             v.problems.push(Problem::ManifestMissing);
             return Ok(v);

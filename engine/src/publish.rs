@@ -402,7 +402,7 @@ fn usable_parent(
     id: &GenerationId,
 ) -> Result<(Option<Manifest>, bool), PublishError> {
     let mut manifest = match catalog::read_manifest(store, layout, id)? {
-        ManifestRead::Present(m) => m,
+        ManifestRead::Present(m) => *m,
         ManifestRead::Missing => return Ok((None, false)),
         ManifestRead::Unreadable(source) => {
             tracing::warn!(generation = %id, error = %source, "the head's manifest is corrupt; publishing a fresh chain");

@@ -385,7 +385,7 @@ pub fn fetch_manifest(
     id: &GenerationId,
 ) -> Result<Option<Manifest>, CatalogError> {
     match read_manifest(store, layout, id)? {
-        ManifestRead::Present(m) => Ok(Some(m)),
+        ManifestRead::Present(m) => Ok(Some(*m)),
         ManifestRead::Missing => Ok(None),
         ManifestRead::Unreadable(source) => Err(CatalogError::Manifest { id: *id, source }),
     }
@@ -396,7 +396,7 @@ pub fn fetch_manifest(
 /// instead of picking an error variant apart.
 #[derive(Debug)]
 pub enum ManifestRead {
-    Present(Manifest),
+    Present(Box<Manifest>),
     /// Never written, removed, or evicted.
     Missing,
     /// There, but not a manifest this jitship accepts: corrupt, or a newer format.
@@ -413,7 +413,7 @@ pub fn read_manifest(
         return Ok(ManifestRead::Missing);
     };
     Ok(match Manifest::decode(&bytes, *id) {
-        Ok(m) => ManifestRead::Present(m),
+        Ok(m) => ManifestRead::Present(Box::new(m)),
         Err(e) => ManifestRead::Unreadable(e),
     })
 }

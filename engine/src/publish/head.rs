@@ -186,7 +186,7 @@ fn winner_manifest(
     id: &GenerationId,
 ) -> Result<Option<Manifest>, PublishError> {
     match catalog::read_manifest(store, layout, id)? {
-        ManifestRead::Present(m) => Ok(Some(m)),
+        ManifestRead::Present(m) => Ok(Some(*m)),
         ManifestRead::Missing => Ok(None),
         ManifestRead::Unreadable(source) => {
             tracing::warn!(generation = %id, error = %source, "a head's manifest is corrupt; it cannot be merged");
