@@ -67,14 +67,14 @@ use crate::store::{Fetched, Store, StoreError, StoreResult};
 use crate::trust::{Signer, TrustPolicy};
 
 mod commit;
-pub mod confined;
+
 pub mod record;
 mod report;
 mod stage;
 mod target;
 
+use crate::confined::{self, Confined, Kind};
 use commit::*;
-use confined::{Confined, Kind};
 pub use report::*;
 use stage::*;
 use target::*;
@@ -595,22 +595,19 @@ impl Job {
 }
 
 /// The commit keeps one descriptor per directory it writes into, and a cache can have thousands:
-/// raise the soft limit on open files to the hard one, as file-heavy tools commonly do. (libc,
-/// because rustix's `process` feature is not otherwise built and this is one call.)
+/// raise the soft limit on open files to the hard one, as file-heavy tools commonly do.
 fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-        unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
-                && limit.rlim_cur < limit.rlim_max
-            {
-                limit.rlim_cur = limit.rlim_max;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        let limit = getrlimit(Resource::Nofile);
+        if limit.current != limit.maximum {
+            let raised = rustix::process::Rlimit {
+                current: limit.maximum,
+                ..limit
+            };
+            if let Err(e) = setrlimit(Resource::Nofile, raised) {
+                tracing::debug!(error = %e, "could not raise the open-file limit");
             }
         }
     });

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod author;
 pub mod cli;
 pub mod config;
+pub mod confined;
 pub mod facts;
 pub mod gc;
 pub mod inspect;

@@ -95,8 +95,7 @@ impl ProcessEnv {
         let vars = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .collect();
-        // SAFETY: getuid(2) cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = rustix::process::getuid().as_raw();
         Self {
             vars,
             account: passwd_entry(uid),
@@ -551,8 +550,7 @@ mod tests {
 
     #[test]
     fn this_process_has_a_passwd_entry_or_none_without_failing() {
-        // SAFETY: getuid(2) cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = rustix::process::getuid().as_raw();
         if let Some((name, home)) = passwd_entry(uid) {
             assert!(
                 !name.is_empty() && home.is_absolute(),

@@ -83,14 +83,15 @@ unsafe impl Sync for Handle {}
 
 /// One page-aligned staging buffer, registered with the client while it is in the pool.
 ///
-/// Mapped with `mmap` rather than `std::alloc::alloc_zeroed`: for an alignment above the
-/// allocator's minimum, `alloc_zeroed` writes zeros over the whole buffer, which made every byte
-/// of every staging buffer resident at start (4 x 64 MiB for any command). Anonymous pages are
-/// zero and cost nothing until touched, so only the bytes a call moves become resident (RDMA
+/// An anonymous mapping (`memmap2`) rather than `std::alloc::alloc_zeroed`: for an alignment above
+/// the allocator's minimum, `alloc_zeroed` writes zeros over the whole buffer, which made every
+/// byte of every staging buffer resident at start (4 x 64 MiB for any command). Anonymous pages
+/// are zero and cost nothing until touched, so only the bytes a call moves become resident (RDMA
 /// registration still pins the whole buffer, which is why buffers are also sized to the work).
 struct Staging {
+    map: memmap2::MmapMut,
+    /// The mapping's address, taken once with exclusive access: what the library writes through.
     ptr: NonNull<u8>,
-    len: usize,
 }
 // SAFETY: the buffer is plain memory owned by exactly one holder at a time (the pool or a lease).
 unsafe impl Send for Staging {}
@@ -100,51 +101,30 @@ unsafe impl Sync for Staging {}
 
 impl Staging {
     fn map(len: usize) -> StoreResult<Self> {
-        // SAFETY: an anonymous private mapping of a non-zero length (at least MIN_STAGING or the
-        // validated staging_buffer_size) at an address the kernel chooses; no file involved.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(StoreError::Other(format!(
-                "cannot map a staging buffer of {len} bytes: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| {
+        let mut map = memmap2::MmapMut::map_anon(len).map_err(|e| {
+            StoreError::Other(format!("cannot map a staging buffer of {len} bytes: {e}"))
+        })?;
+        let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| {
             StoreError::Other(format!("cannot map a staging buffer of {len} bytes"))
         })?;
-        Ok(Self { ptr, len })
+        Ok(Self { map, ptr })
     }
 
     fn as_mut_ptr(&self) -> *mut c_void {
         self.ptr.as_ptr().cast()
     }
 
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
     /// The first `n` bytes, `n <= len`.
     fn bytes(&self, n: usize) -> &[u8] {
-        // SAFETY: the mapping is `len` bytes, initialized (zero pages, then written by us or the
-        // library), and owned by the holder of `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), n.min(self.len)) }
+        &self.map[..n.min(self.map.len())]
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `map` with exactly this address and length; no one refers to it now.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        &mut self.map[..]
     }
 }
 
@@ -208,7 +188,7 @@ impl Inner {
     fn lease(self: &Arc<Self>, need: Need, timeout: Duration) -> StoreResult<Lease> {
         let deadline = Instant::now() + timeout;
         let fits = |b: &Staging| match need {
-            Need::AtLeast(n) => b.len >= n,
+            Need::AtLeast(n) => b.len() >= n,
             Need::Any => true,
         };
         let mut state = self.pool.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -220,8 +200,8 @@ impl Inner {
                     .iter()
                     .enumerate()
                     .filter(|(_, b)| fits(b))
-                    .min_by_key(|(_, b)| b.len),
-                Need::Any => state.free.iter().enumerate().max_by_key(|(_, b)| b.len),
+                    .min_by_key(|(_, b)| b.len()),
+                Need::Any => state.free.iter().enumerate().max_by_key(|(_, b)| b.len()),
             }
             .map(|(i, _)| i);
             if let Some(i) = pick {
@@ -234,7 +214,7 @@ impl Inner {
                 Some(None)
             } else if !state.free.is_empty() {
                 let i = (0..state.free.len())
-                    .max_by_key(|&i| state.free[i].len)
+                    .max_by_key(|&i| state.free[i].len())
                     .unwrap_or(0);
                 Some(Some(state.free.swap_remove(i)))
             } else {
@@ -243,7 +223,7 @@ impl Inner {
             if let Some(old) = replace {
                 let size = self.pool.size_for(need);
                 if let Some(old) = &old {
-                    state.bytes -= old.len;
+                    state.bytes -= old.len();
                 }
                 state.bytes += size;
                 drop(state);
@@ -900,7 +880,7 @@ fn batch_get_into(
 ) -> (c_int, Vec<i64>) {
     let buf = lease.buf();
     assert!(keys.len() == offsets.len() && keys.len() == sizes.len());
-    assert!(offsets.iter().zip(sizes).all(|(o, n)| o + n <= buf.len));
+    assert!(offsets.iter().zip(sizes).all(|(o, n)| o + n <= buf.len()));
     let base = buf.as_mut_ptr().cast::<u8>();
     let key_ptrs: Vec<*const std::ffi::c_char> = keys.iter().map(|k| k.as_ptr()).collect();
     // SAFETY: every offset lies inside the buffer (asserted above).
@@ -935,9 +915,9 @@ enum GetOnce {
 /// value too big for this buffer.
 fn get_once(inner: &Inner, lease: &Lease, key: &CString) -> GetOnce {
     let buf = lease.buf();
-    // SAFETY: the buffer is registered, `buf.len` bytes, and held by this lease for the call.
+    // SAFETY: the buffer is registered, `buf.len()` bytes, and held by this lease for the call.
     let n =
-        unsafe { (inner.lib.get_into)(inner.handle.0, key.as_ptr(), buf.as_mut_ptr(), buf.len) };
+        unsafe { (inner.lib.get_into)(inner.handle.0, key.as_ptr(), buf.as_mut_ptr(), buf.len()) };
     get_result(inner, n, key, buf)
 }
 
@@ -951,7 +931,7 @@ fn get_result(inner: &Inner, n: i64, key: &CString, buf: &Staging) -> GetOnce {
             // SAFETY: key is NUL-terminated; get_size only reads metadata.
             let size = unsafe { (inner.lib.get_size)(inner.handle.0, key.as_ptr()) };
             match size {
-                s if s > 0 && s as u64 > buf.len as u64 => GetOnce::Bigger(s as u64),
+                s if s > 0 && s as u64 > buf.len() as u64 => GetOnce::Bigger(s as u64),
                 // Gone since the read: a miss like any other.
                 sys::OBJECT_NOT_FOUND => GetOnce::Done(Ok(None)),
                 _ => GetOnce::Done(Err(inner.error(n, "get", &k))),
@@ -1100,10 +1080,10 @@ impl Store for MooncakeStore {
             let r = self.call(move |inner| {
                 let keys = group_keys;
                 let buf = lease.buf();
-                let slot = (buf.len / keys.len()) / BUFFER_ALIGN * BUFFER_ALIGN;
-                let slot = slot.max(BUFFER_ALIGN.min(buf.len));
-                let n = keys.len().min(buf.len / slot);
-                // n * slot <= buf.len, so every slot lies inside the leased buffer.
+                let slot = (buf.len() / keys.len()) / BUFFER_ALIGN * BUFFER_ALIGN;
+                let slot = slot.max(BUFFER_ALIGN.min(buf.len()));
+                let n = keys.len().min(buf.len() / slot);
+                // n * slot <= buf.len(), so every slot lies inside the leased buffer.
                 let offsets: Vec<usize> = (0..n).map(|i| i * slot).collect();
                 let (rc, out) = batch_get_into(inner, &lease, &keys[..n], &offsets, &vec![slot; n]);
                 let mut results: Vec<Option<StoreResult<Option<Vec<u8>>>>> =

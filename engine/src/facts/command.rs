@@ -127,12 +127,11 @@ fn drain(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
 }
 
 fn kill_group(child: &mut std::process::Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: kill(2) with a negative pid signals the process group we created at spawn.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-    }
+    // The process group we created at spawn: the program and anything it started.
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::KILL,
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -98,17 +98,8 @@ pub(crate) fn torch_threads(
 
 /// The number of CPUs in this process's affinity mask (`sched_getaffinity(2)`).
 pub(crate) fn affinity_cpus() -> Option<usize> {
-    // Hand-written over libc because no maintained crate in the tree wraps sched_getaffinity.
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most size_of::<cpu_set_t>().
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return None;
-        }
-        usize::try_from(libc::CPU_COUNT(&set))
-            .ok()
-            .filter(|n| *n > 0)
-    }
+    let set = rustix::thread::sched_getaffinity(None).ok()?;
+    usize::try_from(set.count()).ok().filter(|n| *n > 0)
 }
 
 /// blake3 of the compiler's `-v` output, run as torch runs it: the program `name` (`$CXX` or

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::confined::{self, Confined};
+use crate::confined::{self, Confined};
 use crate::generation::Manifest;
 use crate::scan::{RECORD_SUFFIX, STAGING_PREFIX};
 

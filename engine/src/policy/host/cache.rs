@@ -54,8 +54,7 @@ impl std::hash::Hasher for Blake3Hasher {
 }
 
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 impl CompileCache {

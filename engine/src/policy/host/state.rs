@@ -2,14 +2,15 @@
 //! Host functions run outside fuel and epoch metering, so each one bounds its own work.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::bindings::jitship::policy::host::{Host, Level};
 use super::bindings::jitship::policy::types;
+use rustix::io::Errno;
+
+use crate::confined::Confined;
 use crate::generation::RelPath;
 
 /// Returned by the limiter when a policy grows its memory past the cap. Travels through wasmtime
@@ -171,63 +172,20 @@ impl HostState {
     }
 }
 
-/// Opens `rel` under `root` one component at a time with O_NOFOLLOW, so neither a symlink in the
-/// path nor one swapped in while we walk can lead outside the root; only a regular file is
+/// Opens `rel` under `root` through `confined` (the one primitive for this), so neither a link in
+/// the path nor one swapped in while it resolves can lead outside the root; only a regular file is
 /// accepted (a FIFO or device could block or never end). The root itself is operator-configured
-/// and may be a symlink.
+/// and may be a symlink: it is resolved once, here.
 fn open_beneath(root: &Path, rel: &RelPath) -> std::io::Result<File> {
-    let open_at = |dir: Option<&OwnedFd>,
-                   name: &[u8],
-                   flags: libc::c_int|
-     -> std::io::Result<OwnedFd> {
-        let c = std::ffi::CString::new(name).map_err(|_| std::io::Error::other("NUL in path"))?;
-        let dirfd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
-        // SAFETY: `c` is a valid NUL-terminated string and `dirfd` is AT_FDCWD or an open fd we own.
-        let fd = unsafe { libc::openat(dirfd, c.as_ptr(), flags | libc::O_CLOEXEC) };
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ELOOP) || err.raw_os_error() == Some(libc::ENOTDIR)
-            {
-                return Err(std::io::Error::other(
-                    "a component of the path is a symlink or not a directory",
-                ));
-            }
-            return Err(err);
-        }
-        // SAFETY: openat returned a fresh descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    };
-    let mut dir = open_at(
-        None,
-        root.as_os_str().as_bytes(),
-        libc::O_RDONLY | libc::O_DIRECTORY,
-    )?;
-    let mut parts = rel.as_str().split('/').peekable();
-    while let Some(part) = parts.next() {
-        if parts.peek().is_some() {
-            dir = open_at(
-                Some(&dir),
-                part.as_bytes(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-            )?;
+    let root = Confined::open(&std::fs::canonicalize(root)?)?;
+    root.open_read(rel.as_str()).map_err(|e| {
+        let escapes = [Errno::LOOP, Errno::NOTDIR, Errno::XDEV].map(|e| Some(e.raw_os_error()));
+        if escapes.contains(&e.raw_os_error()) {
+            std::io::Error::other("a component of the path is a symlink or not a directory")
         } else {
-            let fd = open_at(
-                Some(&dir),
-                part.as_bytes(),
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            )?;
-            let file = File::from(fd);
-            let meta = file.metadata()?;
-            if !meta.file_type().is_file() {
-                return Err(std::io::Error::other(format!(
-                    "not a regular file (mode {:o})",
-                    meta.mode()
-                )));
-            }
-            return Ok(file);
+            e
         }
-    }
-    Err(std::io::Error::other("empty path"))
+    })
 }
 
 fn level_name(level: Level) -> &'static str {
