@@ -529,40 +529,20 @@ fn list_or_none(store: &dyn Store, prefix: &str) -> Result<Option<Vec<String>>, 
     }
 }
 
-/// Removes `keys`, waiting out readers' leases (`opts.lease_wait`, at most `opts.lease_rounds`
-/// times); other failures are recorded and gc goes on. Returns the keys that were there and are
-/// gone. A leased key is one an install (or gc itself) is reading: waiting is what keeps gc from
-/// pulling data from under a reader on Mooncake.
+/// Removes `keys`, waiting out readers' leases (`opts.lease_wait` apart, at most
+/// `opts.lease_rounds` times); other failures are recorded and gc goes on. Returns the keys that
+/// were there and are gone.
 fn remove_all(
     store: &dyn Store,
     keys: &[String],
     opts: &GcOptions,
     errors: &mut Vec<String>,
 ) -> Vec<String> {
-    let mut removed = Vec::new();
-    let mut pending: Vec<&String> = keys.iter().collect();
-    for round in 0..=opts.lease_rounds {
-        if pending.is_empty() {
-            break;
-        }
-        if round > 0 {
-            tracing::info!(
-                keys = pending.len(),
-                wait = ?opts.lease_wait,
-                "keys are leased by readers; waiting before removing them"
-            );
-            std::thread::sleep(opts.lease_wait);
-        }
-        let mut leased = Vec::new();
-        for key in pending {
-            match store.remove(key) {
-                Ok(true) => removed.push(key.clone()),
-                Ok(false) => {}
-                Err(StoreError::Leased(_)) if round < opts.lease_rounds => leased.push(key),
-                Err(e) => errors.push(format!("{key}: {e}")),
-            }
-        }
-        pending = leased;
-    }
-    removed
+    let wait = catalog::LeaseWait {
+        interval: opts.lease_wait,
+        rounds: opts.lease_rounds,
+    };
+    let removal = catalog::remove_waiting_out_leases(store, keys, wait);
+    errors.extend(removal.failed.iter().map(|(key, e)| format!("{key}: {e}")));
+    removal.removed
 }

@@ -635,11 +635,7 @@ pub fn repair(
     let mut removed = Vec::new();
     for pack in damaged {
         // Mooncake refuses to remove a key read in the last seconds (verify just read it).
-        if catalog::remove_waiting_out_leases(
-            store,
-            &layout.pack(&pack),
-            std::time::Duration::from_secs(30),
-        )? {
+        if catalog::remove_one(store, &layout.pack(&pack), catalog::LeaseWait::ONE_KEY)? {
             removed.push(pack);
         }
     }
