@@ -1,5 +1,5 @@
 //! Committing a generation: putting the manifest and the head record, and when another publisher
-//! wins a head seq, merging onto its generation (`commit_head`, `merge_onto`).
+//! wins a head seq, merging with its generation (`commit_head`, `merge`).
 
 use std::collections::HashSet;
 
@@ -80,7 +80,7 @@ pub(super) fn commit_head(
                 tracing::info!(seq = seq + 1, generation = %above.0, "a head above ours does not include ours; merging onto it");
                 included.insert(above.0);
                 if let Some(other) = above.1
-                    && merge_onto(&mut candidate, &other, generation, report)
+                    && merge(&mut candidate, generation, &other, Parent::Theirs, report)
                 {
                     return Ok((other.id(), seq + 1));
                 }
@@ -90,19 +90,7 @@ pub(super) fn commit_head(
             tracing::info!(seq = below, generation = %missed.generation, "a head below ours was never merged; merging it");
             included.insert(missed.generation);
             if let Some(other) = winner_manifest(store, layout, &missed.generation)? {
-                let (files, packs, conflicts) = merge_files(
-                    &candidate.files,
-                    &candidate.packs,
-                    &other.files,
-                    &other.packs,
-                );
-                report.conflicts.extend(conflicts);
-                report.merged.push(other.id());
-                candidate.merged.push(other.id());
-                candidate.parent = Some(generation);
-                candidate.files = files;
-                candidate.packs = packs;
-                prune_packs(&mut candidate);
+                merge(&mut candidate, generation, &other, Parent::Ours, report);
                 seq += 1;
                 continue;
             }
@@ -122,7 +110,7 @@ pub(super) fn commit_head(
             tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
         }
         if let Some(winner) = winner
-            && merge_onto(&mut candidate, &winner, generation, report)
+            && merge(&mut candidate, generation, &winner, Parent::Theirs, report)
         {
             return Ok((winner.id(), seq));
         }
@@ -195,23 +183,50 @@ fn winner_manifest(
     }
 }
 
-/// Rebuilds `candidate` (whose previous id was `ours`) on top of `base`, another publisher's
-/// generation: the union of both, `base` winning conflicting paths. True if the result holds
-/// nothing `base` lacks, so `base` itself is the answer.
-fn merge_onto(
+/// Which generation of a merge is the parent, the one holding the newer head: its files win a
+/// conflicting path, the other is recorded as merged.
+enum Parent {
+    /// Ours won a seq above a head we never merged.
+    Ours,
+    /// Theirs won the seq we tried, or sits above ours without including it.
+    Theirs,
+}
+
+/// The one head-race merge: rebuilds `candidate` (whose previous id was `ours`) as the union of
+/// itself and `theirs`, another publisher's generation of its compat id. True if the result holds
+/// nothing `theirs` lacks, so `theirs` itself is the answer.
+fn merge(
     candidate: &mut Manifest,
-    base: &Manifest,
     ours: GenerationId,
+    theirs: &Manifest,
+    parent: Parent,
     report: &mut PublishReport,
 ) -> bool {
-    let (files, packs, conflicts) =
-        merge_files(&base.files, &base.packs, &candidate.files, &candidate.packs);
+    let theirs_id = theirs.id();
+    let (files, packs, conflicts) = match parent {
+        Parent::Theirs => merge_files(
+            &theirs.files,
+            &theirs.packs,
+            &candidate.files,
+            &candidate.packs,
+        ),
+        Parent::Ours => merge_files(
+            &candidate.files,
+            &candidate.packs,
+            &theirs.files,
+            &theirs.packs,
+        ),
+    };
     report.conflicts.extend(conflicts);
-    report.merged.push(base.id());
-    candidate.parent = Some(base.id());
-    candidate.merged.push(ours);
+    report.merged.push(theirs_id);
+    let (parent, merged) = match parent {
+        Parent::Theirs => (theirs_id, ours),
+        Parent::Ours => (ours, theirs_id),
+    };
+    candidate.parent = Some(parent);
+    candidate.merged.push(merged);
     candidate.files = files;
     candidate.packs = packs;
     prune_packs(candidate);
-    candidate.files == base.files
+    candidate.files == theirs.files
 }
