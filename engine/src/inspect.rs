@@ -16,6 +16,7 @@ use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError, FloorRecord, ManifestRead};
 use crate::generation::{
     CompatId, ContentHash, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef, Producer,
+    slices_by_pack,
 };
 use crate::store::{Store, StoreError};
 use crate::trust::{Signer, TrustPolicy};
@@ -490,12 +491,7 @@ pub fn verify(
     };
     // Per file: a hasher fed in chunk order. Chunks are visited pack by pack, so a file whose
     // chunks go back to an earlier pack is re-checked on its own afterwards.
-    let mut by_pack: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
-    for (fi, f) in manifest.files.iter().enumerate() {
-        for (ci, c) in f.chunks.iter().enumerate() {
-            by_pack.entry(c.pack).or_default().push((fi, ci));
-        }
-    }
+    let by_pack = slices_by_pack(&manifest.files);
     let mut hashers: Vec<(blake3::Hasher, usize)> = manifest
         .files
         .iter()
@@ -505,21 +501,20 @@ pub fn verify(
     let mut out_of_order: Vec<usize> = Vec::new();
     for (pi, pack) in manifest.packs.iter().enumerate() {
         let Some(bytes) = fetch_pack(store, layout, pack, &mut v)? else {
-            for &(fi, _) in by_pack.get(&(pi as u32)).into_iter().flatten() {
-                broken[fi] = true;
+            for s in by_pack.get(&(pi as u32)).into_iter().flatten() {
+                broken[s.file] = true;
             }
             continue;
         };
-        for &(fi, ci) in by_pack.get(&(pi as u32)).into_iter().flatten() {
-            let c = manifest.files[fi].chunks[ci];
-            let (hasher, next) = &mut hashers[fi];
-            if *next != ci {
-                if !out_of_order.contains(&fi) {
-                    out_of_order.push(fi);
+        for s in by_pack.get(&(pi as u32)).into_iter().flatten() {
+            let (hasher, next) = &mut hashers[s.file];
+            if *next != s.chunk {
+                if !out_of_order.contains(&s.file) {
+                    out_of_order.push(s.file);
                 }
                 continue;
             }
-            hasher.update(&bytes[c.offset as usize..(c.offset + c.len) as usize]);
+            hasher.update(s.of(&bytes));
             *next += 1;
         }
     }

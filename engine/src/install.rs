@@ -43,7 +43,7 @@
 //! Size: about 600 lines with these docs: the job that picks a generation (candidates, trust,
 //! fallbacks, completeness) and drives the stages, which live in the submodules.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, FileTimes};
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};

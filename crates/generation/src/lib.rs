@@ -12,6 +12,7 @@ mod manifest;
 mod merge;
 mod pack;
 mod relpath;
+mod slices;
 
 pub use compat::CompatId;
 pub use hash::{ContentHash, hash_file, hash_open_file};
@@ -23,6 +24,7 @@ pub use manifest::{
 pub use merge::{Conflict, merge_files, prune_packs};
 pub use pack::{PackPlan, Piece, plan_packs};
 pub use relpath::{PathError, RelPath};
+pub use slices::{PackSlice, slices_by_pack};
 
 /// Fixtures for tests of crates built on this one (feature `testing`).
 #[cfg(any(test, feature = "testing"))]

@@ -143,3 +143,133 @@ mod tests {
         assert_eq!(conflicts.len(), 2);
     }
 }
+
+/// The merge as a property (issue 14): for any two valid generations, the result is their union
+/// with the base winning, it validates and round-trips, and every pack it keeps is used.
+#[cfg(test)]
+mod props {
+    use std::collections::{HashMap, HashSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::manifest::tests::sample;
+    use crate::{GenerationId, Manifest};
+
+    /// One side of a merge: a valid manifest whose files (paths from a tiny alphabet, so paths
+    /// and file/directory clashes recur across sides) sit in packs drawn from a shared set.
+    fn sides() -> impl Strategy<Value = Manifest> {
+        let file = ("[ab](/[ab]){0,2}", 0u8..3, 0usize..3, any::<bool>());
+        (
+            proptest::collection::vec(file, 0..10),
+            proptest::collection::vec(1u8..5, 1..4),
+        )
+            .prop_map(|(files, pack_ids)| {
+                let mut m = sample();
+                m.packs = pack_ids
+                    .iter()
+                    .map(|&n| PackRef {
+                        id: ContentHash([n; 32]),
+                        size: 64,
+                    })
+                    .collect();
+                m.files = files
+                    .into_iter()
+                    .filter_map(|(path, content, pack, empty)| {
+                        Some(FileRecord {
+                            path: RelPath::parse(&path).ok()?,
+                            size: u64::from(!empty),
+                            mode: 0o644,
+                            mtime_s: 0,
+                            mtime_ns: 0,
+                            blake3: ContentHash([content; 32]),
+                            chunks: if empty {
+                                vec![]
+                            } else {
+                                vec![Chunk {
+                                    pack: (pack % pack_ids.len()) as u32,
+                                    offset: u64::from(content),
+                                    len: 1,
+                                }]
+                            },
+                            marker: false,
+                            canonical: false,
+                        })
+                    })
+                    .collect();
+                m.normalize();
+                m.files.dedup_by(|a, b| a.path == b.path);
+                let dirs: HashSet<String> = m
+                    .files
+                    .iter()
+                    .flat_map(|f| f.path.ancestors().map(str::to_owned).collect::<Vec<_>>())
+                    .collect();
+                m.files.retain(|f| !dirs.contains(f.path.as_str()));
+                prune_packs(&mut m);
+                m
+            })
+    }
+
+    /// A file as it reads back: content hash and where each chunk's bytes are, by pack id.
+    fn resolved(m: &Manifest, f: &FileRecord) -> (ContentHash, Vec<(ContentHash, u64, u64)>) {
+        let chunks = f
+            .chunks
+            .iter()
+            .map(|c| (m.packs[c.pack as usize].id, c.offset, c.len))
+            .collect();
+        (f.blake3, chunks)
+    }
+
+    proptest! {
+        #[test]
+        fn merge_is_the_union_with_the_base_winning(base in sides(), other in sides()) {
+            prop_assume!(base.validate().is_ok() && other.validate().is_ok());
+            let (files, packs, conflicts) =
+                merge_files(&base.files, &base.packs, &other.files, &other.packs);
+            let mut merged = base.clone();
+            merged.files = files;
+            merged.packs = packs;
+            prune_packs(&mut merged);
+
+            // It is a generation: valid, and its bytes decode back to it under its id.
+            prop_assert!(merged.validate().is_ok(), "{:?}", merged.validate());
+            let bytes = merged.encode();
+            let again = Manifest::decode(&bytes, GenerationId(ContentHash::of(&bytes))).ok();
+            prop_assert_eq!(again.as_ref(), Some(&merged));
+
+            let by_path: HashMap<&str, &FileRecord> =
+                merged.files.iter().map(|f| (f.path.as_str(), f)).collect();
+            // The base is kept whole, byte for byte.
+            for f in &base.files {
+                let m = by_path.get(f.path.as_str());
+                prop_assert!(m.is_some(), "base file {} lost", f.path);
+                prop_assert_eq!(resolved(&merged, m.unwrap()), resolved(&base, f));
+            }
+            // Every other file is either taken as it was or reported as a conflict; one the base
+            // holds with the same content is neither.
+            let conflicted: HashSet<&str> = conflicts.iter().map(|c| c.path.as_str()).collect();
+            let base_paths: HashMap<&str, &FileRecord> =
+                base.files.iter().map(|f| (f.path.as_str(), f)).collect();
+            for f in &other.files {
+                let p = f.path.as_str();
+                match base_paths.get(p) {
+                    Some(b) => prop_assert_eq!(conflicted.contains(p), b.blake3 != f.blake3),
+                    None if conflicted.contains(p) => prop_assert!(!by_path.contains_key(p)),
+                    None => {
+                        let m = by_path.get(p);
+                        prop_assert!(m.is_some(), "other file {} neither taken nor a conflict", p);
+                        prop_assert_eq!(resolved(&merged, m.unwrap()), resolved(&other, f));
+                    }
+                }
+            }
+            // Nothing else appears, and every pack kept is used.
+            let other_paths: HashSet<&str> = other.files.iter().map(|f| f.path.as_str()).collect();
+            for p in by_path.keys() {
+                prop_assert!(base_paths.contains_key(p) || other_paths.contains(p));
+            }
+            let used: HashSet<u32> =
+                merged.files.iter().flat_map(|f| f.chunks.iter().map(|c| c.pack)).collect();
+            prop_assert_eq!(used.len(), merged.packs.len());
+        }
+    }
+}

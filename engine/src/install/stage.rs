@@ -2,6 +2,7 @@
 //! and verified in parallel, canonical files materialized for this root, final modes and times.
 
 use super::*;
+use crate::generation::{PackSlice, slices_by_pack};
 
 impl Job {
     /// A fresh staging directory on the root's filesystem, open; stale ones from crashed installs
@@ -53,23 +54,11 @@ impl Job {
         staging: &Confined,
     ) -> Result<(), InstallError> {
         let mut writer = StagingWriter::new(staging, &self.materializer)?;
-        // Which pending files need which pack, in pack order.
-        let mut by_pack: BTreeMap<u32, Vec<PackPiece>> = BTreeMap::new();
-        for (i, p) in pending.iter().enumerate() {
-            if p.record.chunks.is_empty() {
-                writer.write_whole(p, &[])?;
-            }
-            let mut file_offset = 0;
-            for c in &p.record.chunks {
-                by_pack.entry(c.pack).or_default().push(PackPiece {
-                    file: i,
-                    file_offset,
-                    pack_offset: c.offset,
-                    len: c.len,
-                });
-                file_offset += c.len;
-            }
+        for p in pending.iter().filter(|p| p.record.chunks.is_empty()) {
+            writer.write_whole(p, &[])?;
         }
+        // Which pending files need which pack, in pack order.
+        let by_pack = slices_by_pack(pending.iter().map(|p| p.record));
 
         let packs: Vec<u32> = by_pack.keys().copied().collect();
         let store = self.store.clone();
@@ -159,15 +148,6 @@ pub(super) fn fetch_batches(
         bytes += size;
     }
     batches
-}
-
-/// Where a piece of a pending file lies in a pack.
-pub(super) struct PackPiece {
-    /// Index into the pending files.
-    pub(super) file: usize,
-    pub(super) file_offset: u64,
-    pub(super) pack_offset: u64,
-    pub(super) len: u64,
 }
 
 /// The directory inside staging that holds the files, laid out as in the root (so a root that
@@ -289,23 +269,20 @@ impl<'s> StagingWriter<'s> {
     pub(super) fn write_pack(
         &mut self,
         pending: &[Pending],
-        pieces: &[PackPiece],
+        pieces: &[PackSlice],
         pack: &[u8],
     ) -> Result<(), InstallError> {
         for piece in pieces {
             self.ensure_parent(&pending[piece.file].staged)?;
         }
-        let bytes_of = |piece: &PackPiece| {
-            &pack[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize]
-        };
-        let (whole, split): (Vec<&PackPiece>, Vec<&PackPiece>) = pieces
+        let (whole, split): (Vec<&PackSlice>, Vec<&PackSlice>) = pieces
             .iter()
             .partition(|piece| pending[piece.file].record.chunks.len() == 1);
         let this = &*self;
         let materialized = whole
             .par_iter()
             .with_min_len(8)
-            .map(|piece| this.stage_whole(&pending[piece.file], bytes_of(piece)))
+            .map(|piece| this.stage_whole(&pending[piece.file], piece.of(pack)))
             .collect::<Result<Vec<bool>, InstallError>>()?;
         for (piece, materialized) in whole.iter().zip(materialized) {
             if materialized {
@@ -315,7 +292,7 @@ impl<'s> StagingWriter<'s> {
         }
         for piece in split {
             let p = &pending[piece.file];
-            self.write_piece(piece.file, p, piece.file_offset, bytes_of(piece))?;
+            self.write_piece(piece.file, p, piece.file_offset, piece.of(pack))?;
         }
         Ok(())
     }

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::generation::{Chunk, PackRef, RelPath};
+use std::collections::BTreeMap;
 
 proptest! {
     /// Batches keep the packs' order, cover each exactly once, and stay within the budget
