@@ -130,6 +130,40 @@ impl Watcher {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until the log holds `needle`: the watcher says it did something, so a test need
+    /// not sleep and hope it did.
+    fn wait_log(&self, needle: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "{needle:?} not logged after {WAIT:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until `/metrics` on `port` holds every one of `lines`.
+    fn wait_metrics(&self, port: u16, lines: &[&str]) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            // Refused until the endpoint is up.
+            let body = std::net::TcpStream::connect(("127.0.0.1", port))
+                .map(|_| http_get(port, "/metrics").1)
+                .unwrap_or_default();
+            if lines.iter().all(|l| body.contains(l)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{lines:?} missing after {WAIT:?}:\n{body}\nlog:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Watcher {
@@ -463,7 +497,14 @@ fn vllm_model_tmp_files_are_never_published() {
     let hash_dir = root
         .join("torch_compile_cache/torch_aot_compile")
         .join("ab".repeat(32));
-    let w = Watcher::start(&store, &[("vllm:native", &root)], SETTLE, &[]);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = Watcher::start(
+        &store,
+        &[("vllm:native", &root)],
+        SETTLE,
+        &["--metrics-addr", &addr],
+    );
     let mut finals = std::collections::BTreeMap::new();
     for rank in 0..2u64 {
         let rdir = hash_dir.join(format!("rank_{rank}_0"));
@@ -482,7 +523,11 @@ fn vllm_model_tmp_files_are_never_published() {
             });
         } else {
             // Nothing else is new: the watcher must publish nothing at all for a lone temp file.
-            std::thread::sleep(SETTLE * 3);
+            // A cycle ran with it in place and skipped it as temporary:
+            w.wait_metrics(
+                port,
+                &["jitship_watch_files_skipped{cache=\"vllm\",category=\"temporary\"} 1"],
+            );
             assert!(
                 generations(&store, "vllm").is_empty(),
                 "published a temp file alone"
@@ -591,7 +636,8 @@ fn a_root_created_late_is_picked_up_within_the_settle_window() {
     let store = dir.path().join("store");
     let root = dir.path().join("home/.cache/sglang/jit");
     let w = Watcher::start(&store, &[("sglang-jit", &root)], SETTLE, &[]);
-    std::thread::sleep(SETTLE * 2);
+    // The watcher watches the nearest ancestor that exists (the temp dir itself).
+    w.wait_log(&format!("path={} ", dir.path().display()));
     assert!(generations(&store, "sglang-jit").is_empty());
     // The engine creates the directories level by level, then publishes a staging dir by rename.
     std::fs::create_dir_all(dir.path().join("home/.cache")).unwrap();
@@ -624,11 +670,13 @@ fn sigterm_publishes_pending_work_and_exits_0() {
     let dg = dir.path().join("deep_gemm");
     std::fs::create_dir_all(&triton).unwrap();
     // A settle window far longer than the test: only the final publish can publish.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
     let w = Watcher::start(
         &store,
         &[("triton", &triton), ("deepgemm", &dg)],
         Duration::from_secs(600),
-        &[],
+        &["--metrics-addr", &addr],
     );
     let files = triton_kernel(&triton, 7, || {});
     let entry = dg.join("cache/kernel.x.0123456789abcdef0123456789abcdef");
@@ -643,7 +691,14 @@ fn sigterm_publishes_pending_work_and_exits_0() {
     std::fs::write(tmp.join("kernel_8.cubin"), b"half").unwrap();
     std::fs::create_dir_all(dg.join("tmp/feed")).unwrap();
     std::fs::write(dg.join("tmp/feed/kernel.cu"), b"half").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Both roots have seen their changes and wait for the settle window.
+    w.wait_metrics(
+        port,
+        &[
+            "jitship_watch_pending{cache=\"triton\"} 1",
+            "jitship_watch_pending{cache=\"deepgemm\"} 1",
+        ],
+    );
     assert!(generations(&store, "triton").is_empty());
     let (status, log) = w.terminate();
     assert!(status.success(), "exit {status}; log:\n{log}");
@@ -673,6 +728,8 @@ fn sigterm_publishes_pending_work_and_exits_0() {
 struct Health {
     port: u16,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Probes answered "not ready".
+    refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -684,7 +741,8 @@ impl Health {
         let port = listener.local_addr().unwrap().port();
         let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (r, s) = (ready.clone(), stop.clone());
+        let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (r, s, n) = (ready.clone(), stop.clone(), refused.clone());
         let thread = std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
@@ -697,6 +755,7 @@ impl Health {
                 let status = if r.load(Ordering::SeqCst) {
                     "200 OK"
                 } else {
+                    n.fetch_add(1, Ordering::SeqCst);
                     "503 Service Unavailable"
                 };
                 let _ = conn.write_all(
@@ -708,6 +767,7 @@ impl Health {
         Self {
             port,
             ready,
+            refused,
             stop,
             thread: Some(thread),
         }
@@ -735,7 +795,18 @@ fn nothing_is_published_before_the_server_is_ready() {
     let url = format!("http://127.0.0.1:{}/health", health.port);
     let w = Watcher::start(&store, &[("triton", &root)], SETTLE, &["--ready-url", &url]);
     let files = triton_kernel(&root, 1, || {});
-    std::thread::sleep(SETTLE + Duration::from_secs(3));
+    // The root is pending (the gate is probed only then) and the gate refused it twice since the
+    // files were written, READY_POLL apart: past the settle window, held by the gate alone.
+    let seen = health.refused.load(std::sync::atomic::Ordering::SeqCst);
+    let deadline = Instant::now() + WAIT;
+    while health.refused.load(std::sync::atomic::Ordering::SeqCst) < seen + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the gate was not probed; log:\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         generations(&store, "triton").is_empty(),
         "published before ready"

@@ -79,6 +79,18 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
 }
 
 fn run_gc(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, dry_run: bool) -> GcReport {
+    gc_at(store, layout, keep, grace, dry_run, now_secs())
+}
+
+/// gc as of `now` (seconds since the epoch): time is injected, never waited for.
+fn gc_at(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    keep: u32,
+    grace: u64,
+    dry_run: bool,
+    now: u64,
+) -> GcReport {
     let policy = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
         std::sync::Arc::new(NativeRules::new(kind))
     };
@@ -87,7 +99,7 @@ fn run_gc(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, dry_run:
         layout,
         &policy,
         &GcOptions {
-            now: now_secs(),
+            now,
             grace: Duration::from_secs(grace),
             limits: RetentionLimits {
                 max_generations: Some(keep),
@@ -177,11 +189,12 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
         b.store
             .put(&b.layout.pack(&orphan), b"orphan bytes", ValueClass::Bulk)
             .unwrap();
-        // gc dates keys in whole seconds: let the orphan be at least one second old.
-        std::thread::sleep(Duration::from_millis(1100));
+        // gc dates keys in whole seconds: it runs as of two seconds from now, so the orphan is
+        // old enough without waiting.
+        let later = now_secs() + 2;
 
         // Dry run: says what goes, removes nothing.
-        let dry = run_gc(b.store.as_ref(), &b.layout, 1, 0, true);
+        let dry = gc_at(b.store.as_ref(), &b.layout, 1, 0, true, later);
         assert_eq!(verdict(&dry, &g1).0, Verdict::Drop, "[{}]", b.name);
         assert_eq!(verdict(&dry, &g2).0, Verdict::Drop);
         assert_eq!(verdict(&dry, &g3).0, Verdict::Keep);
@@ -197,7 +210,7 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
         }
         assert!(has(&b, &b.layout.generation(&g1)) && has(&b, &b.layout.head(&compat, 1)));
 
-        let report = run_gc(b.store.as_ref(), &b.layout, 1, 0, false);
+        let report = gc_at(b.store.as_ref(), &b.layout, 1, 0, false, later);
         assert!(report.errors.is_empty(), "{:?}", report.errors);
         for p in &doomed {
             assert!(
@@ -586,26 +599,7 @@ fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
 }
 
 fn run_gc_at(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, now: u64) -> GcReport {
-    let policy = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
-        std::sync::Arc::new(NativeRules::new(kind))
-    };
-    gc::collect(
-        store,
-        layout,
-        &policy,
-        &GcOptions {
-            now,
-            grace: Duration::from_secs(grace),
-            limits: RetentionLimits {
-                max_generations: Some(keep),
-                ..RetentionLimits::default()
-            },
-            dry_run: false,
-            lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
-            lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
-        },
-    )
-    .unwrap_or_else(|e| panic!("gc: {e}"))
+    gc_at(store, layout, keep, grace, false, now)
 }
 
 /// Publishes `root` in a scratch namespace, copies its packs over, and makes `bytes_of(manifest)`

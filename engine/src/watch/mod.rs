@@ -374,6 +374,8 @@ impl Loop {
     ) -> (String, Option<JoinHandle<JobDone>>) {
         let inbox = self.fs.inbox();
         let mut job: Option<JoinHandle<JobDone>> = None;
+        // Every root starts pending: say so at once, not after the first wake-up.
+        self.update_pending_metrics();
         loop {
             let now = Instant::now();
             if job.is_none() {
