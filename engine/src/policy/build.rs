@@ -328,23 +328,20 @@ struct PathRoots {
 /// Where the sources that can end up in embedded paths live: the workspace, and every path
 /// dependency outside it (whose panic locations rustc records as absolute paths).
 fn path_roots(cargo: &OsString, manifest: &Path, locked: bool) -> Result<PathRoots, BuildError> {
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "metadata",
-        "--format-version",
-        "1",
-        "--filter-platform",
-        GUEST_TARGET,
-        "--manifest-path",
-    ])
-    .arg(manifest);
+    let mut options = vec!["--filter-platform".to_owned(), GUEST_TARGET.to_owned()];
     if locked {
-        cmd.arg("--locked");
+        options.push("--locked".to_owned());
     }
-    let out = cmd.output().map_err(|source| BuildError::Spawn {
-        cargo: cargo.clone(),
-        source,
-    })?;
+    let out = cargo_metadata::MetadataCommand::new()
+        .cargo_path(cargo)
+        .manifest_path(manifest)
+        .other_options(options)
+        .cargo_command()
+        .output()
+        .map_err(|source| BuildError::Spawn {
+            cargo: cargo.clone(),
+            source,
+        })?;
     let failed = |stderr: String| BuildError::Cargo {
         what: "metadata",
         manifest: manifest.to_path_buf(),
@@ -354,39 +351,20 @@ fn path_roots(cargo: &OsString, manifest: &Path, locked: bool) -> Result<PathRoo
     if !out.status.success() {
         return Err(failed(tail(&String::from_utf8_lossy(&out.stderr))));
     }
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)
+    let meta = cargo_metadata::MetadataCommand::parse(String::from_utf8_lossy(&out.stdout))
         .map_err(|e| failed(format!(": unreadable output: {e}")))?;
-    let workspace = meta
-        .get("workspace_root")
-        .and_then(|w| w.as_str())
-        .map(PathBuf::from)
-        .ok_or_else(|| failed(": no workspace_root in its output".into()))?;
-    let mut path_deps = Vec::new();
-    for pkg in meta
-        .get("packages")
-        .and_then(|p| p.as_array())
-        .into_iter()
-        .flatten()
-    {
+    let workspace = meta.workspace_root.into_std_path_buf();
+    let mut path_deps: Vec<(PathBuf, String)> = meta
+        .packages
+        .iter()
         // Registry and git packages have a source and live under CARGO_HOME; path packages do not.
-        if !pkg.get("source").is_some_and(serde_json::Value::is_null) {
-            continue;
-        }
-        let (Some(name), Some(version), Some(pkg_manifest)) = (
-            pkg.get("name").and_then(|v| v.as_str()),
-            pkg.get("version").and_then(|v| v.as_str()),
-            pkg.get("manifest_path").and_then(|v| v.as_str()),
-        ) else {
-            continue;
-        };
-        let dir = Path::new(pkg_manifest)
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        if !dir.starts_with(&workspace) {
-            path_deps.push((dir, format!("{name}-{version}")));
-        }
-    }
+        .filter(|pkg| pkg.source.is_none())
+        .filter_map(|pkg| {
+            let dir = pkg.manifest_path.parent()?.as_std_path().to_path_buf();
+            let name = format!("{}-{}", pkg.name, pkg.version);
+            (!dir.starts_with(&workspace)).then_some((dir, name))
+        })
+        .collect();
     path_deps.sort();
     Ok(PathRoots {
         workspace,
@@ -403,30 +381,20 @@ fn cargo_home() -> Option<PathBuf> {
 
 /// The cdylib `.wasm` of the package at `manifest`, from one line of cargo's JSON messages.
 fn cdylib_artifact(line: &str, manifest: &Path) -> Option<(String, PathBuf)> {
-    let msg: serde_json::Value = serde_json::from_str(line).ok()?;
-    if msg.get("reason")?.as_str()? != "compiler-artifact" {
+    use cargo_metadata::{Message, TargetKind};
+    let Ok(Message::CompilerArtifact(artifact)) = serde_json::from_str::<Message>(line) else {
         return None;
-    }
-    if Path::new(msg.get("manifest_path")?.as_str()?) != manifest {
-        return None;
-    }
-    let target = msg.get("target")?;
-    if !target
-        .get("kind")?
-        .as_array()?
-        .iter()
-        .any(|k| k.as_str() == Some("cdylib"))
+    };
+    if artifact.manifest_path.as_std_path() != manifest
+        || !artifact.target.kind.contains(&TargetKind::CDyLib)
     {
         return None;
     }
-    let name = target.get("name")?.as_str()?.to_string();
-    let wasm = msg
-        .get("filenames")?
-        .as_array()?
+    let wasm = artifact
+        .filenames
         .iter()
-        .filter_map(|f| f.as_str())
-        .find(|f| f.ends_with(".wasm"))?;
-    Some((name, PathBuf::from(wasm)))
+        .find(|f| f.extension() == Some("wasm"))?;
+    Some((artifact.target.name, wasm.as_std_path().to_path_buf()))
 }
 
 fn tail(stderr: &str) -> String {
@@ -460,7 +428,8 @@ mod tests {
 
     #[test]
     fn artifact_line_is_matched_by_manifest_and_kind() {
-        let line = r#"{"reason":"compiler-artifact","manifest_path":"/x/Cargo.toml","target":{"kind":["cdylib"],"name":"p"},"filenames":["/x/target/wasm32-unknown-unknown/policy/p.wasm"]}"#;
+        // As cargo 1.95 prints it for a policy crate.
+        let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///x#p@0.1.0","manifest_path":"/x/Cargo.toml","target":{"kind":["cdylib"],"crate_types":["cdylib"],"name":"p","src_path":"/x/src/lib.rs","edition":"2024","doc":true,"doctest":false,"test":true},"profile":{"opt_level":"s","debuginfo":0,"debug_assertions":false,"overflow_checks":false,"test":false},"features":[],"filenames":["/x/target/wasm32-unknown-unknown/policy/p.wasm"],"executable":null,"fresh":false}"#;
         assert_eq!(
             cdylib_artifact(line, Path::new("/x/Cargo.toml")),
             Some((
