@@ -1,8 +1,7 @@
-//! GPU and driver facts: NVML loaded at run time, else `nvidia-smi`, else the kernel module's
+//! GPU and driver facts: NVML loaded at run time (`nvml-wrapper`), else `nvidia-smi`, else the kernel module's
 //! `/proc/driver/nvidia/version` (driver only). Each source answers what it can; the caller takes
 //! each fact from the first source that had it and keeps every source's reason for what it lacked.
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -19,24 +18,6 @@ pub(crate) struct GpuReport {
     pub cc: Option<String>,
     pub driver: Option<String>,
 }
-
-// NVML's documented C API (nvml.h). Every call returns nvmlReturn_t, 0 being NVML_SUCCESS.
-type NvmlReturn = c_int;
-type NvmlDevice = *mut c_void;
-const NVML_SUCCESS: NvmlReturn = 0;
-/// NVML_DEVICE_NAME_V2_BUFFER_SIZE
-const NAME_BUFFER: usize = 96;
-/// NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
-const DRIVER_BUFFER: usize = 80;
-
-type InitFn = unsafe extern "C" fn() -> NvmlReturn;
-type ShutdownFn = unsafe extern "C" fn() -> NvmlReturn;
-type CountFn = unsafe extern "C" fn(*mut c_uint) -> NvmlReturn;
-type HandleFn = unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> NvmlReturn;
-type NameFn = unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> NvmlReturn;
-type CapabilityFn = unsafe extern "C" fn(NvmlDevice, *mut c_int, *mut c_int) -> NvmlReturn;
-type DriverFn = unsafe extern "C" fn(*mut c_char, c_uint) -> NvmlReturn;
-type ErrorStringFn = unsafe extern "C" fn(NvmlReturn) -> *const c_char;
 
 /// Queries NVML from `library` on a helper thread, so a driver that hangs in `nvmlInit` costs at
 /// most `timeout` (the thread is then abandoned; it holds nothing the caller needs).
@@ -59,96 +40,40 @@ pub(crate) fn from_nvml(library: &Path, timeout: Duration) -> Result<GpuReport, 
 }
 
 fn query_nvml(library: &Path) -> Result<GpuReport, String> {
-    // SAFETY: loading NVML runs its initializers; it is NVIDIA's library, loaded as CUDA would.
-    let lib =
-        unsafe { libloading::Library::new(library) }.map_err(|e| format!("cannot load {e}"))?;
-    // SAFETY: the types above are NVML's documented signatures for these symbols.
-    unsafe {
-        let init: libloading::Symbol<InitFn> = symbol(&lib, b"nvmlInit_v2\0")?;
-        let shutdown: libloading::Symbol<ShutdownFn> = symbol(&lib, b"nvmlShutdown\0")?;
-        let error_string: Option<libloading::Symbol<ErrorStringFn>> =
-            symbol(&lib, b"nvmlErrorString\0").ok();
-        let describe = |call: &str, rc: NvmlReturn| -> String {
-            let text = error_string
-                .as_ref()
-                .map(|f| f(rc))
-                .filter(|p| !p.is_null())
-                .map(|p| CStr::from_ptr(p).to_string_lossy().into_owned())
-                .unwrap_or_else(|| "unknown error".into());
-            format!("{call} returned {rc} ({text})")
-        };
-        let rc = init();
-        if rc != NVML_SUCCESS {
-            return Err(describe("nvmlInit_v2", rc));
-        }
-        let result = (|| {
-            let count_fn: libloading::Symbol<CountFn> = symbol(&lib, b"nvmlDeviceGetCount_v2\0")?;
-            let driver_fn: libloading::Symbol<DriverFn> =
-                symbol(&lib, b"nvmlSystemGetDriverVersion\0")?;
-            let mut report = GpuReport::default();
-            let mut buf = [0 as c_char; DRIVER_BUFFER];
-            let rc = driver_fn(buf.as_mut_ptr(), DRIVER_BUFFER as c_uint);
-            if rc == NVML_SUCCESS {
-                report.driver = c_string(&buf);
-            }
-            let mut count: c_uint = 0;
-            let rc = count_fn(&mut count);
-            if rc != NVML_SUCCESS {
-                return Err(describe("nvmlDeviceGetCount_v2", rc));
-            }
-            report.count = Some(count);
-            if count == 0 {
-                return Ok(report);
-            }
-            let handle_fn: libloading::Symbol<HandleFn> =
-                symbol(&lib, b"nvmlDeviceGetHandleByIndex_v2\0")?;
-            let name_fn: libloading::Symbol<NameFn> = symbol(&lib, b"nvmlDeviceGetName\0")?;
-            let cc_fn: libloading::Symbol<CapabilityFn> =
-                symbol(&lib, b"nvmlDeviceGetCudaComputeCapability\0")?;
-            let mut device: NvmlDevice = std::ptr::null_mut();
-            let rc = handle_fn(0, &mut device);
-            if rc != NVML_SUCCESS {
-                return Err(describe("nvmlDeviceGetHandleByIndex_v2(0)", rc));
-            }
-            let mut name = [0 as c_char; NAME_BUFFER];
-            if name_fn(device, name.as_mut_ptr(), NAME_BUFFER as c_uint) == NVML_SUCCESS {
-                report.name = c_string(&name);
-            }
-            let (mut major, mut minor): (c_int, c_int) = (0, 0);
-            if cc_fn(device, &mut major, &mut minor) == NVML_SUCCESS {
-                report.cc = Some(format!("{major}.{minor}"));
-            }
-            Ok(report)
-        })();
-        shutdown();
-        result
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper::error::NvmlError;
+    let nvml = Nvml::builder()
+        .lib_path(library.as_os_str())
+        .init()
+        .map_err(|e| match e {
+            NvmlError::LibloadingError(e) => format!("cannot load {e}"),
+            e => format!("nvmlInit_v2: {e}"),
+        })?;
+    let mut report = GpuReport {
+        driver: nvml.sys_driver_version().ok().and_then(trimmed),
+        ..GpuReport::default()
+    };
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("nvmlDeviceGetCount_v2: {e}"))?;
+    report.count = Some(count);
+    if count == 0 {
+        return Ok(report);
     }
+    let device = nvml
+        .device_by_index(0)
+        .map_err(|e| format!("nvmlDeviceGetHandleByIndex_v2(0): {e}"))?;
+    report.name = device.name().ok().and_then(trimmed);
+    report.cc = device
+        .cuda_compute_capability()
+        .ok()
+        .map(|cc| format!("{}.{}", cc.major, cc.minor));
+    Ok(report)
 }
 
-/// # Safety
-/// `T` must be the symbol's real type.
-unsafe fn symbol<'l, T>(
-    lib: &'l libloading::Library,
-    name: &[u8],
-) -> Result<libloading::Symbol<'l, T>, String> {
-    // SAFETY: forwarded to the caller.
-    unsafe { lib.get(name) }.map_err(|e| {
-        format!(
-            "NVML lacks {}: {e}",
-            String::from_utf8_lossy(&name[..name.len() - 1])
-        )
-    })
-}
-
-/// The NUL-terminated string NVML wrote into `buf`, if any (never reads past the buffer).
-fn c_string(buf: &[c_char]) -> Option<String> {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    let s = String::from_utf8_lossy(&bytes).trim().to_string();
-    (!s.is_empty()).then_some(s)
+fn trimmed(s: String) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_owned())
 }
 
 /// `nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader`. Drivers older
@@ -316,7 +241,7 @@ mod tests {
             return;
         };
         let err = from_nvml(&fails, Duration::from_secs(10)).unwrap_err();
-        assert_eq!(err, "nvmlInit_v2 returned 9 (Driver Not Loaded)");
+        assert_eq!(err, "nvmlInit_v2: NVIDIA driver is not loaded");
         let Some(hangs) = build_fake_nvml(dir.path(), "hangs") else {
             return;
         };
