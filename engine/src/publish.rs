@@ -41,8 +41,8 @@ use std::time::Instant;
 use crate::catalog::KeyLayout;
 use crate::catalog::{self, ManifestRead, now_secs};
 use crate::generation::{
-    Chunk, CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord,
-    Manifest, PackRef, RelPath, merge_files, plan_packs, prune_packs,
+    CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord,
+    Manifest, RelPath, merge_files, place_files, plan_packs, prune_packs,
 };
 use crate::policy::{CachePolicy, Decision, ReasonCategory, Verdict};
 use crate::scan::{self, ScannedFile};
@@ -252,18 +252,14 @@ pub fn publish(
     }
 
     // Contents the parent already stores are referenced, not uploaded again.
-    let parent_contents: HashMap<ContentHash, (&[Chunk], &[PackRef])> = parent
+    let parent_contents: HashSet<ContentHash> = parent
         .iter()
-        .flat_map(|m| {
-            m.files
-                .iter()
-                .map(move |f| (f.blake3, (f.chunks.as_slice(), m.packs.as_slice())))
-        })
+        .flat_map(|m| m.files.iter().map(|f| f.blake3))
         .collect();
     let mut order: Vec<(ContentHash, u64)> = Vec::new();
     let mut source_of: HashMap<ContentHash, (&ScannedFile, Stored)> = HashMap::new();
     for (f, s) in &new_files {
-        if !parent_contents.contains_key(&s.hash) && !source_of.contains_key(&s.hash) {
+        if !parent_contents.contains(&s.hash) && !source_of.contains_key(&s.hash) {
             source_of.insert(s.hash, (*f, *s));
             order.push((s.hash, s.size));
         }
@@ -283,23 +279,7 @@ pub fn publish(
     report.upload_ms = uploading.elapsed().as_millis() as u64;
 
     // Our side: the new files, located in parent packs or in the packs just uploaded.
-    let mut ours_packs: Vec<PackRef> = parent.as_ref().map(|m| m.packs.clone()).unwrap_or_default();
-    let base = ours_packs.len() as u32;
-    ours_packs.extend(plans.iter().map(|p| PackRef {
-        id: p.id,
-        size: p.size,
-    }));
-    let mut located: HashMap<ContentHash, Vec<Chunk>> = HashMap::new();
-    for (i, plan) in plans.iter().enumerate() {
-        for piece in &plan.pieces {
-            located.entry(piece.content).or_default().push(Chunk {
-                pack: base + i as u32,
-                offset: piece.pack_offset,
-                len: piece.len,
-            });
-        }
-    }
-    let ours_files: Vec<FileRecord> = new_files
+    let unplaced: Vec<FileRecord> = new_files
         .iter()
         .map(|(f, s)| FileRecord {
             path: f.path.clone(),
@@ -308,14 +288,12 @@ pub fn publish(
             mtime_s: f.mtime_s,
             mtime_ns: f.mtime_ns,
             blake3: s.hash,
-            chunks: match parent_contents.get(&s.hash) {
-                Some((chunks, _)) => chunks.to_vec(),
-                None => located.get(&s.hash).cloned().unwrap_or_default(),
-            },
+            chunks: vec![],
             marker: markers.contains(&f.path),
             canonical: s.canonical,
         })
         .collect();
+    let (ours_files, ours_packs) = place_files(parent.as_ref(), unplaced, &plans);
 
     let mut candidate = Manifest {
         format: FORMAT_VERSION,

@@ -5,6 +5,7 @@
 //! the bytes. Packs are named by a hash of their canonical descriptor, manifests by the hash of their
 //! canonical bytes, so identical inputs give identical names on any machine.
 
+mod assemble;
 mod compat;
 mod hash;
 mod head;
@@ -14,6 +15,7 @@ mod pack;
 mod relpath;
 mod slices;
 
+pub use assemble::place_files;
 pub use compat::CompatId;
 pub use hash::{ContentHash, hash_file, hash_open_file};
 pub use head::{HeadRecord, HeadSignature};
