@@ -42,7 +42,9 @@ fn tree(root: &Path, p: usize) {
     write(root, "conflict.bin", &bytes(9000 + p as u64, 2048));
 }
 
-fn run_for(b: &Backend) {
+/// One round of the scenario under the compat key `tag`; true if some publisher lost a head race
+/// (the merge path ran).
+fn run_for(b: &Backend, tag: &str) -> bool {
     let cli = b.cli.clone().expect("cli backend");
     let tmp = tempfile::tempdir().unwrap();
     let exe = env!("CARGO_BIN_EXE_jitship-e2e");
@@ -61,7 +63,7 @@ fn run_for(b: &Backend) {
             .args(["--cache", &format!("kernels:native={}", root.display())])
             .args([
                 "--fact",
-                "test.tag=concurrent",
+                &format!("test.tag={tag}"),
                 "--pack-size",
                 "8 KiB",
                 "--json",
@@ -148,7 +150,7 @@ fn run_for(b: &Backend) {
         .arg("install")
         .args(&cli)
         .args(["--cache", &format!("kernels:native={}", dst.display())])
-        .args(["--fact", "test.tag=concurrent", "--json"])
+        .args(["--fact", &format!("test.tag={tag}"), "--json"])
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
@@ -172,21 +174,29 @@ fn run_for(b: &Backend) {
         let want = digest(&tmp.path().join(format!("pub{source}")));
         assert_eq!(&want[path].0, hash, "[{}] {path}", b.name);
     }
-    if b.name == "local" {
-        // Five processes released at one instant must have raced for a head seq; if none lost a
-        // race the test did not exercise the merge path and says so.
-        assert!(
-            merged > 0 || seqs.len() < PUBLISHERS,
-            "[{}] no publisher lost a head race (heads {seqs:?}): the merge path was not exercised",
+    let raced = merged > 0 || seqs.len() < PUBLISHERS;
+    if !raced {
+        eprintln!(
+            "[{}] no publisher lost a head race (heads {seqs:?})",
             b.name
         );
     }
+    raced
 }
 
 #[test]
 fn five_concurrent_publisher_processes_converge_on_the_union() {
     for b in cli_backends("five_concurrent_publisher_processes_converge_on_the_union") {
-        run_for(&b);
+        // Five processes released at one instant race for a head seq, unless the machine is so
+        // loaded that they reach the store one after another; then the round is run again
+        // (under a fresh compat key), and the test fails only if the merge path never ran.
+        let raced = (0..3).any(|round| run_for(&b, &format!("concurrent-{round}")));
+        if b.name == "local" {
+            assert!(
+                raced,
+                "[local] no publisher lost a head race in 3 rounds: the merge path was not exercised"
+            );
+        }
     }
     let _ = Duration::ZERO;
 }
