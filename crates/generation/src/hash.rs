@@ -57,14 +57,26 @@ impl FromStr for ContentHash {
 
 impl Serialize for ContentHash {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_hex())
+        // From the stack: a manifest serializes tens of thousands of these.
+        s.serialize_str(blake3::Hash::from_bytes(self.0).to_hex().as_str())
     }
 }
 
 impl<'de> Deserialize<'de> for ContentHash {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        // Parsed from the deserializer's own buffer, without a `String` per hash: decoding a
+        // manifest reads tens of thousands of them.
+        struct Hex;
+        impl serde::de::Visitor<'_> for Hex {
+            type Value = ContentHash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a 64-digit lowercase hex blake3 hash")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ContentHash, E> {
+                s.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Hex)
     }
 }
 
