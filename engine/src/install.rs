@@ -119,7 +119,7 @@ pub fn install(
     let gate = Arc::new(CommitGate::default());
     let (tx, rx) = mpsc::channel();
     let job = Job {
-        store,
+        store: Some(store),
         layout: layout.clone(),
         root: root.to_owned(),
         materializer: Materializer {
@@ -220,7 +220,8 @@ impl CommitGate {
 }
 
 struct Job {
-    store: Arc<dyn Store>,
+    /// `None` once the job has read all it needs from the store (`release_store`).
+    store: Option<Arc<dyn Store>>,
     layout: KeyLayout,
     root: PathBuf,
     materializer: Materializer,
@@ -248,27 +249,51 @@ impl Job {
         Ok(())
     }
 
+    /// The store, until the job let go of it.
+    fn store(&self) -> Result<Arc<dyn Store>, InstallError> {
+        self.store.clone().ok_or_else(|| {
+            InstallError::Store(StoreError::Other(
+                "the install let go of the store before it was done with it (a bug in jitship)"
+                    .into(),
+            ))
+        })
+    }
+
+    /// Lets go of the store once nothing more will be read from it. When this job holds the last
+    /// reference (the CLI hands each cache's install its own and keeps none), the Mooncake
+    /// client's teardown starts now, beside the rest of the install, instead of after it.
+    fn release_store(&mut self) {
+        self.store = None;
+    }
+
     fn run(&mut self) -> Result<(InstallOutcome, String), InstallError> {
-        let store = self.store.clone();
-        let Some(head) = catalog::newest_head(store.as_ref(), &self.layout, &self.compat)? else {
-            return Ok((
-                InstallOutcome::Miss,
-                format!("no generation published yet for compat id {}", self.compat),
-            ));
+        let (head, older) = {
+            let store = self.store()?;
+            let Some(head) = catalog::newest_head(store.as_ref(), &self.layout, &self.compat)?
+            else {
+                return Ok((
+                    InstallOutcome::Miss,
+                    format!("no generation published yet for compat id {}", self.compat),
+                ));
+            };
+            let older =
+                catalog::older_heads(store.as_ref(), &self.layout, &head, self.fallback_depth)?;
+            (head, older)
         };
         let mut heads = vec![head.clone()];
-        heads.extend(catalog::older_heads(
-            store.as_ref(),
-            &self.layout,
-            &head,
-            self.fallback_depth,
-        )?);
+        heads.extend(older);
         let mut next = 0;
         // The lock (taken once, before the root is opened: a concurrent installer may be renaming
         // a whole tree into place) and where the root lives.
         let mut locked: Option<(File, PathBuf, String)> = None;
         loop {
-            let Some(manifest) = self.pick_complete(&heads, &mut next)? else {
+            let t = Instant::now();
+            let picked = self.pick_complete(&heads, &mut next)?;
+            tracing::debug!(
+                ms = t.elapsed().as_millis() as u64,
+                "manifest fetched and packs checked"
+            );
+            let Some(manifest) = picked else {
                 return Ok(self.nothing_installable(&head, heads.len()));
             };
             self.report.generation = Some(manifest.id());
@@ -314,11 +339,20 @@ impl Job {
         manifest: &Manifest,
         target: &Target,
     ) -> Result<(InstallOutcome, String), InstallError> {
+        let t = Instant::now();
         let (todo, conflicts, present) =
             diff_with_disk(target.dir.as_ref(), manifest, &self.materializer)?;
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            missing = todo.len(),
+            present,
+            "compared with disk"
+        );
         self.report.conflicts = conflicts;
         self.report.files_already_present = present;
-        if !todo.is_empty() {
+        if todo.is_empty() {
+            self.release_store();
+        } else {
             let (staging_path, staging) = self.staging_dir(target)?;
             *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some(staging_path.clone());
@@ -327,7 +361,12 @@ impl Job {
             remove_staging(&staging_path);
             result?;
         }
+        let t = Instant::now();
         self.record(manifest, target);
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            "install record written"
+        );
         let (outcome, mut detail) = self.outcome(manifest);
         match &manifest.incomplete {
             None if self.report.newer_incomplete.is_empty() => {}
@@ -469,7 +508,7 @@ impl Job {
         heads: &[crate::generation::HeadRecord],
         next: &mut usize,
     ) -> Result<Option<Manifest>, InstallError> {
-        let store = self.store.clone();
+        let store = self.store()?;
         let store = store.as_ref();
         // The newest usable generation its policy recorded as incomplete, taken only when no
         // complete one follows it: (manifest, signer, index after it).
@@ -575,6 +614,9 @@ impl Job {
             })
             .collect();
         self.write_staging(manifest, &pending, staging)?;
+        // Every pack is fetched and verified: a corrupt one would have sent the caller to an
+        // older generation, which needs the store; from here on nothing does.
+        self.release_store();
         self.check_time()?;
         // The bytes are durable before any name appears in the root; losing the renames to a
         // crash only loses the install (staging is cleaned by the next one).

@@ -350,10 +350,10 @@ impl Drop for Inner {
     }
 }
 
-/// How long [`exit`] waits for Mooncake teardowns still running. `destroy` removes the client's
-/// metadata entries within milliseconds of starting (measured: under 15 ms on a loaded 2-core
-/// machine) and then only waits for the library's listener thread; past this, the process ends
-/// without waiting for that.
+/// How long after the newest Mooncake teardown began [`exit`] waits for those still running.
+/// `destroy` removes the client's metadata entries within milliseconds of starting (measured:
+/// under 15 ms on a loaded 2-core machine) and then only waits for the library's listener thread;
+/// past this, the process ends without waiting for that.
 pub const TEARDOWN_GRACE: Duration = Duration::from_millis(50);
 
 static DEFER_TEARDOWN: AtomicBool = AtomicBool::new(false);
@@ -396,8 +396,8 @@ mod teardown {
 
     use super::{DEFER_TEARDOWN, Ordering};
 
-    /// Teardowns running on their own threads.
-    static RUNNING: Mutex<usize> = Mutex::new(0);
+    /// Teardowns running on their own threads, and when the newest of them began.
+    static RUNNING: Mutex<(usize, Option<Instant>)> = Mutex::new((0, None));
     static DONE: Condvar = Condvar::new();
 
     /// Runs `f` here, or on its own thread when the process ends through `super::exit`.
@@ -405,27 +405,33 @@ mod teardown {
         if !DEFER_TEARDOWN.load(Ordering::SeqCst) {
             return f();
         }
-        *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        {
+            let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+            running.0 += 1;
+            running.1 = Some(Instant::now());
+        }
         let spawned = std::thread::Builder::new()
             .name("mooncake-teardown".into())
             .spawn(move || {
                 f();
-                *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                RUNNING.lock().unwrap_or_else(|e| e.into_inner()).0 -= 1;
                 DONE.notify_all();
             });
         if let Err(e) = spawned {
             // The closure was dropped with the failed spawn; nothing runs: the process exit
             // reclaims the handle.
             tracing::debug!("mooncake: cannot start a teardown thread ({e}); leaving it to exit");
-            *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            RUNNING.lock().unwrap_or_else(|e| e.into_inner()).0 -= 1;
         }
     }
 
-    /// Waits until no teardown runs, at most `grace`; whether none runs.
+    /// Waits until no teardown runs, at most until `grace` after the newest one began (a
+    /// teardown begun early, while the command still worked, needs no more waiting at the end);
+    /// whether none runs.
     pub(super) fn wait(grace: Duration) -> bool {
-        let deadline = Instant::now() + grace;
         let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-        while *running > 0 {
+        let deadline = running.1.unwrap_or_else(Instant::now) + grace;
+        while running.0 > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;

@@ -53,13 +53,16 @@ pub fn main() -> i32 {
     };
     init_logging(cli.log_format, cli.color, cli.verbose);
     render::set_verbosity(cli.verbose);
-    match run(cli) {
+    tracing::debug!("jitship {} starting", env!("CARGO_PKG_VERSION"));
+    let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
             render::print_error(&e);
             exit::ERROR
         }
-    }
+    };
+    tracing::debug!(code, "jitship done");
+    code
 }
 
 /// Whether stderr gets colour: `always`/`never` as asked; `auto` only on a terminal and never

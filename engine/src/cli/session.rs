@@ -103,11 +103,19 @@ impl CacheSession {
         let facts_config =
             FactsConfig::from_process(&config.gather, &config.facts, &Default::default());
         let (gathered, store, policies) = std::thread::scope(|s| {
-            let gathering = s.spawn(|| crate::facts::gather(&facts_config));
+            let gathering = s.spawn(|| {
+                let t = std::time::Instant::now();
+                let gathered = crate::facts::gather(&facts_config);
+                tracing::debug!(ms = t.elapsed().as_millis() as u64, "facts gathered");
+                gathered
+            });
+            let t = std::time::Instant::now();
             let store = open_store(&config.store).map_err(|e| SharedFailure {
                 stage: Stage::Store,
                 error: Arc::new(e),
             });
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "store opened");
+            let t = std::time::Instant::now();
             // A policy that fails to load disables only its own kind (its calls fail with the
             // reason); an unusable wasm engine fails every kind.
             let policies =
@@ -119,6 +127,7 @@ impl CacheSession {
                             anyhow::Error::new(e).context("starting the policy engine"),
                         ),
                     });
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "policies loaded");
             (gathering.join(), store, policies)
         });
         let root_origins = match &policies {
@@ -149,6 +158,21 @@ impl CacheSession {
         let store = self.store.clone()?;
         let policies = self.policies.as_ref().map_err(Clone::clone)?;
         Ok((store, policies.policy(&cache.kind)))
+    }
+
+    /// [`ready`](Self::ready) for every cache, in order, and the session's own reference to the
+    /// store let go: each install then holds the only ones, drops its own as soon as it has read
+    /// what it needs, and the last to do so starts the Mooncake client's teardown while files
+    /// are still being compared or moved, so the command does not wait for it at exit.
+    pub(crate) fn ready_each(&mut self) -> Vec<Result<StoreAndPolicy, SharedFailure>> {
+        let ready = self.config.caches.iter().map(|c| self.ready(c)).collect();
+        if self.store.is_ok() {
+            self.store = Err(SharedFailure {
+                stage: Stage::Store,
+                error: Arc::new(anyhow::anyhow!("the store was handed to the caches")),
+            });
+        }
+        ready
     }
 
     /// Everything present, or the first reason it is not (watch needs all of it to start).

@@ -14,26 +14,21 @@ pub(super) fn diff_with_disk<'m>(
     let Some(root) = root else {
         return Ok((manifest.files.iter().collect(), vec![], 0));
     };
+    let looked = look_up_files(root, manifest)?;
     let mut todo = Vec::new();
     let mut conflicts = Vec::new();
     let mut present = 0;
-    let mut dir_ok: HashMap<&str, bool> = HashMap::new();
-    for f in &manifest.files {
-        // Top down, so a link or file in a parent is seen before anything below it is looked up.
-        let blocked = f.path.ancestors().any(|d| {
-            !*dir_ok.entry(d).or_insert_with(|| match root.entry(d) {
-                Ok(Some(e)) => e.kind == Kind::Dir,
-                Ok(None) => true,
-                Err(_) => false,
-            })
-        });
-        if blocked {
-            conflicts.push(format!("{}: a parent on disk is not a directory", f.path));
-            continue;
-        }
+    for (f, on_disk) in manifest.files.iter().zip(looked) {
         let rel = f.path.as_str();
         let shown = || root.display(rel);
-        match root.entry(rel).map_err(io("stat", &shown()))? {
+        let entry = match on_disk {
+            Looked::Blocked => {
+                conflicts.push(format!("{}: a parent on disk is not a directory", f.path));
+                continue;
+            }
+            Looked::At(entry) => entry,
+        };
+        match entry {
             None => todo.push(f),
             // Stored canonical: the size differs from the file's; compare in canonical form.
             Some(e) if e.kind == Kind::File && f.canonical => {
@@ -69,6 +64,58 @@ pub(super) fn diff_with_disk<'m>(
         }
     }
     Ok((todo, conflicts, present))
+}
+
+/// What the disk holds at a file's path: blocked by a parent that is not a directory, or the
+/// entry there (never following a link), if any.
+enum Looked {
+    Blocked,
+    At(Option<confined::Entry>),
+}
+
+/// Looks up every file of the manifest, in manifest order. Each directory holding files is
+/// opened once, beneath the root with no link followed, and its files are `fstatat`-ed through
+/// that descriptor, directories in parallel: an already-current install of a 20,000-file cache
+/// is mostly this, and a lookup from the root per file doubled its cost. The open also answers
+/// for the directories above: one of them that is a file or a link fails it (`ENOTDIR`,
+/// `ELOOP`), one that is missing makes it `ENOENT`.
+fn look_up_files(root: &Confined, manifest: &Manifest) -> Result<Vec<Looked>, InstallError> {
+    let mut files_by_dir: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, f) in manifest.files.iter().enumerate() {
+        let dir = f.path.as_str().rsplit_once('/').map_or("", |(dir, _)| dir);
+        files_by_dir.entry(dir).or_default().push(i);
+    }
+    let looked: Vec<Vec<(usize, Looked)>> = files_by_dir
+        .into_par_iter()
+        .map(|(_, files)| {
+            let path = |i: usize| manifest.files[i].path.as_str();
+            let fd = match root.parent_of(path(files[0])) {
+                Ok((fd, _)) => fd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Ok(files.into_iter().map(|i| (i, Looked::At(None))).collect());
+                }
+                // Not a directory, a link, or not ours to look into: never written through.
+                Err(_) => return Ok(files.into_iter().map(|i| (i, Looked::Blocked)).collect()),
+            };
+            files
+                .into_iter()
+                .map(|i| {
+                    let name = path(i).rsplit_once('/').map_or(path(i), |(_, name)| name);
+                    let entry = confined::entry_at(fd.as_fd(), name)
+                        .map_err(io("stat", &root.display(path(i))))?;
+                    Ok((i, Looked::At(entry)))
+                })
+                .collect()
+        })
+        .collect::<Result<_, InstallError>>()?;
+    let mut by_index: Vec<Option<Looked>> = (0..manifest.files.len()).map(|_| None).collect();
+    for (i, l) in looked.into_iter().flatten() {
+        by_index[i] = Some(l);
+    }
+    Ok(by_index
+        .into_iter()
+        .map(|l| l.expect("every file belongs to one directory"))
+        .collect())
 }
 
 /// Moves verified files into the root: non-marker files first, then markers, so the engine never

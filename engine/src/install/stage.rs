@@ -61,7 +61,7 @@ impl Job {
         let by_pack = slices_by_pack(pending.iter().map(|p| p.record));
 
         let packs: Vec<u32> = by_pack.keys().copied().collect();
-        let store = self.store.clone();
+        let store = self.store()?;
         let layout = self.layout.clone();
         // A batch holds at most the bytes of the largest pack: small packs (a tree's tail, a
         // small tree) share one call, and memory stays at two packs' worth, as with one pack in

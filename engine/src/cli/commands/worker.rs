@@ -268,16 +268,17 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
                 .errors
                 .push(ErrorRecord::new(None, Stage::Config, &e));
         }
-        Ok(session) => {
+        Ok(mut session) => {
             let opts = InstallOptions {
                 deadline: args.deadline.unwrap_or(session.config.install.deadline),
                 commit_pause: args.test_commit_pause.unwrap_or_default(),
                 trust: session.trust.clone(),
                 ..InstallOptions::default()
             };
-            for cache in &session.config.caches {
+            let ready = session.ready_each();
+            for (cache, ready) in session.config.caches.iter().zip(ready) {
                 origins.push(session.resolved_origin(cache));
-                let (report, stage) = match session.ready(cache) {
+                let (report, stage) = match ready {
                     Ok((store, policy)) => {
                         let progress = Progress::start(format!(
                             "installing {} into {}",
