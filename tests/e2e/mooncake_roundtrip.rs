@@ -104,3 +104,110 @@ fn publish_then_install_through_mooncake_round_trips_the_tree() {
         report.detail
     );
 }
+
+/// The Mooncake client of a CLI process puts an entry for itself in the metadata server
+/// (`mooncake/ram/<host>:<port>`) and its `destroy` removes it. The CLI ends with `_exit` a short
+/// grace after its teardown begins (`store::mooncake::exit`); an entry left behind would pile up
+/// in the master with every command run. Each command here must leave none: publish, an install
+/// that writes files, one that finds them current, and `ls`. An install held mid-commit shows the
+/// entry exists while its client lives, so the check is of something real.
+#[test]
+fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
+    use std::process::{Command, Stdio};
+    let Some(c) = cluster("cli_commands_leave_no_client_entry_in_the_metadata_server") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("jitship.toml");
+    c.write_cli_config(&config);
+    let namespace = unique_prefix("metadata-entries");
+    let src = tmp.path().join("src");
+    triton_tree(&src, 20, 5);
+    let dst = tmp.path().join("dst");
+    let cli = |command: &str, root: Option<&std::path::Path>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"));
+        // The control below reads the default (info) log for "installing".
+        cmd.env_remove("RUST_LOG")
+            .arg(command)
+            .arg("--config")
+            .arg(&config)
+            .args(["--namespace", &namespace]);
+        if let Some(root) = root {
+            cmd.args(["--fact", "model.id=metadata-entries", "--cache"])
+                .arg(format!("kernels:native={}", root.display()));
+        }
+        cmd
+    };
+    // The library logs the key it looks its own entry up under, once, at setup.
+    let key_in = |stderr: &str| -> String {
+        let at = stderr.find("metadata?key=").unwrap_or_else(|| {
+            panic!(
+                "no metadata key in the library's log (did Mooncake's logging change?):\n{stderr}"
+            )
+        });
+        let rest = &stderr[at + "metadata?key=".len()..];
+        rest[..rest
+            .find(|ch: char| ch.is_whitespace())
+            .unwrap_or(rest.len())]
+            .to_owned()
+    };
+    let status_of = |key: &str| -> String {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("{}?key={key}", c.metadata))
+            .output()
+            .expect("run curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    for (command, root, code) in [
+        ("publish", Some(&src), 0),
+        ("install", Some(&dst), 0),
+        ("install", Some(&dst), 10),
+        ("ls", None, 0),
+    ] {
+        let out = cli(command, root.map(|p| p.as_path())).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{command}:\n{stderr}");
+        let key = key_in(&stderr);
+        assert_eq!(
+            status_of(&key),
+            "404",
+            "{command} left its client's entry {key} in the metadata server"
+        );
+    }
+
+    // The control: an install paused before each file it moves in is a live client.
+    let held = tmp.path().join("held");
+    let log = tmp.path().join("held.log");
+    let mut child = cli("install", Some(&held))
+        .args(["--test-commit-pause", "30ms"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen_live = false;
+    while std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+        if stderr.contains("metadata?key=") && stderr.contains("installing") {
+            seen_live = status_of(&key_in(&stderr)) == "200";
+            if seen_live {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.wait().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(0), "held install:\n{stderr}");
+    assert!(
+        seen_live,
+        "the entry of a live client was never seen: this test would pass whatever the CLI did\n{stderr}"
+    );
+    assert_eq!(
+        status_of(&key_in(&stderr)),
+        "404",
+        "held install left its entry"
+    );
+}
