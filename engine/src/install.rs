@@ -234,6 +234,13 @@ struct Job {
     report: InstallReport,
 }
 
+/// The heads an install may take, newest first: the newest, then (read once it does not do) up
+/// to `fallback_depth` older ones.
+struct Candidates {
+    heads: Vec<crate::generation::HeadRecord>,
+    older_read: bool,
+}
+
 /// What to write: a file of the manifest and where it goes in staging (relative to the staging
 /// directory's descriptor).
 struct Pending<'m> {
@@ -267,34 +274,31 @@ impl Job {
     }
 
     fn run(&mut self) -> Result<(InstallOutcome, String), InstallError> {
-        let (head, older) = {
-            let store = self.store()?;
-            let Some(head) = catalog::newest_head(store.as_ref(), &self.layout, &self.compat)?
-            else {
-                return Ok((
-                    InstallOutcome::Miss,
-                    format!("no generation published yet for compat id {}", self.compat),
-                ));
-            };
-            let older =
-                catalog::older_heads(store.as_ref(), &self.layout, &head, self.fallback_depth)?;
-            (head, older)
+        let Some(head) = catalog::newest_head(self.store()?.as_ref(), &self.layout, &self.compat)?
+        else {
+            return Ok((
+                InstallOutcome::Miss,
+                format!("no generation published yet for compat id {}", self.compat),
+            ));
         };
-        let mut heads = vec![head.clone()];
-        heads.extend(older);
+        // The older heads (fallbacks) are read only when the newest will not do.
+        let mut heads = Candidates {
+            heads: vec![head.clone()],
+            older_read: false,
+        };
         let mut next = 0;
         // The lock (taken once, before the root is opened: a concurrent installer may be renaming
         // a whole tree into place) and where the root lives.
         let mut locked: Option<(File, PathBuf, String)> = None;
         loop {
             let t = Instant::now();
-            let picked = self.pick_complete(&heads, &mut next)?;
+            let picked = self.pick_complete(&mut heads, &mut next)?;
             tracing::debug!(
                 ms = t.elapsed().as_millis() as u64,
                 "manifest fetched and packs checked"
             );
             let Some(manifest) = picked else {
-                return Ok(self.nothing_installable(&head, heads.len()));
+                return Ok(self.nothing_installable(&head, heads.heads.len()));
             };
             self.report.generation = Some(manifest.id());
             self.report.complete = Some(manifest.incomplete.is_none());
@@ -505,7 +509,7 @@ impl Job {
     /// packs are all in the store right now; records refused heads in the report.
     fn pick_complete(
         &mut self,
-        heads: &[crate::generation::HeadRecord],
+        candidates: &mut Candidates,
         next: &mut usize,
     ) -> Result<Option<Manifest>, InstallError> {
         let store = self.store()?;
@@ -514,7 +518,20 @@ impl Job {
         // complete one follows it: (manifest, signer, index after it).
         let mut newest_incomplete: Option<(Manifest, Signer, usize)> = None;
         let mut passed_over = Vec::new();
-        while let Some(h) = heads.get(*next) {
+        loop {
+            if *next == candidates.heads.len() && !candidates.older_read {
+                candidates.older_read = true;
+                let older = catalog::older_heads(
+                    store,
+                    &self.layout,
+                    &candidates.heads[0],
+                    self.fallback_depth,
+                )?;
+                candidates.heads.extend(older);
+            }
+            let Some(h) = candidates.heads.get(*next) else {
+                break;
+            };
             *next += 1;
             self.check_time()?;
             let signer = self.trust.judge(self.layout.namespace(), h);

@@ -202,6 +202,23 @@ fn cli(config: &Path, namespace: &str, command: &str, root: Option<&Path>) -> Co
     cmd
 }
 
+/// The interpreter `python3` on PATH runs, resolved once (`sys.executable`). Both sides use it:
+/// jitship's facts probe through `[gather] python`, as a pod image that knows its Python sets it,
+/// and the PR 676 baseline. On a build machine whose `python3` is a pyenv shim (bash scripts
+/// that pick a version), each start through PATH costs about 85 ms more, which neither side
+/// would pay in a pod.
+fn python() -> &'static Path {
+    static PYTHON: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("run python3");
+        assert!(out.status.success(), "python3 did not say where it lives");
+        std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
 /// Runs the PR 676-style baseline (`pr676_baseline.py OP ...`) with the official client.
 fn pr676(c: &Cluster, op: &str, prefix: &str, dir: &Path) -> Run {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pr676_baseline.py");
@@ -210,7 +227,7 @@ fn pr676(c: &Cluster, op: &str, prefix: &str, dir: &Path) -> Run {
         .as_ref()
         .expect("JITSHIP_TEST_MOONCAKE_PYTHONPATH names the official wheel");
     run_measured(
-        Command::new("python3")
+        Command::new(python())
             .arg(script)
             .args([op, &c.master, &c.metadata, prefix])
             .arg(dir)
@@ -393,6 +410,18 @@ fn main() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("jitship.toml");
     c.write_cli_config(&config);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&config)
+            .unwrap();
+        writeln!(f, "[gather]\npython = {:?}", python().display().to_string()).unwrap();
+    }
+    eprintln!(
+        "python: {} (jitship's [gather] python and the PR 676 baseline)",
+        python().display()
+    );
     let triton = tmp.path().join("triton");
     let large = tmp.path().join("large");
     eprintln!("generating trees...");
