@@ -109,49 +109,49 @@ fn mooncake_staging_buffers_are_made_lazily_and_sized_to_the_work() {
     store.put(&small, b"small", ValueClass::Record).unwrap();
     assert_eq!(
         store.registered_staging_bytes(),
-        MIB,
-        "a small value: one 1 MiB buffer"
+        8 * MIB,
+        "a small value: one 8 MiB buffer"
     );
-    let value: Vec<u8> = (0..3 * MIB).map(|i| (i % 251) as u8).collect();
+    let value: Vec<u8> = (0..12 * MIB).map(|i| (i % 251) as u8).collect();
     store.put(&mid, &value, ValueClass::Record).unwrap();
     assert_eq!(
         store.registered_staging_bytes(),
-        5 * MIB,
-        "a 3 MiB value: one more buffer of 4 MiB, the small one kept"
+        24 * MIB,
+        "a 12 MiB value: one more buffer of 16 MiB, the small one kept"
     );
 
     // A get of a value bigger than the buffer it tries first reads it whole with a bigger one.
     let reader = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));
     assert_eq!(reader.get(&mid).unwrap().as_deref(), Some(&value[..]));
     assert_eq!(reader.get(&small).unwrap().as_deref(), Some(&b"small"[..]));
-    assert_eq!(reader.registered_staging_bytes(), 5 * MIB);
+    assert_eq!(reader.registered_staging_bytes(), 24 * MIB);
 
     // At the bound (two buffers), a buffer too small is replaced by a bigger one, not added.
-    let big: Vec<u8> = (0..10 * MIB).map(|i| (i % 241) as u8).collect();
+    let big: Vec<u8> = (0..18 * MIB).map(|i| (i % 241) as u8).collect();
     let big_key = format!("{p}/big");
     writer_put(&c, &big_key, &big);
     let mut two = c.config();
     two.staging_buffers = 2;
     let store = MooncakeStore::connect(&two).unwrap_or_else(|e| panic!("connect: {e}"));
     assert_eq!(store.get(&small).unwrap().as_deref(), Some(&b"small"[..]));
-    assert_eq!(store.registered_staging_bytes(), MIB);
+    assert_eq!(store.registered_staging_bytes(), 8 * MIB);
     assert_eq!(store.get(&mid).unwrap().as_deref(), Some(&value[..]));
-    assert_eq!(store.registered_staging_bytes(), 5 * MIB);
+    assert_eq!(store.registered_staging_bytes(), 24 * MIB);
     assert_eq!(store.get(&big_key).unwrap().as_deref(), Some(&big[..]));
     assert_eq!(
         store.registered_staging_bytes(),
-        17 * MIB,
-        "the 4 MiB buffer replaced by one of 16 MiB, the 1 MiB one kept"
+        40 * MIB,
+        "the 16 MiB buffer replaced by one of 32 MiB, the 8 MiB one kept"
     );
     let batch = store.get_batch(&[&small, &mid]);
     assert_eq!(batch[0].as_ref().unwrap().as_deref(), Some(&b"small"[..]));
     assert_eq!(batch[1].as_ref().unwrap().as_deref(), Some(&value[..]));
     // A sized batch reads values in place, in one buffer that fits them all.
-    let sized = store.get_sized_batch(&[(&small, 5), (&mid, 3 * MIB), (&big_key, 10 * MIB)]);
+    let sized = store.get_sized_batch(&[(&small, 5), (&mid, 12 * MIB), (&big_key, 18 * MIB)]);
     assert_eq!(sized[0].as_ref().unwrap().as_deref(), Some(&b"small"[..]));
     assert_eq!(sized[1].as_ref().unwrap().as_deref(), Some(&value[..]));
     assert_eq!(sized[2].as_ref().unwrap().as_deref(), Some(&big[..]));
-    assert_eq!(store.registered_staging_bytes(), 17 * MIB);
+    assert_eq!(store.registered_staging_bytes(), 40 * MIB);
 }
 
 /// Puts `value` under `key` with a client of the default configuration.

@@ -7,9 +7,9 @@
 //! - jitship is a pure client (`global_segment_size = 0`): objects it writes live on store nodes
 //!   and survive its exit.
 //! - Staging buffers are allocated and registered lazily, sized to the work: a buffer is made when
-//!   a call needs one and none that fits is free, rounded up to a power of two between 1 MiB and
+//!   a call needs one and none that fits is free, rounded up to a power of two between 8 MiB and
 //!   `staging_buffer_size`; at most `staging_buffers` exist at once, so staging memory is bounded
-//!   by `staging_buffers x staging_buffer_size` and a small tree registers a few MiB. Values are
+//!   by `staging_buffers x staging_buffer_size` and a small tree registers one 8 MiB buffer. Values are
 //!   copied into one and moved with `put_from` / `batch_put_from` / `get_into` /
 //!   `batch_get_into`. A value larger than `staging_buffer_size` is refused (`TooLarge`);
 //!   `max_value_size()` is that size. A get whose value is bigger than the buffer it tried asks
@@ -48,8 +48,11 @@ use crate::settings::{MooncakeConfig, parse_host_port};
 
 /// Staging buffers are page aligned (RDMA registration works on pages).
 const BUFFER_ALIGN: usize = 4096;
-/// The smallest staging buffer made: small values (heads, manifests of small trees) share it.
-const MIN_STAGING: usize = 1 << 20;
+/// The smallest staging buffer made: heads, records and manifests of up to about 40,000 files
+/// share it. Registering costs one metadata round trip whatever the size and the mapping is lazy
+/// (pages cost memory once a value fills them), so a size that fits a big manifest saves an
+/// install its second registration, and the failed first get, for no memory.
+const MIN_STAGING: usize = 8 << 20;
 /// Most keys one `batch_get_into` asks for (each gets an equal slot of one staging buffer).
 const GET_BATCH: usize = 64;
 /// Calls stuck in the library beyond this many make new calls fail at once instead of piling up

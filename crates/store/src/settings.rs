@@ -92,7 +92,7 @@ pub struct MooncakeConfig {
     /// Hard-pinned objects are never evicted; puts then fail with "store is full".
     pub hard_pin: bool,
     /// Largest registered staging buffer (buffers are made as calls need them, sized to the
-    /// values moved: a power of two from 1 MiB up to this); also the largest value jitship can
+    /// values moved: a power of two from 8 MiB up to this); also the largest value jitship can
     /// put or get, so `publish.pack_size` must not exceed it.
     pub staging_buffer_size: ByteSize,
     /// Most staging buffers at once (calls in flight at once; an install holds two: the batch
