@@ -297,10 +297,10 @@ impl Job {
                 ms = t.elapsed().as_millis() as u64,
                 "manifest fetched and packs checked"
             );
-            let Some(manifest) = picked else {
+            let Some((id, manifest)) = picked else {
                 return Ok(self.nothing_installable(&head, heads.heads.len()));
             };
-            self.report.generation = Some(manifest.id());
+            self.report.generation = Some(id);
             self.report.complete = Some(manifest.incomplete.is_none());
             self.report.incomplete = manifest.incomplete.clone();
             self.report.files_in_generation = manifest.files.len() as u64;
@@ -316,7 +316,7 @@ impl Job {
             }
             let (_, parent_path, name) = locked.as_ref().expect("locked above");
             let target = resolve_root(&parent_path.join(name))?;
-            match self.install_generation(&manifest, &target) {
+            match self.install_generation(id, &manifest, &target) {
                 // Found in staging, before anything entered the root: an older generation may
                 // not need that pack (a poisoned pack is never overwritten by a later put).
                 Err(
@@ -324,10 +324,8 @@ impl Job {
                     | InstallError::PackSize { .. }
                     | InstallError::PackVanished(_)),
                 ) => {
-                    tracing::warn!(generation = %manifest.id(), error = %e, "trying an older generation");
-                    self.report
-                        .damaged
-                        .push(format!("generation {}: {e}", manifest.id()));
+                    tracing::warn!(generation = %id, error = %e, "trying an older generation");
+                    self.report.damaged.push(format!("generation {id}: {e}"));
                     self.report.packs_fetched = 0;
                     self.report.bytes_fetched = 0;
                     self.report.files_materialized.clear();
@@ -340,6 +338,7 @@ impl Job {
     /// Installs `manifest` (the lock is held): what is missing on disk, through staging.
     fn install_generation(
         &mut self,
+        id: GenerationId,
         manifest: &Manifest,
         target: &Target,
     ) -> Result<(InstallOutcome, String), InstallError> {
@@ -366,12 +365,12 @@ impl Job {
             result?;
         }
         let t = Instant::now();
-        self.record(manifest, target);
+        self.record(id, manifest, target);
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,
             "install record written"
         );
-        let (outcome, mut detail) = self.outcome(manifest);
+        let (outcome, mut detail) = self.outcome(id);
         match &manifest.incomplete {
             None if self.report.newer_incomplete.is_empty() => {}
             None => detail.push_str(&format!(
@@ -398,8 +397,7 @@ impl Job {
 
     /// What the install achieved: conflicts mean the generation is not fully on disk, whatever
     /// else was moved in.
-    fn outcome(&self, manifest: &Manifest) -> (InstallOutcome, String) {
-        let id = manifest.id();
+    fn outcome(&self, id: GenerationId) -> (InstallOutcome, String) {
         let n = self.report.files_installed;
         if !self.report.conflicts.is_empty() {
             (
@@ -408,7 +406,7 @@ impl Job {
                     "generation {id} is only partly installed: {} of its {} files are on disk with \
                      other content or blocked (left alone); {n} installed now",
                     self.report.conflicts.len(),
-                    manifest.files.len()
+                    self.report.files_in_generation
                 ),
             )
         } else if n == 0 {
@@ -430,8 +428,8 @@ impl Job {
     /// place: every file of the generation but the conflicts left alone, with its size on disk (a
     /// file materialized for this root has its own). Best effort: the files are installed whether
     /// or not the record can be written.
-    fn record(&self, manifest: &Manifest, target: &Target) {
-        let mut record = record::InstallRecord::of(&self.report.cache_kind, manifest);
+    fn record(&self, id: GenerationId, manifest: &Manifest, target: &Target) {
+        let mut record = record::InstallRecord::of(&self.report.cache_kind, id, manifest);
         for c in &self.report.conflicts {
             record.files.remove(c);
         }
@@ -511,12 +509,12 @@ impl Job {
         &mut self,
         candidates: &mut Candidates,
         next: &mut usize,
-    ) -> Result<Option<Manifest>, InstallError> {
+    ) -> Result<Option<(GenerationId, Manifest)>, InstallError> {
         let store = self.store()?;
         let store = store.as_ref();
         // The newest usable generation its policy recorded as incomplete, taken only when no
-        // complete one follows it: (manifest, signer, index after it).
-        let mut newest_incomplete: Option<(Manifest, Signer, usize)> = None;
+        // complete one follows it: (id, manifest, signer, index after it).
+        let mut newest_incomplete: Option<(GenerationId, Manifest, Signer, usize)> = None;
         let mut passed_over = Vec::new();
         loop {
             if *next == candidates.heads.len() && !candidates.older_read {
@@ -561,12 +559,13 @@ impl Job {
                     if m.incomplete.is_none() {
                         self.report.signer = Some(signer);
                         self.report.newer_incomplete = passed_over;
-                        return Ok(Some(m));
+                        // The manifest decoded under the head's id, so that is its id (no re-encode).
+                        return Ok(Some((h.generation, m)));
                     }
                     tracing::info!(generation = %h.generation, "generation is an incomplete cache; looking for an older complete one");
-                    passed_over.push(m.id());
+                    passed_over.push(h.generation);
                     if newest_incomplete.is_none() {
-                        newest_incomplete = Some((m, signer, *next));
+                        newest_incomplete = Some((h.generation, m, signer, *next));
                     }
                 }
                 Some(_) => {
@@ -579,15 +578,14 @@ impl Job {
         }
         // No complete one: the newest incomplete one, which the report marks as such. Should its
         // packs turn out damaged, the caller's next try starts after it.
-        let Some((m, signer, after)) = newest_incomplete else {
+        let Some((id, m, signer, after)) = newest_incomplete else {
             return Ok(None);
         };
-        let id = m.id();
         passed_over.retain(|g| *g != id);
         self.report.newer_incomplete = passed_over;
         self.report.signer = Some(signer);
         *next = after;
-        Ok(Some(m))
+        Ok(Some((id, m)))
     }
 
     fn lock(&self, parent: &Path, name: &str) -> Result<File, InstallError> {

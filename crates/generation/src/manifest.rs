@@ -171,8 +171,15 @@ impl Manifest {
         serde_json::to_vec(self).expect("manifest serialization cannot fail")
     }
 
+    /// The blake3 of `encode()`, computed without making the bytes.
     pub fn id(&self) -> GenerationId {
-        GenerationId(ContentHash::of(&self.encode()))
+        GenerationId(ContentHash::of_json(self))
+    }
+
+    /// Whether `encode()` would give exactly `bytes`, checked as it serializes: no second copy.
+    fn encodes_to(&self, bytes: &[u8]) -> bool {
+        let mut same = SameBytes { rest: bytes };
+        serde_json::to_writer(&mut same, self).is_ok() && same.rest.is_empty()
     }
 
     /// Sorts the lists whose order carries no meaning, so equal content gives equal bytes.
@@ -209,7 +216,7 @@ impl Manifest {
         if manifest.format != FORMAT_VERSION {
             return Err(ManifestError::Format(manifest.format));
         }
-        if manifest.encode() != bytes {
+        if !manifest.encodes_to(bytes) {
             return Err(ManifestError::NotCanonical);
         }
         manifest.validate()?;
@@ -266,6 +273,28 @@ impl Manifest {
 
     pub fn packed_bytes(&self) -> u64 {
         self.packs.iter().map(|p| p.size).sum()
+    }
+}
+
+/// A writer that only compares what is written with the bytes still expected, and fails at the
+/// first difference.
+struct SameBytes<'a> {
+    rest: &'a [u8],
+}
+
+impl std::io::Write for SameBytes<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.rest.strip_prefix(buf) {
+            Some(rest) => {
+                self.rest = rest;
+                Ok(buf.len())
+            }
+            None => Err(std::io::Error::other("differs from the expected bytes")),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -358,6 +387,7 @@ pub mod tests {
     fn round_trip_is_canonical() {
         let m = sample();
         let bytes = m.encode();
+        assert_eq!(m.id(), GenerationId(ContentHash::of(&bytes)));
         assert_eq!(Manifest::decode(&bytes, m.id()).unwrap(), m);
     }
 
@@ -368,6 +398,14 @@ pub mod tests {
         assert!(matches!(
             Manifest::decode(&bytes, GenerationId(ContentHash([0; 32]))),
             Err(ManifestError::HashMismatch { .. })
+        ));
+        // The canonical bytes and one more: JSON allows trailing whitespace, the canonical form not.
+        let mut trailing = bytes.clone();
+        trailing.push(b'\n');
+        let id = GenerationId(ContentHash::of(&trailing));
+        assert!(matches!(
+            Manifest::decode(&trailing, id),
+            Err(ManifestError::NotCanonical)
         ));
         let mut pretty = serde_json::to_vec_pretty(&m).unwrap();
         pretty.push(b'\n');

@@ -26,6 +26,17 @@ pub enum PathError {
 
 impl RelPath {
     pub fn parse(s: &str) -> Result<Self, PathError> {
+        Self::check(s)?;
+        Ok(Self(s.to_owned()))
+    }
+
+    /// `parse` for a string already owned: no copy (a manifest holds one path per file).
+    fn parse_owned(s: String) -> Result<Self, PathError> {
+        Self::check(&s)?;
+        Ok(Self(s))
+    }
+
+    fn check(s: &str) -> Result<(), PathError> {
         if s.is_empty() {
             return Err(PathError::Empty);
         }
@@ -41,7 +52,7 @@ impl RelPath {
         if s.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
             return Err(PathError::NotNormalized(s.to_owned()));
         }
-        Ok(Self(s.to_owned()))
+        Ok(())
     }
 
     /// From a path found under `root` on disk (scan). Non-UTF-8 names are refused: they cannot be
@@ -90,8 +101,7 @@ impl Serialize for RelPath {
 
 impl<'de> Deserialize<'de> for RelPath {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Self::parse(&s).map_err(serde::de::Error::custom)
+        Self::parse_owned(String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::confined::{self, Confined};
-use crate::generation::Manifest;
+use crate::generation::{GenerationId, Manifest};
 use crate::scan::{RECORD_SUFFIX, STAGING_PREFIX};
 
 /// What one install put into a root.
@@ -25,10 +25,11 @@ pub struct InstallRecord {
 }
 
 impl InstallRecord {
-    pub fn of(cache_kind: &str, manifest: &Manifest) -> Self {
+    /// The record of `manifest`, whose id is `id`.
+    pub fn of(cache_kind: &str, id: GenerationId, manifest: &Manifest) -> Self {
         Self {
             cache_kind: cache_kind.to_string(),
-            generation: manifest.id().to_string(),
+            generation: id.to_string(),
             installed_at: crate::catalog::now_secs(),
             files: manifest
                 .files
