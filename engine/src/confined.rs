@@ -77,7 +77,8 @@ impl Entry {
     }
 }
 
-fn split(rel: &str) -> (&str, &str) {
+/// `rel`'s directory (`""` for the top) and last component.
+pub fn split(rel: &str) -> (&str, &str) {
     match rel.rfind('/') {
         Some(i) => (&rel[..i], &rel[i + 1..]),
         None => ("", rel),
@@ -184,11 +185,7 @@ impl Confined {
     /// Opens the regular file `rel` for reading.
     pub fn open_read(&self, rel: &str) -> io::Result<File> {
         let fd = self.open_beneath(rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
-        let file = File::from(fd);
-        if !file.metadata()?.is_file() {
-            return Err(io::Error::other("not a regular file"));
-        }
-        Ok(file)
+        regular(File::from(fd))
     }
 
     /// Creates the regular file `rel`, which must not exist, for writing.
@@ -315,6 +312,25 @@ pub fn remove_dir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
 /// Sets the permission bits of the directory open as `dir`.
 pub fn chmod(dir: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     Ok(rustix::fs::fchmod(dir, Mode::from_raw_mode(mode & 0o7777))?)
+}
+
+/// Opens the regular file `name` in `dir` for reading, not following a link.
+pub fn open_read_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<File> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    regular(File::from(fd))
+}
+
+/// `file` if it is a regular file (not a directory, FIFO or device).
+fn regular(file: File) -> io::Result<File> {
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    Ok(file)
 }
 
 /// What is at `name` in the directory `dir`, never following a link.

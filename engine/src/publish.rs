@@ -54,7 +54,7 @@ pub use report::{
     MAX_SKIP_DETAILS, PublishError, PublishOptions, PublishOutcome, PublishReport, SkipDetail,
 };
 
-use hashing::{Stored, hash_selected};
+use hashing::{RootFiles, Stored, hash_selected};
 use head::commit_head;
 use packs::{KeptContents, upload_packs};
 
@@ -203,9 +203,10 @@ pub fn publish(
 
     let hashing = Instant::now();
     let kept = KeptContents::new(opts.pack_size);
+    let files = RootFiles::open(root)?;
     let local = hash_selected(
         policy,
-        root,
+        &files,
         &selected,
         parent.as_ref(),
         hashes,
@@ -270,7 +271,7 @@ pub fn publish(
         store,
         layout,
         policy,
-        root,
+        &files,
         &plans,
         &source_of,
         &kept,

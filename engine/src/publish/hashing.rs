@@ -2,11 +2,15 @@
 //! canonical) form of a file, and reuse of hashes from the parent manifest.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::generation::{ContentHash, FileRecord, Manifest, RelPath, hash_file};
+use crate::confined::{self, Confined};
+use crate::generation::{ContentHash, FileRecord, Manifest, RelPath, hash_open_file};
 use crate::policy::CachePolicy;
 use crate::scan::ScannedFile;
 
@@ -45,6 +49,93 @@ pub(super) struct Stored {
     pub(super) canonical: bool,
 }
 
+/// The scanned root's files, opened beneath one descriptor of the root: a file swapped for a link
+/// after the scan, or a directory on its path swapped for one, is refused instead of followed out
+/// of the root. The root itself may be a link (an operator's choice); it is resolved once, here.
+/// A reader keeps the directory of the last file it opened ([`LastDir`]): files taken in path
+/// order cost one `openat` of a name each, not a lookup from `/` and a `statx` as a path would.
+pub(super) struct RootFiles<'a> {
+    /// The root as configured: what the policy and the messages see.
+    root: &'a Path,
+    /// None when there is no root (nothing was scanned, so nothing is read).
+    dir: Option<Confined>,
+}
+
+impl<'a> RootFiles<'a> {
+    pub(super) fn open(root: &'a Path) -> Result<Self, PublishError> {
+        let dir = match root.canonicalize().and_then(|real| Confined::open(&real)) {
+            Ok(dir) => Some(dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(PublishError::Scan {
+                    root: root.into(),
+                    source,
+                });
+            }
+        };
+        Ok(Self { root, dir })
+    }
+
+    pub(super) fn root(&self) -> &Path {
+        self.root
+    }
+
+    /// Opens the regular file `f` for reading, through `last`'s directory when it is `f`'s.
+    pub(super) fn open_file(
+        &self,
+        f: &ScannedFile,
+        last: &mut LastDir,
+    ) -> Result<File, PublishError> {
+        let err = |source| self.read_error(f, source);
+        let (dir, name) = confined::split(f.path.as_str());
+        if last.as_ref().is_none_or(|(d, _)| d != dir) {
+            let root = self
+                .dir
+                .as_ref()
+                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+                .map_err(err)?;
+            let (fd, _) = root.parent_of(f.path.as_str()).map_err(err)?;
+            *last = Some((dir.to_owned(), fd));
+        }
+        let (_, fd) = last.as_ref().expect("set above");
+        confined::open_read_at(fd.as_fd(), name).map_err(err)
+    }
+
+    /// Reads `f` whole (callers bound its size); a size other than the scanned one means the file
+    /// changed since the scan.
+    pub(super) fn read(
+        &self,
+        f: &ScannedFile,
+        last: &mut LastDir,
+    ) -> Result<Vec<u8>, PublishError> {
+        let mut bytes = Vec::with_capacity(f.size as usize);
+        self.open_file(f, last)?
+            .read_to_end(&mut bytes)
+            .map_err(|source| self.read_error(f, source))?;
+        if bytes.len() as u64 != f.size {
+            return Err(self.changed(f));
+        }
+        Ok(bytes)
+    }
+
+    pub(super) fn read_error(&self, f: &ScannedFile, source: io::Error) -> PublishError {
+        PublishError::Read {
+            path: f.path.to_path(self.root),
+            source,
+        }
+    }
+
+    pub(super) fn changed(&self, f: &ScannedFile) -> PublishError {
+        self.read_error(
+            f,
+            io::Error::other("file changed while it was published; retry the publish"),
+        )
+    }
+}
+
+/// The directory (relative to the root) of the last file a reader opened, and its descriptor.
+pub(super) type LastDir = Option<(String, OwnedFd)>;
+
 /// Largest file jitship canonicalizes (files that embed the root are small metadata: Triton
 /// groups are a few KiB); a larger one is refused rather than read whole into memory.
 const CANONICALIZE_LIMIT: u64 = 16 << 20;
@@ -52,28 +143,22 @@ const CANONICALIZE_LIMIT: u64 = 16 << 20;
 /// The root-independent form of `f` (`policy.canonicalize` on its whole content).
 pub(super) fn canonical_bytes(
     policy: &dyn CachePolicy,
-    root: &Path,
+    files: &RootFiles,
     f: &ScannedFile,
+    last: &mut LastDir,
 ) -> Result<Vec<u8>, PublishError> {
-    let path = f.path.to_path(root);
-    let read_err = |source| PublishError::Read {
-        path: path.clone(),
-        source,
-    };
     if f.size > CANONICALIZE_LIMIT {
-        return Err(read_err(std::io::Error::other(format!(
-            "{} bytes: too large for a file that embeds the cache root (limit {CANONICALIZE_LIMIT})",
-            f.size
-        ))));
+        return Err(files.read_error(
+            f,
+            io::Error::other(format!(
+                "{} bytes: too large for a file that embeds the cache root (limit {CANONICALIZE_LIMIT})",
+                f.size
+            )),
+        ));
     }
-    let bytes = std::fs::read(&path).map_err(read_err)?;
-    if bytes.len() as u64 != f.size {
-        return Err(read_err(std::io::Error::other(
-            "file changed while it was read; retry the publish",
-        )));
-    }
+    let bytes = files.read(f, last)?;
     policy
-        .canonicalize(root, &f.path, &bytes)
+        .canonicalize(files.root(), &f.path, &bytes)
         .map_err(|source| PublishError::Canonicalize {
             path: f.path.clone(),
             source,
@@ -86,7 +171,7 @@ pub(super) fn canonical_bytes(
 /// by size (the parent's size is that of the canonical bytes).
 pub(super) fn hash_selected<'a>(
     policy: &dyn CachePolicy,
-    root: &Path,
+    files: &RootFiles,
     selected: &[(&'a ScannedFile, bool)],
     parent: Option<&Manifest>,
     cache: &mut HashCache,
@@ -100,12 +185,13 @@ pub(super) fn hash_selected<'a>(
         .collect();
     let results: Vec<Result<(Stored, bool), PublishError>> = selected
         .par_iter()
-        .map(|&(f, embeds_root)| {
+        // Each worker keeps the directory of its last file: its files come in path order.
+        .map_init(LastDir::default, |last, &(f, embeds_root)| {
             if let Some(s) = cache.lookup(f).filter(|s| s.canonical == embeds_root) {
                 return Ok((s, false));
             }
             if embeds_root {
-                let bytes = canonical_bytes(policy, root, f)?;
+                let bytes = canonical_bytes(policy, files, f, last)?;
                 let stored = Stored {
                     hash: ContentHash::of(&bytes),
                     size: bytes.len() as u64,
@@ -127,31 +213,23 @@ pub(super) fn hash_selected<'a>(
                 };
                 return Ok((stored, false));
             }
-            let path = f.path.to_path(root);
-            let read_err = |source| PublishError::Read {
-                path: path.clone(),
-                source,
-            };
-            let (hash, len) = if kept.reserve(f.size) {
+            let hash = if kept.reserve(f.size) {
                 // Small enough to keep: read whole, hashed from memory, and packed from memory.
-                let bytes = std::fs::read(&path).map_err(read_err)?;
-                let (hash, len) = (ContentHash::of(&bytes), bytes.len() as u64);
+                let bytes = files.read(f, last)?;
+                let hash = ContentHash::of(&bytes);
                 kept.keep(hash, bytes, f.size);
-                (hash, len)
+                hash
             } else {
-                hash_file(&path).map_err(read_err)?
+                let (hash, len) = hash_open_file(&mut files.open_file(f, last)?)
+                    .map_err(|source| files.read_error(f, source))?;
+                if len != f.size {
+                    return Err(files.changed(f));
+                }
+                hash
             };
-            if len != f.size {
-                return Err(PublishError::Read {
-                    path,
-                    source: std::io::Error::other(
-                        "file changed while it was hashed; retry the publish",
-                    ),
-                });
-            }
             let stored = Stored {
                 hash,
-                size: len,
+                size: f.size,
                 canonical: false,
             };
             Ok((stored, true))

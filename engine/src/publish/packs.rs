@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -13,7 +12,7 @@ use crate::policy::CachePolicy;
 use crate::scan::ScannedFile;
 use crate::store::{Store, ValueClass};
 
-use super::hashing::{Stored, canonical_bytes};
+use super::hashing::{LastDir, RootFiles, Stored, canonical_bytes};
 use super::{PublishError, PublishReport};
 
 /// Uploads the packs the store lacks. Two workers each fill a pack in place (in a Mooncake
@@ -24,7 +23,7 @@ pub(super) fn upload_packs(
     store: &dyn Store,
     layout: &KeyLayout,
     policy: &dyn CachePolicy,
-    root: &Path,
+    files: &RootFiles,
     plans: &[PackPlan],
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
     kept: &KeptContents,
@@ -55,7 +54,7 @@ pub(super) fn upload_packs(
                 plan.size as usize,
                 ValueClass::Bulk,
                 &mut |buf| {
-                    fill_pack(policy, root, plan, source_of, kept, buf)
+                    fill_pack(policy, files, plan, source_of, kept, buf)
                         .map_err(|e| fill_error = Some(e))
                         .is_ok()
                 },
@@ -93,19 +92,15 @@ pub(super) fn upload_packs(
 
 fn fill_pack(
     policy: &dyn CachePolicy,
-    root: &Path,
+    files: &RootFiles,
     plan: &PackPlan,
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
     kept: &KeptContents,
     buf: &mut [u8],
 ) -> Result<(), PublishError> {
+    let mut last = LastDir::default();
     for piece in &plan.pieces {
         let (f, stored) = source_of[&piece.content];
-        let path = f.path.to_path(root);
-        let read_err = |source| PublishError::Read {
-            path: path.clone(),
-            source,
-        };
         let dst = &mut buf[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize];
         if kept.copy_piece(&piece.content, piece.content_offset, dst) {
             continue;
@@ -113,29 +108,22 @@ fn fill_pack(
         if stored.canonical {
             // Canonicalized again rather than kept from hashing (memory stays bounded); the hash
             // says whether the file is still what was hashed.
-            let bytes = canonical_bytes(policy, root, f)?;
+            let bytes = canonical_bytes(policy, files, f, &mut last)?;
             if ContentHash::of(&bytes) != stored.hash {
-                return Err(read_err(std::io::Error::other(
-                    "file changed while it was published; retry the publish",
-                )));
+                return Err(files.changed(f));
             }
             let from = piece.content_offset as usize;
             dst.copy_from_slice(&bytes[from..from + piece.len as usize]);
             continue;
         }
-        let mut file = std::fs::File::open(&path).map_err(read_err)?;
+        let mut file = files.open_file(f, &mut last)?;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(piece.content_offset))
-            .map_err(read_err)?;
-        file.read_exact(dst).map_err(read_err)?;
+            .and_then(|_| file.read_exact(dst))
+            .map_err(|source| files.read_error(f, source))?;
         // The bytes were hashed earlier; if the file changed since, the hash would lie. Caches
         // write by rename, so size, mtime and inode catch a change.
-        if !f.unchanged_on_disk(root) {
-            return Err(PublishError::Read {
-                path,
-                source: std::io::Error::other(
-                    "file changed while it was published; retry the publish",
-                ),
-            });
+        if !f.unchanged_on_disk(files.root()) {
+            return Err(files.changed(f));
         }
     }
     Ok(())

@@ -542,3 +542,115 @@ fn a_parent_with_lost_packs_is_repaired_by_the_next_publish() {
     assert_eq!(paths(&m), vec!["a.bin", "b.bin", "c.bin"]);
     assert!(catalog::packs_present(&store, &layout, &m).unwrap());
 }
+
+/// A policy that, once the root is scanned, swaps what `swap` names for a link out of the root
+/// (as a hostile tenant of the cache directory could), then answers as the native rules do.
+struct SwapsAfterScan {
+    inner: NativeRules,
+    /// (inside the root, the link's target outside it)
+    swap: (std::path::PathBuf, std::path::PathBuf),
+}
+
+impl CachePolicy for SwapsAfterScan {
+    fn info(&self) -> &crate::policy::PolicyInfo {
+        self.inner.info()
+    }
+    fn policy_ref(&self) -> crate::generation::PolicyRef {
+        self.inner.policy_ref()
+    }
+    fn compat_key(&self, facts: &Facts) -> Result<String, crate::policy::PolicyError> {
+        self.inner.compat_key(facts)
+    }
+    fn select(
+        &self,
+        root: &Path,
+        entries: &[crate::policy::FileEntry],
+    ) -> Result<crate::policy::Selection, crate::policy::PolicyError> {
+        let (inside, outside) = &self.swap;
+        std::fs::remove_dir_all(inside)
+            .or_else(|_| std::fs::remove_file(inside))
+            .unwrap();
+        std::os::unix::fs::symlink(outside, inside).unwrap();
+        self.inner.select(root, entries)
+    }
+    fn retain(
+        &self,
+        generations: &[crate::policy::GenerationSummary],
+        now: u64,
+        limits: &crate::policy::RetentionLimits,
+    ) -> Result<Vec<GenerationId>, crate::policy::PolicyError> {
+        self.inner.retain(generations, now, limits)
+    }
+}
+
+/// Publish reads the files it scanned beneath the root without following a link: a file, a
+/// large file or a directory swapped for a link after the scan fails the publish, and what the
+/// link points to (same names, same sizes) never reaches the store.
+#[test]
+fn a_file_or_directory_swapped_for_a_link_after_the_scan_is_not_followed() {
+    let big = KEEP_FILE_LIMIT as usize + 1;
+    for (swapped, name) in [("a.bin", "a.bin"), ("big.bin", "big.bin"), ("d", "d/c.bin")] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path().join("store")).unwrap();
+        let layout = KeyLayout::new("ns").unwrap();
+        let root = dir.path().join("r");
+        let secret = dir.path().join("secret");
+        let files: [(&str, Vec<u8>); 3] = [
+            ("a.bin", vec![1u8; 3072]),
+            ("big.bin", vec![2u8; big]),
+            ("d/c.bin", vec![3u8; 3072]),
+        ];
+        let as_refs: Vec<(&str, &[u8])> = files.iter().map(|(p, c)| (*p, &c[..])).collect();
+        tree(&root, &as_refs);
+        let secrets: Vec<(&str, Vec<u8>)> = files
+            .iter()
+            .map(|(p, c)| (*p, vec![0x5e; c.len()]))
+            .collect();
+        let secret_refs: Vec<(&str, &[u8])> = secrets.iter().map(|(p, c)| (*p, &c[..])).collect();
+        tree(&secret, &secret_refs);
+        let policy = SwapsAfterScan {
+            inner: NativeRules::new("triton"),
+            swap: (root.join(swapped), secret.join(swapped)),
+        };
+        let err = publish(
+            &store,
+            &layout,
+            &policy,
+            &root,
+            &opts(),
+            &mut HashCache::default(),
+        )
+        .expect_err("a publish through a swapped link");
+        match &err {
+            PublishError::Read { path, .. } => assert_eq!(path, &root.join(name), "{err}"),
+            other => panic!("{swapped}: expected a read error, got {other}"),
+        }
+        let compat = CompatId::new("triton", &policy.compat_key(&opts().facts).unwrap());
+        assert!(
+            catalog::newest_head(&store, &layout, &compat)
+                .unwrap()
+                .is_none(),
+            "{swapped}: nothing published"
+        );
+    }
+}
+
+/// The root itself may be a link (an operator's choice, resolved once): its files are published.
+#[test]
+fn a_root_that_is_a_link_is_published_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStore::open(dir.path().join("store")).unwrap();
+    let layout = KeyLayout::new("ns").unwrap();
+    let real = dir.path().join("real");
+    tree(&real, &[("a.bin", &[1u8; 3072]), ("d/c.bin", b"c")]);
+    let root = dir.path().join("root");
+    std::os::unix::fs::symlink(&real, &root).unwrap();
+    let r = run(&store, &layout, &root);
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    let m = catalog::fetch_manifest(&store, &layout, &generation)
+        .unwrap()
+        .unwrap();
+    assert_eq!(paths(&m), vec!["a.bin", "d/c.bin"]);
+}
