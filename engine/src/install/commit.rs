@@ -82,7 +82,7 @@ enum Looked {
 fn look_up_files(root: &Confined, manifest: &Manifest) -> Result<Vec<Looked>, InstallError> {
     let mut files_by_dir: HashMap<&str, Vec<usize>> = HashMap::new();
     for (i, f) in manifest.files.iter().enumerate() {
-        let dir = f.path.as_str().rsplit_once('/').map_or("", |(dir, _)| dir);
+        let (dir, _) = confined::split(f.path.as_str());
         files_by_dir.entry(dir).or_default().push(i);
     }
     let looked: Vec<Vec<(usize, Looked)>> = files_by_dir
@@ -100,7 +100,7 @@ fn look_up_files(root: &Confined, manifest: &Manifest) -> Result<Vec<Looked>, In
             files
                 .into_iter()
                 .map(|i| {
-                    let name = path(i).rsplit_once('/').map_or(path(i), |(_, name)| name);
+                    let (_, name) = confined::split(path(i));
                     let entry = confined::entry_at(fd.as_fd(), name)
                         .map_err(io("stat", &root.display(path(i))))?;
                     Ok((i, Looked::At(entry)))
