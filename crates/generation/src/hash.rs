@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::io::Read;
-use std::path::Path;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -92,14 +91,10 @@ impl<'de> Deserialize<'de> for ContentHash {
     }
 }
 
-/// Streams a file through blake3 with a fixed, per-thread buffer (memory stays bounded whatever
-/// the size, and hashing many small files does not pay for a fresh buffer each time).
+/// Streams an open file (opened beneath a directory descriptor: no path is followed here)
+/// through blake3 with a fixed, per-thread buffer (memory stays bounded whatever the size, and
+/// hashing many small files does not pay for a fresh buffer each time).
 /// Returns the hash and the number of bytes read.
-pub fn hash_file(path: &Path) -> std::io::Result<(ContentHash, u64)> {
-    hash_open_file(&mut std::fs::File::open(path)?)
-}
-
-/// `hash_file` for a file already open (opened beneath a directory descriptor, for example).
 pub fn hash_open_file(file: &mut std::fs::File) -> std::io::Result<(ContentHash, u64)> {
     thread_local! {
         static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 256 * 1024]);
@@ -141,7 +136,7 @@ mod tests {
         let data = vec![7u8; 1_000_003];
         std::fs::write(&p, &data).unwrap();
         assert_eq!(
-            hash_file(&p).unwrap(),
+            hash_open_file(&mut std::fs::File::open(&p).unwrap()).unwrap(),
             (ContentHash::of(&data), data.len() as u64)
         );
     }
