@@ -325,9 +325,11 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<File> {
     regular(File::from(fd))
 }
 
-/// `file` if it is a regular file (not a directory, FIFO or device).
+/// `file` if it is a regular file (not a directory, FIFO or device). `fstat`, not
+/// `File::metadata` (a `statx` of an empty path): this runs once per file read.
 fn regular(file: File) -> io::Result<File> {
-    if !file.metadata()?.is_file() {
+    let st = rustix::fs::fstat(&file)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(io::Error::other("not a regular file"));
     }
     Ok(file)

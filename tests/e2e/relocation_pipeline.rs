@@ -17,7 +17,7 @@ use jitship::policy::native::NativeRules;
 use jitship::policy::{
     CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
 };
-use jitship::publish::{HashCache, PublishOptions, PublishOutcome, PublishReport};
+use jitship::publish::{PublishOptions, PublishOutcome, PublishReport};
 use jitship::store::Store;
 use jitship::store::local::LocalStore;
 
@@ -151,15 +151,8 @@ impl World {
             max_head_attempts: 8,
             trust: Default::default(),
         };
-        jitship::publish::publish(
-            self.store.as_ref(),
-            &self.layout,
-            policy,
-            root,
-            &opts,
-            &mut HashCache::default(),
-        )
-        .unwrap()
+        jitship::publish::publish(self.store.as_ref(), &self.layout, policy, root, &opts, None)
+            .unwrap()
     }
 
     fn install(&self, policy: Templated, root: &Path) -> InstallReport {

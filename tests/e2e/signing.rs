@@ -13,7 +13,7 @@ use jitship::catalog::KeyLayout;
 use jitship::config::TrustMode;
 use jitship::generation::{ContentHash, GenerationId, HeadRecord};
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
-use jitship::publish::{HashCache, PublishError, PublishOutcome, PublishReport};
+use jitship::publish::{PublishError, PublishOutcome, PublishReport};
 use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
 use jitship_tests::backends::{Backend, backends, cli_backends, remove_retrying};
@@ -51,7 +51,7 @@ fn publish(
         s.policy.as_ref(),
         root,
         &opts,
-        &mut HashCache::default(),
+        None,
     )
 }
 

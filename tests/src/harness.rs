@@ -10,7 +10,7 @@ use jitship::facts::Facts;
 use jitship::generation::Producer;
 use jitship::install::{InstallOptions, InstallReport};
 use jitship::policy::native::NativeRules;
-use jitship::publish::{HashCache, PublishError, PublishOptions, PublishReport};
+use jitship::publish::{PublishError, PublishOptions, PublishReport};
 use jitship::store::Store;
 
 pub struct Scenario {
@@ -56,7 +56,7 @@ impl Scenario {
             self.policy.as_ref(),
             root,
             &self.publish_opts("pod-a"),
-            &mut HashCache::default(),
+            None,
         )
     }
 

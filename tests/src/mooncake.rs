@@ -119,7 +119,7 @@ pub mod flow {
     use jitship::generation::Producer;
     use jitship::install::{self, InstallOptions, InstallReport};
     use jitship::policy::native::NativeRules;
-    use jitship::publish::{self, HashCache, PublishError, PublishOptions, PublishReport};
+    use jitship::publish::{self, PublishError, PublishOptions, PublishReport};
     use jitship::store::Store;
 
     /// Facts that make a compat id of their own (tests in one namespace do not meet).
@@ -157,7 +157,7 @@ pub mod flow {
             &NativeRules::new("triton"),
             root,
             &options(facts, pack_size),
-            &mut HashCache::default(),
+            None,
         )
     }
 

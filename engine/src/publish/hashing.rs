@@ -174,7 +174,7 @@ pub(super) fn hash_selected<'a>(
     files: &RootFiles,
     selected: &[(&'a ScannedFile, bool)],
     parent: Option<&Manifest>,
-    cache: &mut HashCache,
+    mut cache: Option<&mut HashCache>,
     kept: &KeptContents,
     report: &mut PublishReport,
 ) -> Result<Vec<(&'a ScannedFile, Stored)>, PublishError> {
@@ -183,11 +183,15 @@ pub(super) fn hash_selected<'a>(
         .flat_map(|m| &m.files)
         .map(|f| (&f.path, f))
         .collect();
+    let remembered = cache.as_deref();
     let results: Vec<Result<(Stored, bool), PublishError>> = selected
         .par_iter()
         // Each worker keeps the directory of its last file: its files come in path order.
         .map_init(LastDir::default, |last, &(f, embeds_root)| {
-            if let Some(s) = cache.lookup(f).filter(|s| s.canonical == embeds_root) {
+            if let Some(s) = remembered
+                .and_then(|c| c.lookup(f))
+                .filter(|s| s.canonical == embeds_root)
+            {
                 return Ok((s, false));
             }
             if embeds_root {
@@ -239,7 +243,9 @@ pub(super) fn hash_selected<'a>(
     for ((f, _), r) in selected.iter().zip(results) {
         let (stored, hashed) = r?;
         report.files_hashed += u64::from(hashed);
-        cache.remember(f, stored);
+        if let Some(cache) = cache.as_deref_mut() {
+            cache.remember(f, stored);
+        }
         out.push((*f, stored));
     }
     Ok(out)

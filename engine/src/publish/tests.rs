@@ -269,9 +269,19 @@ fn run(store: &dyn Store, layout: &KeyLayout, root: &Path) -> PublishReport {
         &NativeRules::new("triton"),
         root,
         &opts(),
-        &mut HashCache::default(),
+        None,
     )
     .unwrap()
+}
+
+/// The manifest of the generation `r` published (panics on any other outcome).
+fn published_manifest(store: &dyn Store, layout: &KeyLayout, r: &PublishReport) -> Manifest {
+    let PublishOutcome::Published { generation, .. } = &r.outcome else {
+        panic!("{:?}", r.outcome)
+    };
+    catalog::fetch_manifest(store, layout, generation)
+        .unwrap()
+        .unwrap()
 }
 
 fn paths(m: &Manifest) -> Vec<String> {
@@ -355,7 +365,7 @@ fn under_required_a_lost_race_merges_only_a_trusted_winner_and_signs_the_merged_
             &NativeRules::new("triton"),
             &root,
             &o,
-            &mut HashCache::default(),
+            None,
         )
         .unwrap();
         let PublishOutcome::Published { generation, seq } = r.outcome else {
@@ -506,12 +516,7 @@ fn a_parent_with_lost_packs_is_repaired_by_the_next_publish() {
     // Two files of 3 KiB: one pack each at a 4 KiB pack size.
     tree(&root, &[("a.bin", &[1u8; 3072]), ("b.bin", &[2u8; 3072])]);
     let r = run(&store, &layout, &root);
-    let PublishOutcome::Published { generation, .. } = r.outcome else {
-        panic!()
-    };
-    let m = catalog::fetch_manifest(&store, &layout, &generation)
-        .unwrap()
-        .unwrap();
+    let m = published_manifest(&store, &layout, &r);
     assert_eq!(m.packs.len(), 2);
     let b = m.files.iter().find(|f| f.path.as_str() == "b.bin").unwrap();
     let lost = m.packs[b.chunks[0].pack as usize].id;
@@ -521,37 +526,41 @@ fn a_parent_with_lost_packs_is_repaired_by_the_next_publish() {
     let other = dir.path().join("other");
     tree(&other, &[("a.bin", &[1u8; 3072]), ("c.bin", b"c")]);
     let r = run(&store, &layout, &other);
-    let PublishOutcome::Published { generation, .. } = r.outcome else {
-        panic!("{:?}", r.outcome)
-    };
-    let m = catalog::fetch_manifest(&store, &layout, &generation)
-        .unwrap()
-        .unwrap();
+    let m = published_manifest(&store, &layout, &r);
     assert_eq!(paths(&m), vec!["a.bin", "c.bin"]);
     assert!(catalog::packs_present(&store, &layout, &m).unwrap());
 
     // A publisher with b.bin uploads it again, even with nothing else new.
     store.inner.remove(&layout.pack(&lost)).unwrap();
     let r = run(&store, &layout, &root);
-    let PublishOutcome::Published { generation, .. } = r.outcome else {
-        panic!("{:?}", r.outcome)
-    };
-    let m = catalog::fetch_manifest(&store, &layout, &generation)
-        .unwrap()
-        .unwrap();
+    let m = published_manifest(&store, &layout, &r);
     assert_eq!(paths(&m), vec!["a.bin", "b.bin", "c.bin"]);
     assert!(catalog::packs_present(&store, &layout, &m).unwrap());
 }
 
-/// A policy that, once the root is scanned, swaps what `swap` names for a link out of the root
-/// (as a hostile tenant of the cache directory could), then answers as the native rules do.
-struct SwapsAfterScan {
+/// Native rules with two test hooks. `swap` (a path inside the root, and a link target outside
+/// it): once the root is scanned, the path is swapped for that link, as a hostile tenant of the
+/// cache directory could. `json_embeds_root`: `.json` files embed the root and are
+/// canonicalized (to themselves), the calls counted in `canonicalized`.
+struct TestRules {
     inner: NativeRules,
-    /// (inside the root, the link's target outside it)
-    swap: (std::path::PathBuf, std::path::PathBuf),
+    swap: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    json_embeds_root: bool,
+    canonicalized: std::sync::atomic::AtomicUsize,
 }
 
-impl CachePolicy for SwapsAfterScan {
+impl TestRules {
+    fn new() -> Self {
+        Self {
+            inner: NativeRules::new("triton"),
+            swap: None,
+            json_embeds_root: false,
+            canonicalized: Default::default(),
+        }
+    }
+}
+
+impl CachePolicy for TestRules {
     fn info(&self) -> &crate::policy::PolicyInfo {
         self.inner.info()
     }
@@ -566,12 +575,27 @@ impl CachePolicy for SwapsAfterScan {
         root: &Path,
         entries: &[crate::policy::FileEntry],
     ) -> Result<crate::policy::Selection, crate::policy::PolicyError> {
-        let (inside, outside) = &self.swap;
-        std::fs::remove_dir_all(inside)
-            .or_else(|_| std::fs::remove_file(inside))
-            .unwrap();
-        std::os::unix::fs::symlink(outside, inside).unwrap();
-        self.inner.select(root, entries)
+        if let Some((inside, outside)) = &self.swap {
+            std::fs::remove_dir_all(inside)
+                .or_else(|_| std::fs::remove_file(inside))
+                .unwrap();
+            std::os::unix::fs::symlink(outside, inside).unwrap();
+        }
+        let mut selection = self.inner.select(root, entries)?;
+        for (d, e) in selection.decisions.iter_mut().zip(entries) {
+            d.embeds_root = self.json_embeds_root && e.path.ends_with(".json");
+        }
+        Ok(selection)
+    }
+    fn canonicalize(
+        &self,
+        _root: &Path,
+        _path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, crate::policy::PolicyError> {
+        self.canonicalized
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(content.to_vec())
     }
     fn retain(
         &self,
@@ -608,19 +632,12 @@ fn a_file_or_directory_swapped_for_a_link_after_the_scan_is_not_followed() {
             .collect();
         let secret_refs: Vec<(&str, &[u8])> = secrets.iter().map(|(p, c)| (*p, &c[..])).collect();
         tree(&secret, &secret_refs);
-        let policy = SwapsAfterScan {
-            inner: NativeRules::new("triton"),
-            swap: (root.join(swapped), secret.join(swapped)),
+        let policy = TestRules {
+            swap: Some((root.join(swapped), secret.join(swapped))),
+            ..TestRules::new()
         };
-        let err = publish(
-            &store,
-            &layout,
-            &policy,
-            &root,
-            &opts(),
-            &mut HashCache::default(),
-        )
-        .expect_err("a publish through a swapped link");
+        let err = publish(&store, &layout, &policy, &root, &opts(), None)
+            .expect_err("a publish through a swapped link");
         match &err {
             PublishError::Read { path, .. } => assert_eq!(path, &root.join(name), "{err}"),
             other => panic!("{swapped}: expected a read error, got {other}"),
@@ -646,11 +663,42 @@ fn a_root_that_is_a_link_is_published_through() {
     let root = dir.path().join("root");
     std::os::unix::fs::symlink(&real, &root).unwrap();
     let r = run(&store, &layout, &root);
-    let PublishOutcome::Published { generation, .. } = r.outcome else {
-        panic!("{:?}", r.outcome)
-    };
-    let m = catalog::fetch_manifest(&store, &layout, &generation)
-        .unwrap()
-        .unwrap();
+    let m = published_manifest(&store, &layout, &r);
     assert_eq!(paths(&m), vec!["a.bin", "d/c.bin"]);
+}
+
+/// The watcher's hash cache spares what the parent manifest cannot: a file that embeds the root
+/// is never taken from the parent by size, so without the cache each publish canonicalizes it
+/// again. A one-off publish (no cache) does exactly that, and still publishes the same bytes.
+#[test]
+fn a_watchers_hash_cache_spares_canonicalizing_a_file_it_has_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStore::open(dir.path().join("store")).unwrap();
+    let layout = KeyLayout::new("ns").unwrap();
+    let root = dir.path().join("r");
+    tree(&root, &[("k/a.bin", b"kernel"), ("k/grp.json", b"{}")]);
+    let policy = TestRules {
+        json_embeds_root: true,
+        ..TestRules::new()
+    };
+    let canonicalized = || {
+        policy
+            .canonicalized
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let mut cache = HashCache::default();
+    let publish_with = |cache: Option<&mut HashCache>| {
+        publish(&store, &layout, &policy, &root, &opts(), cache).unwrap()
+    };
+
+    let first = publish_with(Some(&mut cache));
+    assert_eq!((first.files_hashed, canonicalized()), (2, 1));
+
+    tree(&root, &[("k/b.bin", b"another kernel")]);
+    let second = publish_with(Some(&mut cache));
+    assert_eq!((second.files_hashed, canonicalized()), (1, 1));
+
+    tree(&root, &[("k/c.bin", b"a third")]);
+    let one_off = publish_with(None);
+    assert_eq!((one_off.files_hashed, canonicalized()), (2, 2));
 }

@@ -442,7 +442,7 @@ mod tests {
     fn skip_labels_are_bounded_whatever_the_tree_holds() {
         use crate::catalog::KeyLayout;
         use crate::policy::native::NativeRules;
-        use crate::publish::{HashCache, PublishOptions, publish};
+        use crate::publish::{PublishOptions, publish};
         use crate::store::LocalStore;
 
         let dir = tempfile::tempdir().unwrap();
@@ -477,15 +477,7 @@ mod tests {
             trust: Default::default(),
         };
         let policy = NativeRules::new("triton");
-        let r = publish(
-            &store,
-            &layout,
-            &policy,
-            &root,
-            &opts,
-            &mut HashCache::default(),
-        )
-        .unwrap();
+        let r = publish(&store, &layout, &policy, &root, &opts, None).unwrap();
         assert_eq!(r.files_selected, 300);
         assert_eq!(
             r.skipped.values().sum::<u64>(),

@@ -485,7 +485,7 @@ impl Loop {
                     worker.policy.as_ref(),
                     &root,
                     &opts,
-                    &mut worker.hashes,
+                    Some(&mut worker.hashes),
                 )
             }));
             let result = match result {

@@ -15,7 +15,7 @@ use crate::config::{self, Config};
 use crate::facts::FactsConfig;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::policies::PolicySet;
-use crate::publish::{HashCache, PublishReport};
+use crate::publish::PublishReport;
 use crate::roots::{ProcessEnv, RootOrigin};
 
 /// One cache's publish: its report, or why it failed.
@@ -91,7 +91,7 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
                         policy.as_ref(),
                         &cache.root,
                         &opts,
-                        &mut HashCache::default(),
+                        None,
                     )
                 });
                 progress.finish();
