@@ -12,7 +12,17 @@ VENV=${JITSHIP_ENGINES_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/jitship/engines-ven
 # torch's own wheel pins the triton it was built with; both are named so the stamp says what is here.
 PINS=(torch==2.15.0 triton==3.9.0)
 STAMP="$VENV/.jitship-pins"
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "${PINS[*]}" ]; then
+ready() { [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "${PINS[*]}" ]; }
+if ready; then
+    echo "$VENV/bin/python"
+    exit 0
+fi
+# Tests run in parallel and several may want the venv at once: one builds it, the others wait on
+# this lock and then find it ready (two pip installs into one venv break each other).
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock 9
+if ready; then
     echo "$VENV/bin/python"
     exit 0
 fi
