@@ -37,14 +37,15 @@ impl ScannedFile {
         }
     }
 
-    /// True if the file on disk still has the size, mtime and inode it had in this snapshot.
-    pub fn unchanged_on_disk(&self, root: &Path) -> bool {
-        std::fs::symlink_metadata(self.path.to_path(root)).is_ok_and(|m| {
-            m.is_file()
-                && m.len() == self.size
-                && m.mtime() == self.mtime_s
-                && m.mtime_nsec() as u32 == self.mtime_ns
-                && m.ino() == self.ino
+    /// True if `file`, this file opened for reading, still has the size, mtime and inode it had
+    /// in this snapshot: what was read from it is what was scanned. The open file is checked, not
+    /// the path, so a file renamed over this one after it was opened is no false alarm.
+    pub fn is_unchanged(&self, file: &std::fs::File) -> bool {
+        rustix::fs::fstat(file).is_ok_and(|st| {
+            st.st_size as u64 == self.size
+                && st.st_mtime == self.mtime_s
+                && st.st_mtime_nsec as u32 == self.mtime_ns
+                && st.st_ino == self.ino
         })
     }
 }

@@ -122,7 +122,7 @@ fn fill_pack(
             .map_err(|source| files.read_error(f, source))?;
         // The bytes were hashed earlier; if the file changed since, the hash would lie. Caches
         // write by rename, so size, mtime and inode catch a change.
-        if !f.unchanged_on_disk(files.root()) {
+        if !f.is_unchanged(&file) {
             return Err(files.changed(f));
         }
     }

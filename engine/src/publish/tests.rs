@@ -702,3 +702,82 @@ fn a_watchers_hash_cache_spares_canonicalizing_a_file_it_has_seen() {
     let one_off = publish_with(None);
     assert_eq!((one_off.files_hashed, canonicalized()), (2, 2));
 }
+
+/// Replaces `replace` (by rename, as caches write) when publish first asks whether a pack exists:
+/// after hashing, before any pack is filled. Forwards the rest (no listing: heads are probed).
+#[derive(Debug)]
+struct ReplacesBeforeUpload {
+    inner: LocalStore,
+    replace: Mutex<Option<std::path::PathBuf>>,
+}
+
+impl Store for ReplacesBeforeUpload {
+    fn describe(&self) -> String {
+        "replaces a file before upload".into()
+    }
+    fn max_value_size(&self) -> u64 {
+        self.inner.max_value_size()
+    }
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        self.inner.put(key, value, class)
+    }
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        if key.contains("/pack/")
+            && let Some(path) = self.replace.lock().unwrap().take()
+        {
+            let size = std::fs::metadata(&path).unwrap().len() as usize;
+            let fresh = path.with_extension("new");
+            std::fs::write(&fresh, vec![2u8; size]).unwrap();
+            std::fs::rename(&fresh, &path).unwrap();
+        }
+        self.inner.exists(key)
+    }
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        self.inner.remove(key)
+    }
+}
+
+/// A file replaced after it was hashed and before its pack is filled (too large to have been
+/// kept from hashing) fails the publish: its hash would lie about the bytes packed. Nothing is
+/// published, and the next publish takes the new content.
+#[test]
+fn a_file_replaced_between_hashing_and_packing_fails_the_publish_and_the_next_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    // Same size before and after: only the inode tells the new file from the old.
+    tree(&root, &[("big.bin", &[1u8; 10_000])]);
+    let store = ReplacesBeforeUpload {
+        inner: LocalStore::open(dir.path().join("store")).unwrap(),
+        replace: Mutex::new(Some(root.join("big.bin"))),
+    };
+    let layout = KeyLayout::new("ns").unwrap();
+
+    let err = publish(
+        &store,
+        &layout,
+        &NativeRules::new("triton"),
+        &root,
+        &opts(),
+        None,
+    )
+    .expect_err("a file replaced before its pack was filled");
+    assert!(
+        store.replace.lock().unwrap().is_none(),
+        "the file was replaced"
+    );
+    match &err {
+        PublishError::Read { path, source } => {
+            assert_eq!(path, &root.join("big.bin"));
+            assert!(source.to_string().contains("retry the publish"), "{err}");
+        }
+        other => panic!("expected a read error, got {other}"),
+    }
+    let keys = store.inner.list("ns").unwrap();
+    assert!(!keys.iter().any(|k| k.contains("/head/")), "{keys:?}");
+
+    let m = published_manifest(&store, &layout, &run(&store, &layout, &root));
+    assert_eq!(m.files[0].blake3, ContentHash::of(&[2u8; 10_000]));
+}
