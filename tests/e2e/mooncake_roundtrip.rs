@@ -109,8 +109,9 @@ fn publish_then_install_through_mooncake_round_trips_the_tree() {
 /// (`mooncake/ram/<host>:<port>`) and its `destroy` removes it. The CLI ends with `_exit` a short
 /// grace after its teardown begins (`store::mooncake::exit`); an entry left behind would pile up
 /// in the master with every command run. Each command here must leave none: publish, an install
-/// that writes files, one that finds them current, and `ls`. An install held mid-commit shows the
-/// entry exists while its client lives, so the check is of something real.
+/// that writes files, one that finds them current, `ls`, and a watcher stopped by SIGTERM. The
+/// watcher's entry is seen while it runs (a watcher holds its client until told to stop), so the
+/// check is of something real.
 #[test]
 fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     use std::process::{Command, Stdio};
@@ -126,7 +127,6 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     let dst = tmp.path().join("dst");
     let cli = |command: &str, root: Option<&std::path::Path>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"));
-        // The control below reads the default (info) log for "installing".
         cmd.env_remove("RUST_LOG")
             .arg(command)
             .arg("--config")
@@ -177,11 +177,11 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
         );
     }
 
-    // The control: an install paused before each file it moves in is a live client.
-    let held = tmp.path().join("held");
-    let log = tmp.path().join("held.log");
-    let mut child = cli("install", Some(&held))
-        .args(["--test-commit-pause", "30ms"])
+    // The control: a watcher is a live client until it is told to stop. (An install is no
+    // control: it lets go of its client once its packs are fetched, before it commits.)
+    let log = tmp.path().join("watch.log");
+    let mut child = cli("watch", Some(&src))
+        .args(["--rescan-interval", "60s"])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -190,7 +190,8 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     let mut seen_live = false;
     while std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none() {
         let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-        if stderr.contains("metadata?key=") && stderr.contains("installing") {
+        // Started: its signal handlers are in place, so SIGTERM below stops it cleanly.
+        if stderr.contains("jitship watch started") {
             seen_live = status_of(&key_in(&stderr)) == "200";
             if seen_live {
                 break;
@@ -198,9 +199,12 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // SAFETY: kill(2) on our own child's pid (it may have exited: then ESRCH, and the status
+    // below says how it ended).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
     let stderr = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(status.code(), Some(0), "held install:\n{stderr}");
+    assert_eq!(status.code(), Some(0), "watch:\n{stderr}");
     assert!(
         seen_live,
         "the entry of a live client was never seen: this test would pass whatever the CLI did\n{stderr}"
@@ -208,6 +212,6 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     assert_eq!(
         status_of(&key_in(&stderr)),
         "404",
-        "held install left its entry"
+        "the watcher left its entry after SIGTERM"
     );
 }
