@@ -109,9 +109,9 @@ fn publish_then_install_through_mooncake_round_trips_the_tree() {
 /// (`mooncake/ram/<host>:<port>`) and its `destroy` removes it. The CLI ends with `_exit` a short
 /// grace after its teardown begins (`store::mooncake::exit`); an entry left behind would pile up
 /// in the master with every command run. Each command here must leave none: publish, an install
-/// that writes files, one that finds them current, `ls`, and a watcher stopped by SIGTERM. The
-/// watcher's entry is seen while it runs (a watcher holds its client until told to stop), so the
-/// check is of something real.
+/// that writes files, one that finds them current, `ls`, and a watcher stopped by SIGTERM as soon
+/// as its entry shows (during its start). The watcher's entry is seen while it runs (a watcher
+/// holds its client until told to stop), so the check is of something real.
 #[test]
 fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     use std::process::{Command, Stdio};
@@ -190,8 +190,7 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     let mut seen_live = false;
     while std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none() {
         let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-        // Started: its signal handlers are in place, so SIGTERM below stops it cleanly.
-        if stderr.contains("jitship watch started") {
+        if stderr.contains("metadata?key=") {
             seen_live = status_of(&key_in(&stderr)) == "200";
             if seen_live {
                 break;
@@ -199,6 +198,8 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // SIGTERM as soon as the entry shows, while the watcher may still be starting: its handlers
+    // go in before it opens the store, so even then it stops cleanly and removes its entry.
     // SAFETY: kill(2) on our own child's pid (it may have exited: then ESRCH, and the status
     // below says how it ended).
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -145,7 +145,24 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
 
 pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     use crate::watch::{self, FinalPublish, WatchOptions, WatchedRoot};
+    use tokio::signal::unix::{SignalKind, signal};
 
+    // One thread is enough: the loop mostly sleeps, and cycles run on blocking threads.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // The handlers go in before the store is opened: a SIGTERM while the session starts (a pod
+    // stopped during its first seconds) is then kept for the loop, which stops at once and tears
+    // the Mooncake client down, instead of killing the process with its client entry left in
+    // the metadata server.
+    let (mut term, mut int) = {
+        let _in_runtime = rt.enter();
+        (
+            signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        )
+    };
     let session = CacheSession::open(&args.settings)?.into_session()?;
     let mut wc = session.config.watch.clone();
     if let Some(v) = args.settle {
@@ -195,11 +212,6 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
             policy: session.policy(c),
         })
         .collect();
-    // One thread is enough: the loop mostly sleeps, and cycles run on blocking threads.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
     let store = session.store.clone();
     let layout = session.layout.clone();
     // /healthz and `policy_disabled` say which kinds are disabled or paused, and why.
@@ -207,9 +219,6 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     let policies = session.policies.clone();
     metrics.watch_policies(std::sync::Arc::new(move || policies.status()));
     let result = rt.block_on(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
         let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
         tokio::spawn(async move {
             loop {
