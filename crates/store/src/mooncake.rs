@@ -18,7 +18,9 @@
 //!   to 1 s for the library's handshake listener thread to notice (it polls `accept` with a 1 s
 //!   timeout). A CLI process that called [`defer_teardown_to_exit`] does not wait for that: the
 //!   last drop hands the teardown to a thread and [`exit`] ends the process once it is done or
-//!   after [`TEARDOWN_GRACE`] (nothing is in flight then: every call has returned).
+//!   after [`TEARDOWN_GRACE`] (nothing is in flight then: every call has returned). A client
+//!   still held at exit, by a thread finishing a call the command stopped waiting for (a
+//!   deadline, a signal), is waited for at most [`CLIENT_LINGER`], so its entry goes too.
 //! - Every call runs on its own thread and the caller waits at most `call_timeout`; a call the
 //!   library never returns from is reported as `StoreError::Timeout`, and its thread keeps the
 //!   handle (and its buffer) alive until the library lets go, so nothing is freed under it.
@@ -368,8 +370,15 @@ pub fn defer_teardown_to_exit() {
     DEFER_TEARDOWN.store(true, Ordering::SeqCst);
 }
 
-/// Ends the process with `code` once the Mooncake teardowns begun by drops are done, or after
-/// [`TEARDOWN_GRACE`], with `_exit` after flushing stdout, stderr and C stdio. Why not
+/// Longest [`exit`] waits for a client still held by a thread that is finishing its last call
+/// after the command gave up on it (an install stopped by its deadline or by SIGTERM), so that
+/// its teardown still removes its metadata entry. A call stuck in the library for longer (up to
+/// `call_timeout`) is not waited for.
+pub const CLIENT_LINGER: Duration = Duration::from_secs(1);
+
+/// Ends the process with `code` once every Mooncake client is dropped (at most [`CLIENT_LINGER`])
+/// and the teardowns begun by those drops are done, or [`TEARDOWN_GRACE`] after the newest began,
+/// with `_exit` after flushing stdout, stderr and C stdio. Why not
 /// `std::process::exit`: exit handlers and the library's static destructors must not run while a
 /// teardown thread is still inside `destroy` (that race aborted CLI processes with "double free or
 /// corruption" before commit edacd18), and even after it they took 0.5 s of a 1.2 s command
@@ -377,7 +386,7 @@ pub fn defer_teardown_to_exit() {
 /// Nothing is lost: by now every store call has returned (puts are synchronous) and every Rust
 /// value of the command has been dropped; the kernel frees the memory and closes the sockets.
 pub fn exit(code: i32) -> ! {
-    if !teardown::wait(TEARDOWN_GRACE) {
+    if !teardown::wait(CLIENT_LINGER, TEARDOWN_GRACE) {
         tracing::debug!(
             "mooncake: teardown still running after {TEARDOWN_GRACE:?} (the library's listener thread); exiting"
         );
@@ -399,48 +408,90 @@ mod teardown {
 
     use super::{DEFER_TEARDOWN, Ordering};
 
-    /// Teardowns running on their own threads, and when the newest of them began.
-    static RUNNING: Mutex<(usize, Option<Instant>)> = Mutex::new((0, None));
-    static DONE: Condvar = Condvar::new();
+    /// Clients not dropped yet, teardowns running on their own threads, and when the newest of
+    /// those began.
+    struct State {
+        clients: usize,
+        running: usize,
+        newest: Option<Instant>,
+    }
 
-    /// Runs `f` here, or on its own thread when the process ends through `super::exit`.
+    static STATE: Mutex<State> = Mutex::new(State {
+        clients: 0,
+        running: 0,
+        newest: None,
+    });
+    static CHANGED: Condvar = Condvar::new();
+
+    fn state() -> std::sync::MutexGuard<'static, State> {
+        STATE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A client was set up.
+    pub(super) fn opened() {
+        state().clients += 1;
+    }
+
+    /// Tears a dropped client down with `f`: here, or on its own thread when the process ends
+    /// through `super::exit`.
     pub(super) fn run(f: impl FnOnce() + Send + 'static) {
-        if !DEFER_TEARDOWN.load(Ordering::SeqCst) {
-            return f();
-        }
+        let defer = DEFER_TEARDOWN.load(Ordering::SeqCst);
         {
-            let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-            running.0 += 1;
-            running.1 = Some(Instant::now());
+            // One update: `wait` never sees the client gone before its teardown is counted.
+            let mut s = state();
+            s.clients = s.clients.saturating_sub(1);
+            if defer {
+                s.running += 1;
+                s.newest = Some(Instant::now());
+            }
+        }
+        CHANGED.notify_all();
+        if !defer {
+            return f();
         }
         let spawned = std::thread::Builder::new()
             .name("mooncake-teardown".into())
             .spawn(move || {
                 f();
-                RUNNING.lock().unwrap_or_else(|e| e.into_inner()).0 -= 1;
-                DONE.notify_all();
+                state().running -= 1;
+                CHANGED.notify_all();
             });
         if let Err(e) = spawned {
             // The closure was dropped with the failed spawn; nothing runs: the process exit
             // reclaims the handle.
             tracing::debug!("mooncake: cannot start a teardown thread ({e}); leaving it to exit");
-            RUNNING.lock().unwrap_or_else(|e| e.into_inner()).0 -= 1;
+            state().running -= 1;
         }
     }
 
-    /// Waits until no teardown runs, at most until `grace` after the newest one began (a
-    /// teardown begun early, while the command still worked, needs no more waiting at the end);
-    /// whether none runs.
-    pub(super) fn wait(grace: Duration) -> bool {
-        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-        let deadline = running.1.unwrap_or_else(Instant::now) + grace;
-        while running.0 > 0 {
+    /// Waits, at most `linger`, until every client has been dropped, then until no teardown
+    /// runs, at most until `grace` after the newest one began (a teardown begun early, while the
+    /// command still worked, needs no more waiting at the end); whether none runs.
+    pub(super) fn wait(linger: Duration, grace: Duration) -> bool {
+        let mut s = state();
+        let linger_until = Instant::now() + linger;
+        while s.clients > 0 {
+            let left = linger_until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::debug!(
+                    clients = s.clients,
+                    "mooncake: a client is still held after {linger:?}; exiting without its teardown"
+                );
+                break;
+            }
+            s = CHANGED
+                .wait_timeout(s, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let deadline = s.newest.unwrap_or_else(Instant::now) + grace;
+        while s.running > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
             }
-            running = DONE
-                .wait_timeout(running, left)
+            s = CHANGED
+                .wait_timeout(s, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -666,6 +717,7 @@ impl MooncakeStore {
             master: config.master.clone(),
             in_flight: AtomicUsize::new(0),
         };
+        teardown::opened();
         Ok(Self {
             inner: Arc::new(inner),
             master: config.master.clone(),
