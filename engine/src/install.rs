@@ -23,6 +23,9 @@
 //! SIGKILL during the commit (nothing can catch it) leaves some of the new files in the root, each
 //! complete and verified, and markers only once all the files they mark are in; the staging
 //! directory stays behind. The next install removes that staging and moves in what is missing.
+//! SIGTERM and SIGINT are caught by the CLI (`crate::interrupt`, `InstallOptions::interrupt`):
+//! they stop an install as its deadline does, so a commit begun finishes and the root is never
+//! left half-moved by them.
 //!
 //! Fallbacks: the newest head and up to `fallback_depth` older ones are candidates, newest first.
 //! A candidate is skipped when the trust refuses its head (`crate::trust`; under `required` an
@@ -61,6 +64,7 @@ use crate::facts::Facts;
 use crate::generation::{
     CompatId, ContentHash, FileRecord, GenerationId, Manifest, hash_open_file,
 };
+use crate::interrupt::Interrupt;
 use crate::policy::{CachePolicy, PolicyError};
 use crate::scan::STAGING_PREFIX;
 use crate::store::{Fetched, Store, StoreError, StoreResult};
@@ -139,10 +143,9 @@ pub fn install(
         let result = job.run();
         let _ = tx.send((result, job.report));
     });
-    let remaining = opts.deadline.saturating_sub(started.elapsed());
-    let (result, mut report) = match rx.recv_timeout(remaining) {
+    let (result, mut report) = match wait_for_job(&rx, started, opts.deadline, &opts.interrupt) {
         Ok(r) => r,
-        Err(_) => {
+        Err(stopped_by) => {
             if gate.cancel_unless_committing() {
                 // The job may still be writing (a store call can block); it writes only through
                 // the staging descriptor, so once the directory is unlinked it cannot add to it.
@@ -154,7 +157,7 @@ pub fn install(
                 if let Some(dir) = staging {
                     remove_staging(&dir);
                 }
-                report.detail = InstallError::Deadline(opts.deadline).to_string();
+                report.detail = stopped_by.to_string();
                 report.duration_ms = started.elapsed().as_millis() as u64;
                 return report;
             }
@@ -175,6 +178,28 @@ pub fn install(
     }
     report.duration_ms = started.elapsed().as_millis() as u64;
     report
+}
+
+/// The job's answer, or why the install stops waiting for it: the deadline passed or the interrupt
+/// was raised (looked at every 20 ms: a signal handler can only set a flag).
+fn wait_for_job<T>(
+    rx: &mpsc::Receiver<T>,
+    started: Instant,
+    deadline: Duration,
+    interrupt: &Interrupt,
+) -> Result<T, InstallError> {
+    const INTERRUPT_POLL: Duration = Duration::from_millis(20);
+    loop {
+        if let Some(signal) = interrupt.signal_name() {
+            return Err(InstallError::Interrupted(signal));
+        }
+        let left = deadline.saturating_sub(started.elapsed());
+        match rx.recv_timeout(left.min(INTERRUPT_POLL)) {
+            Ok(answer) => return Ok(answer),
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => continue,
+            Err(_) => return Err(InstallError::Deadline(deadline)),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -596,10 +621,15 @@ impl Job {
             .write(true)
             .open(&path)
             .map_err(io("open lock", &path))?;
+        let mut told = false;
         loop {
             match file.try_lock() {
                 Ok(()) => return Ok(file),
                 Err(fs::TryLockError::WouldBlock) => {
+                    if !told {
+                        tracing::info!(lock = %path.display(), "another install holds this root's lock; waiting for it");
+                        told = true;
+                    }
                     self.check_time()?;
                     std::thread::sleep(Duration::from_millis(25));
                 }

@@ -11,6 +11,7 @@ pub mod facts;
 pub mod gc;
 pub mod inspect;
 pub mod install;
+pub mod interrupt;
 pub mod policies;
 pub mod policy;
 pub mod publish;

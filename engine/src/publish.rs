@@ -214,6 +214,7 @@ pub fn publish(
         parent.as_ref(),
         hashes,
         &kept,
+        &opts.interrupt,
         &mut report,
     )?;
     report.hash_ms = hashing.elapsed().as_millis() as u64;
@@ -278,6 +279,7 @@ pub fn publish(
         &plans,
         &source_of,
         &kept,
+        &opts.interrupt,
         &mut report,
     )?;
     report.upload_ms = uploading.elapsed().as_millis() as u64;
@@ -323,6 +325,10 @@ pub fn publish(
     report.conflicts.extend(conflicts);
     prune_packs(&mut candidate);
 
+    // Last point to stop at: from here on the head is written.
+    if let Some(signal) = opts.interrupt.signal_name() {
+        return Err(PublishError::Interrupted(signal));
+    }
     // The compat index lets gc and `ls` find this compat id on stores that cannot list keys; it is
     // written before the head, so no head exists that the index does not lead to.
     catalog::ensure_indexed(

@@ -473,3 +473,79 @@ fn best_effort_with_a_dead_mooncake_master() {
         doc["errors"][0]["message"]
     );
 }
+
+/// SIGTERM (or SIGINT) to an install waiting for another install's lock: it stops at once with
+/// 128 + the signal, says which signal stopped it in its JSON report, and leaves the root as it
+/// was: not created, no staging beside it. Once the lock is free the same install goes through.
+#[test]
+fn a_signal_stops_an_install_with_its_code_and_the_root_as_it_was() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let env = Env::new();
+    triton_tree(&env.path("src"), 20, 3);
+    let flags = |root: &str| cache_flags(&env, root, "signals");
+    let published = run_with(&env, "publish", &flags("src"), &[]);
+    assert_eq!(code(&published), 0, "{}", show(&published));
+    // Another install holds the root's lock (the file install takes beside the root).
+    let lock = std::fs::File::create(env.path(".dst.jitship.lock")).unwrap();
+    lock.lock().unwrap();
+    for (signal, expected) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let log = env.path("install.log");
+        let mut args = vec!["install", "--json"];
+        let flags = flags("dst");
+        args.extend(flags.iter().map(String::as_str));
+        let child = env
+            .cmd(&args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let waiting = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("holds this root's lock")
+        {
+            assert!(
+                Instant::now() < waiting,
+                "the install never said it waits for the lock:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child, which is still running (it waits for the lock).
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let out = child.wait_with_output().unwrap();
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(expected),
+            "signal {signal}: {:?}\n{stderr}",
+            out.status
+        );
+        let doc = json(&out);
+        let cache = &doc["results"][0];
+        assert_eq!(cache["outcome"], "failed", "{doc}");
+        let name = if signal == libc::SIGTERM {
+            "SIGTERM"
+        } else {
+            "SIGINT"
+        };
+        let detail = cache["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(name) && detail.contains("left as it was"),
+            "{detail}"
+        );
+        assert_eq!(doc["exit_code"], expected, "{doc}");
+        assert!(!env.path("dst").exists(), "the root was created");
+        let staging: Vec<_> = std::fs::read_dir(env.tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("staging"))
+            .collect();
+        assert!(staging.is_empty(), "staging left behind: {staging:?}");
+    }
+    drop(lock);
+    let installed = run_with(&env, "install", &flags("dst"), &[]);
+    assert_eq!(code(&installed), 0, "{}", show(&installed));
+}

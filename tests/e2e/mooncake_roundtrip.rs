@@ -177,6 +177,48 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
         );
     }
 
+    // A one-shot install told to stop while it holds its client (it waits for another install's
+    // lock, before it fetches anything): it exits 128 + SIGTERM and still removes its entry.
+    let held = tmp.path().join("held");
+    let lock = std::fs::File::create(tmp.path().join(".held.jitship.lock")).unwrap();
+    lock.lock().unwrap();
+    let log = tmp.path().join("install.log");
+    let child = cli("install", Some(&held))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("holds this root's lock")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the install never waited for the lock:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let key = key_in(&std::fs::read_to_string(&log).unwrap());
+    assert_eq!(
+        status_of(&key),
+        "200",
+        "the waiting install's entry is live"
+    );
+    // SAFETY: kill(2) on our own child, which is still running (it waits for the lock).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(out.status.code(), Some(143), "install:\n{stderr}");
+    assert_eq!(
+        status_of(&key),
+        "404",
+        "the install stopped by SIGTERM left its entry {key}"
+    );
+    assert!(!held.exists(), "the stopped install created its root");
+    drop(lock);
+
     // The control: a watcher is a live client until it is told to stop. (An install is no
     // control: it lets go of its client once its packs are fetched, before it commits.)
     let log = tmp.path().join("watch.log");

@@ -150,6 +150,7 @@ impl World {
             facts: self.facts.clone(),
             max_head_attempts: 8,
             trust: Default::default(),
+            interrupt: Default::default(),
         };
         jitship::publish::publish(self.store.as_ref(), &self.layout, policy, root, &opts, None)
             .unwrap()

@@ -26,7 +26,7 @@ CRATES = {
 # Engine modules by layer: a module may use modules of lower layers only. `generation`, `store`
 # and `catalog` are the crates below, re-exported under those names.
 LAYERS = [
-    {"generation", "store", "catalog", "confined", "facts", "ready"},
+    {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready"},
     {"policy", "trust"},
     {"config"},
     {"scan", "policies"},

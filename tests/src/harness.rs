@@ -46,6 +46,7 @@ impl Scenario {
             facts: self.facts.clone(),
             max_head_attempts: 16,
             trust: Default::default(),
+            interrupt: Default::default(),
         }
     }
 

@@ -141,6 +141,7 @@ pub mod flow {
             facts: facts.clone(),
             max_head_attempts: 8,
             trust: Default::default(),
+            interrupt: Default::default(),
         }
     }
 

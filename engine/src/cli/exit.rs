@@ -3,6 +3,7 @@
 //! below (a unit test checks the texts against the constants).
 
 use crate::install::InstallOutcome;
+use crate::interrupt::Interrupt;
 
 /// Done (install: files installed).
 pub const OK: i32 = 0;
@@ -15,8 +16,20 @@ pub const USAGE: i32 = 2;
 pub const PROBLEM_FOUND: i32 = 3;
 /// `audit`: the engine compiled anyway (what it added is counted on the output).
 pub const COMPILED_ANYWAY: i32 = 3;
-/// A second SIGTERM/SIGINT cut `watch`'s final publish short (128 + SIGINT).
+/// A second SIGTERM/SIGINT cut `watch`'s final publish short (128 + SIGINT); `install` and
+/// `publish` stopped by SIGINT.
 pub const INTERRUPTED: i32 = 130;
+/// `install` and `publish` stopped by SIGTERM (128 + SIGTERM), at a safe point
+/// (`crate::interrupt`).
+pub const TERMINATED: i32 = 143;
+
+/// The code of an `install` or `publish` stopped by a signal (`crate::interrupt`), if one was.
+pub fn stopped(interrupt: &Interrupt) -> Option<i32> {
+    interrupt.signal().map(|signal| match signal {
+        libc::SIGINT => INTERRUPTED,
+        _ => TERMINATED,
+    })
+}
 
 /// The most severe of several install outcomes, as the exit code (`--best-effort`: always 0).
 pub fn install(outcomes: impl IntoIterator<Item = InstallOutcome>, best_effort: bool) -> i32 {
@@ -39,13 +52,17 @@ Exit codes (with several caches the most severe outcome wins; --best-effort exit
       partly installed)
   14  untrusted: with [trust] mode required, no candidate generation was signed by a trusted key
   1   configuration error (flags, config file, trust settings, an unresolvable root)
-  2   usage error (before anything ran)";
+  2   usage error (before anything ran)
+  143 stopped by SIGTERM (130: SIGINT): a cache not yet moving files into its root was left as it
+      was, one already moving them finished; a second signal ends the process at once";
 
 pub const PUBLISH_HELP: &str = "\
 Exit codes:
   0   every cache published, unchanged or empty
   1   a cache failed (store unreachable, policy, missing fact, ...); --json lists it under errors
-  2   usage error";
+  2   usage error
+  143 stopped by SIGTERM (130: SIGINT) before writing a head: nothing of it was published; a
+      second signal ends the process at once";
 
 pub const WATCH_HELP: &str = "\
 Exit codes:
@@ -129,6 +146,16 @@ mod tests {
     }
 
     #[test]
+    fn a_stopped_command_exits_with_128_plus_its_signal() {
+        assert_eq!(stopped(&Interrupt::default()), None);
+        for signal in [libc::SIGTERM, libc::SIGINT] {
+            let interrupt = Interrupt::default();
+            interrupt.raise(signal);
+            assert_eq!(stopped(&interrupt), Some(128 + signal));
+        }
+    }
+
+    #[test]
     fn help_texts_use_the_constants() {
         for (text, code) in [
             (VERIFY_HELP, PROBLEM_FOUND),
@@ -136,6 +163,8 @@ mod tests {
             (INSTALL_HELP, ERROR),
             (WATCH_HELP, INTERRUPTED),
             (PUBLISH_HELP, ERROR),
+            (PUBLISH_HELP, TERMINATED),
+            (INSTALL_HELP, TERMINATED),
             (SIMPLE_HELP, USAGE),
         ] {
             assert!(text.contains(&format!("  {code:<3} ")), "{code} in {text}");

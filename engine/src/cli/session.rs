@@ -317,6 +317,7 @@ fn publish_options(
         facts: facts.clone(),
         max_head_attempts: 16,
         trust: publish_trust(config, trust)?,
+        interrupt: Default::default(),
     })
 }
 

@@ -14,6 +14,9 @@ pub struct InstallOptions {
     pub commit_pause: Duration,
     /// Which heads may be installed.
     pub trust: Arc<TrustPolicy>,
+    /// Raised (by SIGTERM or SIGINT in the CLI), it stops the install as the deadline does: the
+    /// root is left as it was, unless moving files into it had begun, which then finishes.
+    pub interrupt: Interrupt,
 }
 
 impl Default for InstallOptions {
@@ -23,6 +26,7 @@ impl Default for InstallOptions {
             fallback_depth: 3,
             commit_pause: Duration::ZERO,
             trust: Arc::default(),
+            interrupt: Interrupt::default(),
         }
     }
 }
@@ -179,6 +183,8 @@ pub enum InstallError {
     Materialize { path: String, source: PolicyError },
     #[error("deadline of {0:?} passed; the root was left as it was")]
     Deadline(Duration),
+    #[error("{0} before anything was moved into the root; the root was left as it was")]
+    Interrupted(&'static str),
     #[error("cancelled at the deadline")]
     Cancelled,
     #[error(

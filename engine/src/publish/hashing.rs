@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use crate::confined::{self, Confined};
 use crate::generation::{ContentHash, FileRecord, Manifest, RelPath, hash_open_file};
+use crate::interrupt::Interrupt;
 use crate::policy::CachePolicy;
 use crate::scan::ScannedFile;
 
@@ -169,6 +170,7 @@ pub(super) fn canonical_bytes(
 /// mtime match, otherwise by reading the file (in parallel). A file that embeds the root
 /// (`embeds_root` in its decision) is hashed in its canonical form, never taken from the parent
 /// by size (the parent's size is that of the canonical bytes).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn hash_selected<'a>(
     policy: &dyn CachePolicy,
     files: &RootFiles,
@@ -176,6 +178,7 @@ pub(super) fn hash_selected<'a>(
     parent: Option<&Manifest>,
     mut cache: Option<&mut HashCache>,
     kept: &KeptContents,
+    interrupt: &Interrupt,
     report: &mut PublishReport,
 ) -> Result<Vec<(&'a ScannedFile, Stored)>, PublishError> {
     let known: HashMap<&RelPath, &FileRecord> = parent
@@ -188,6 +191,9 @@ pub(super) fn hash_selected<'a>(
         .par_iter()
         // Each worker keeps the directory of its last file: its files come in path order.
         .map_init(LastDir::default, |last, &(f, embeds_root)| {
+            if let Some(signal) = interrupt.signal_name() {
+                return Err(PublishError::Interrupted(signal));
+            }
             if let Some(s) = remembered
                 .and_then(|c| c.lookup(f))
                 .filter(|s| s.canonical == embeds_root)

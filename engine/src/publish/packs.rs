@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::catalog::KeyLayout;
 use crate::generation::{ContentHash, PackPlan};
+use crate::interrupt::Interrupt;
 use crate::policy::CachePolicy;
 use crate::scan::ScannedFile;
 use crate::store::{Store, ValueClass};
@@ -27,6 +28,7 @@ pub(super) fn upload_packs(
     plans: &[PackPlan],
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
     kept: &KeptContents,
+    interrupt: &Interrupt,
     report: &mut PublishReport,
 ) -> Result<(), PublishError> {
     let keys: Vec<String> = plans.iter().map(|p| layout.pack(&p.id)).collect();
@@ -45,6 +47,9 @@ pub(super) fn upload_packs(
     let upload = || -> Result<(u64, u64), PublishError> {
         let (mut packs, mut bytes) = (0, 0);
         while !failed.load(Ordering::Relaxed) {
+            if let Some(signal) = interrupt.signal_name() {
+                return Err(PublishError::Interrupted(signal));
+            }
             let Some(plan) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 break;
             };

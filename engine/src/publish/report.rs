@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::catalog::CatalogError;
 use crate::facts::Facts;
 use crate::generation::{CompatId, Conflict, GenerationId, Producer, RelPath};
+use crate::interrupt::Interrupt;
 use crate::policy::{PolicyError, ReasonCategory};
 use crate::store::StoreError;
 use crate::trust::PublishTrust;
@@ -22,6 +23,9 @@ pub struct PublishOptions {
     pub max_head_attempts: u32,
     /// The key heads are signed with, and which heads may be built on and merged.
     pub trust: PublishTrust,
+    /// Raised (by SIGTERM or SIGINT in the CLI), it stops the publish before its next file or
+    /// pack, and always before the head: nothing of a stopped publish is visible.
+    pub interrupt: Interrupt,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -124,4 +128,9 @@ pub enum PublishError {
     RootMissing(PathBuf),
     #[error("cache root {0} is not a directory")]
     RootNotDir(PathBuf),
+    #[error(
+        "{0}: stopped before writing a head, so nothing was published (packs already uploaded \
+         are reused by the next publish)"
+    )]
+    Interrupted(&'static str),
 }

@@ -251,6 +251,7 @@ fn opts() -> PublishOptions {
         facts,
         max_head_attempts: 4,
         trust: Default::default(),
+        interrupt: Default::default(),
     }
 }
 
@@ -547,6 +548,8 @@ struct TestRules {
     swap: Option<(std::path::PathBuf, std::path::PathBuf)>,
     json_embeds_root: bool,
     canonicalized: std::sync::atomic::AtomicUsize,
+    /// Raised as SIGTERM would be, by the first canonicalization (mid-hashing).
+    interrupt_while_hashing: Option<crate::interrupt::Interrupt>,
 }
 
 impl TestRules {
@@ -556,6 +559,7 @@ impl TestRules {
             swap: None,
             json_embeds_root: false,
             canonicalized: Default::default(),
+            interrupt_while_hashing: None,
         }
     }
 }
@@ -595,6 +599,9 @@ impl CachePolicy for TestRules {
     ) -> Result<Vec<u8>, crate::policy::PolicyError> {
         self.canonicalized
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(interrupt) = &self.interrupt_while_hashing {
+            interrupt.raise(libc::SIGTERM);
+        }
         Ok(content.to_vec())
     }
     fn retain(
@@ -780,4 +787,53 @@ fn a_file_replaced_between_hashing_and_packing_fails_the_publish_and_the_next_ta
 
     let m = published_manifest(&store, &layout, &run(&store, &layout, &root));
     assert_eq!(m.files[0].blake3, ContentHash::of(&[2u8; 10_000]));
+}
+
+/// SIGTERM while a publish hashes (the CLI raises the interrupt from its handler): the publish
+/// stops with an error naming the signal, before any pack or head is written, and the next
+/// publish of the same root goes through.
+#[test]
+fn an_interrupt_stops_a_publish_before_any_pack_or_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStore::open(dir.path().join("store")).unwrap();
+    let layout = KeyLayout::new("ns").unwrap();
+    let root = dir.path().join("r");
+    let kernels: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("k{i:03}/a.bin"), vec![i as u8; 5000]))
+        .collect();
+    let mut files: Vec<(&str, &[u8])> = kernels.iter().map(|(p, c)| (p.as_str(), &c[..])).collect();
+    files.push(("k000/grp.json", b"{}"));
+    tree(&root, &files);
+    let interrupt = crate::interrupt::Interrupt::default();
+    let policy = TestRules {
+        json_embeds_root: true,
+        interrupt_while_hashing: Some(interrupt.clone()),
+        ..TestRules::new()
+    };
+    let stopped = PublishOptions {
+        interrupt: interrupt.clone(),
+        ..opts()
+    };
+    let err = publish(&store, &layout, &policy, &root, &stopped, None)
+        .expect_err("an interrupted publish");
+    assert!(matches!(err, PublishError::Interrupted("SIGTERM")), "{err}");
+    assert!(err.to_string().contains("nothing was published"), "{err}");
+    assert_eq!(
+        store.list("ns/").unwrap(),
+        Vec::<String>::new(),
+        "nothing written"
+    );
+
+    // The same root, not interrupted: published whole.
+    let policy = TestRules {
+        json_embeds_root: true,
+        ..TestRules::new()
+    };
+    let r = publish(&store, &layout, &policy, &root, &opts(), None).unwrap();
+    assert!(
+        matches!(r.outcome, PublishOutcome::Published { seq: 1, .. }),
+        "{:?}",
+        r.outcome
+    );
+    assert_eq!(published_manifest(&store, &layout, &r).files.len(), 201);
 }

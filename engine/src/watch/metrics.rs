@@ -141,7 +141,7 @@ impl Metrics {
         );
         registry.register(
             "errors",
-            "Errors by cache and kind (policy, scan, read, store, catalog, contention, panic, watch, watch_limit, ready)",
+            "Errors by cache and kind (policy, scan, read, store, catalog, contention, interrupted, panic, watch, watch_limit, ready)",
             m.errors.clone(),
         );
         registry.register(
@@ -475,6 +475,7 @@ mod tests {
             facts: crate::facts::Facts::new(),
             max_head_attempts: 4,
             trust: Default::default(),
+            interrupt: Default::default(),
         };
         let policy = NativeRules::new("triton");
         let r = publish(&store, &layout, &policy, &root, &opts, None).unwrap();

@@ -337,6 +337,9 @@ fn error_kind(e: &PublishError) -> &'static str {
         PublishError::Catalog(_) => "catalog",
         PublishError::Contention(_) => "contention",
         PublishError::NoSigningKey => "config",
+        // The watcher passes no interrupt of its own (it stops through its loop); only a library
+        // caller that raises one gets here.
+        PublishError::Interrupted(_) => "interrupted",
     }
 }
 

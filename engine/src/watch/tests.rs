@@ -58,6 +58,7 @@ fn options() -> WatchOptions {
             facts: Facts::new(),
             max_head_attempts: 4,
             trust: Default::default(),
+            interrupt: Default::default(),
         },
     }
 }

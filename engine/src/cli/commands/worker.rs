@@ -14,8 +14,9 @@ use crate::cli::session::CacheSession;
 use crate::config::{self, Config};
 use crate::facts::FactsConfig;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
+use crate::interrupt::Interrupt;
 use crate::policies::PolicySet;
-use crate::publish::PublishReport;
+use crate::publish::{PublishOptions, PublishReport};
 use crate::roots::{ProcessEnv, RootOrigin};
 
 /// One cache's publish: its report, or why it failed.
@@ -38,12 +39,17 @@ pub(crate) struct FailedCache {
 }
 
 pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
+    // Before anything else: a signal while the session opens must find its handler.
+    let interrupt = Interrupt::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
     let mut envelope = Envelope::start("publish");
     // Each cache's result, with where its root came from when the environment decided it.
     let mut results: Vec<PublishResult> = Vec::new();
     let mut origins: Vec<Option<String>> = Vec::new();
     let opened = CacheSession::open(&args.settings).and_then(|session| {
-        let opts = session.publish_options(args.pack_size, args.pod.as_ref())?;
+        let opts = PublishOptions {
+            interrupt: interrupt.clone(),
+            ..session.publish_options(args.pack_size, args.pod.as_ref())?
+        };
         Ok((session, opts))
     });
     match opened {
@@ -118,7 +124,9 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
             }
         }
     }
-    let code = if envelope.errors.is_empty() {
+    let code = if let Some(code) = exit::stopped(&interrupt) {
+        code
+    } else if envelope.errors.is_empty() {
         exit::OK
     } else {
         exit::ERROR
@@ -262,6 +270,8 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
 }
 
 pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
+    // Before anything else: a signal while the session opens must find its handler.
+    let interrupt = Interrupt::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
     let mut envelope = Envelope::start("install");
     let mut reports: Vec<InstallReport> = Vec::new();
     let mut origins: Vec<Option<String>> = Vec::new();
@@ -282,6 +292,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
                 deadline: args.deadline.unwrap_or(session.config.install.deadline),
                 commit_pause: args.test_commit_pause.unwrap_or_default(),
                 trust: session.trust.clone(),
+                interrupt: interrupt.clone(),
                 ..InstallOptions::default()
             };
             let ready = session.ready_each();
@@ -327,7 +338,9 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
             }
         }
     }
-    let mut code = if envelope.errors.iter().any(|e| e.stage == Stage::Config) {
+    let mut code = if let Some(code) = exit::stopped(&interrupt) {
+        code
+    } else if envelope.errors.iter().any(|e| e.stage == Stage::Config) {
         exit::ERROR
     } else {
         exit::install(reports.iter().map(|r| r.outcome), false)
@@ -351,7 +364,12 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
             render::print_root(&report.root, origin.as_deref());
         }
     }
-    Ok(if args.best_effort { exit::OK } else { code })
+    // A stopped install says so even with --best-effort: it is no outcome of the install.
+    Ok(if args.best_effort && !interrupt.requested() {
+        exit::OK
+    } else {
+        code
+    })
 }
 
 /// Writes the report next to its final name and renames it into place, so a reader never sees a
