@@ -86,6 +86,10 @@ pub fn publish(
     hashes: Option<&mut HashCache>,
 ) -> Result<PublishReport, PublishError> {
     let started = Instant::now();
+    // Stopped before it began (the CLI's next cache after a signal): not even a scan.
+    if let Some(signal) = opts.interrupt.signal_name() {
+        return Err(PublishError::Interrupted(signal));
+    }
     if opts.trust.policy.mode() == crate::config::TrustMode::Required
         && opts.trust.signing_key.is_none()
     {

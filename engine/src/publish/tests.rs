@@ -823,6 +823,13 @@ fn an_interrupt_stops_a_publish_before_any_pack_or_head() {
         Vec::<String>::new(),
         "nothing written"
     );
+    // Raised before a publish begins (the next cache after a signal), even an empty root is not
+    // reported as published or empty.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let err = publish(&store, &layout, &policy, &empty, &stopped, None)
+        .expect_err("a publish begun after the interrupt");
+    assert!(matches!(err, PublishError::Interrupted("SIGTERM")), "{err}");
 
     // The same root, not interrupted: published whole.
     let policy = TestRules {
