@@ -20,7 +20,7 @@ use jitship::generation::{CompatId, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
 use jitship::store::ValueClass;
-use jitship::store::testing::SlowPackGets;
+use jitship::store::testing::slow_pack_gets;
 use jitship::store::{LocalStore, Store};
 use jitship_tests::fixtures::{self, bytes, digest};
 use jitship_tests::harness::Scenario;
@@ -357,10 +357,7 @@ fn a_deadline_removes_the_staging_before_install_returns() {
     let mut s = Scenario::new(local(t.path()), "triton");
     s.pack_size = 8 * 1024;
     s.publish(&src).unwrap();
-    s.store = Arc::new(SlowPackGets {
-        inner: s.store.clone(),
-        delay: Duration::from_millis(40),
-    });
+    s.store = Arc::new(slow_pack_gets(s.store.clone(), Duration::from_millis(40)));
     let root = t.path().join("root");
     fs::create_dir_all(&root).unwrap();
     fs::write(root.join("own"), b"keep").unwrap();

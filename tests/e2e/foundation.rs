@@ -4,13 +4,14 @@
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
-use jitship::store::testing::SlowPackGets;
-use jitship::store::{Capabilities, LocalStore, Store, StoreResult, ValueClass};
+use jitship::store::testing::{Hooked, slow_pack_gets};
+use jitship::store::{LocalStore, Store, ValueClass};
 use jitship_tests::fixtures::{self, digest};
 use jitship_tests::harness::Scenario;
 
@@ -314,10 +315,7 @@ fn deadline_expiry_leaves_the_root_untouched() {
     s.pack_size = 16 * 1024; // many packs, each slow to fetch
     s.publish(&src).unwrap();
     // A slow or hung store node: every pack read takes 300 ms.
-    s.store = Arc::new(SlowPackGets {
-        inner: s.store.clone(),
-        delay: Duration::from_millis(300),
-    });
+    s.store = Arc::new(slow_pack_gets(s.store.clone(), Duration::from_millis(300)));
 
     let root = t.path().join("root");
     fs::create_dir_all(root.join("mine")).unwrap();
@@ -388,26 +386,9 @@ fn concurrent_installers_on_one_root_end_consistent() {
 }
 
 /// A store that fails every put after the first `allowed`: a publisher crashing mid-publish.
-#[derive(Debug)]
-struct FailingStore {
-    inner: Arc<dyn Store>,
-    allowed: std::sync::atomic::AtomicUsize,
-}
-
-impl Store for FailingStore {
-    fn describe(&self) -> String {
-        "failing".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.inner.max_value_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
-        use std::sync::atomic::Ordering;
-        if self
-            .allowed
+fn failing_after(inner: Arc<dyn Store>, allowed: usize) -> Hooked<Arc<dyn Store>, AtomicUsize> {
+    Hooked::new(inner, AtomicUsize::new(allowed)).on_put(|inner, allowed, key, value, class| {
+        if allowed
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_err()
         {
@@ -415,20 +396,8 @@ impl Store for FailingStore {
                 "injected crash".into(),
             ));
         }
-        self.inner.put(key, value, class)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        self.inner.get(key)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
-        self.inner.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
-        self.inner.remove(key)
-    }
-    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.inner.list(prefix)
-    }
+        inner.put(key, value, class)
+    })
 }
 
 #[test]
@@ -444,13 +413,7 @@ fn a_crash_anywhere_in_a_publish_leaves_nothing_visible_and_the_next_publish_rec
     for allowed in 0..packs + 2 {
         let dir = t.path().join(format!("crash{allowed}"));
         let base = local(&dir);
-        let mut s = Scenario::new(
-            Arc::new(FailingStore {
-                inner: base.clone(),
-                allowed: allowed.into(),
-            }),
-            "triton",
-        );
+        let mut s = Scenario::new(Arc::new(failing_after(base.clone(), allowed)), "triton");
         s.pack_size = 64 * 1024;
         assert!(
             s.publish(&src).is_err(),

@@ -17,8 +17,8 @@ use jitship::install::InstallOutcome;
 use jitship::policy::RetentionLimits;
 use jitship::policy::native::NativeRules;
 use jitship::publish::PublishOutcome;
-use jitship::store::testing::SlowPackGets;
-use jitship::store::{Capabilities, Store, StoreError, StoreResult, ValueClass};
+use jitship::store::testing::{Hooked, slow_pack_gets};
+use jitship::store::{Store, StoreError, ValueClass};
 use jitship_tests::backends::{Backend, backends};
 use jitship_tests::fixtures::{bytes, digest, triton_tree};
 use jitship_tests::mooncake::flow;
@@ -306,10 +306,10 @@ fn an_install_running_during_gc_completes() {
         // Install gen2 through a store that delays every pack get, so the install outlasts gc
         // (on Mooncake gc waits out the 10 s read leases its own survey took: give it 45 s).
         let install_time = if b.name == "mooncake" { 45_000 } else { 5_000 };
-        let slow: Arc<dyn Store> = Arc::new(SlowPackGets {
-            inner: b.store.clone(),
-            delay: Duration::from_millis(install_time / g2_packs.len() as u64),
-        });
+        let slow: Arc<dyn Store> = Arc::new(slow_pack_gets(
+            b.store.clone(),
+            Duration::from_millis(install_time / g2_packs.len() as u64),
+        ));
         let layout = b.layout.clone();
         let dst = tmp.path().join("dst");
         let dst2 = dst.clone();
@@ -382,40 +382,13 @@ fn an_install_running_during_gc_completes() {
 }
 
 /// Fails every remove of a manifest: a gc that stops halfway.
-#[derive(Debug)]
-struct ManifestRemovesFail(Arc<dyn Store>);
-
-impl Store for ManifestRemovesFail {
-    fn describe(&self) -> String {
-        "failing".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.0.max_value_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
-        self.0.put(key, value, class)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        self.0.get(key)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
-        self.0.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
+fn manifest_removes_fail(inner: Arc<dyn Store>) -> Hooked<Arc<dyn Store>> {
+    Hooked::new(inner, ()).on_remove(|inner, (), key| {
         if key.contains("/gen/") {
             return Err(StoreError::Unavailable("injected".into()));
         }
-        self.0.remove(key)
-    }
-    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.0.list(prefix)
-    }
-    fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
-        self.0.modified(key)
-    }
+        inner.remove(key)
+    })
 }
 
 #[test]
@@ -475,7 +448,7 @@ fn pins_floors_and_an_interrupted_gc() {
         let (g5, s5, _) = publish(&b, &root, tag);
         assert_eq!(s5, 5);
         assert!(catalog::unpin(s, &b.layout, &gens[1].0).unwrap());
-        let failing = ManifestRemovesFail(b.store.clone());
+        let failing = manifest_removes_fail(b.store.clone());
         let r = run_gc(&failing, &b.layout, 1, 0, false);
         assert!(
             !r.errors.is_empty(),

@@ -1,8 +1,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
-use jitship_store::testing::WithoutListing;
-use jitship_store::{LocalStore, StoreResult};
+use jitship_store::LocalStore;
+use jitship_store::testing::{Hooked, WithoutListing};
 
 fn head(compat: CompatId, seq: u64) -> HeadRecord {
     HeadRecord {
@@ -67,43 +67,34 @@ fn newest_head_without_listing_starts_at_the_floor() {
     assert!(newest_head(&store, &layout, &bare).unwrap().is_none());
 }
 
-/// Runs a "gc" (new floor, heads below it removed) at the first probe of a head.
+/// What `gc_during_probe` removes, and whether it has.
 #[derive(Debug)]
-struct GcDuringProbe {
-    inner: WithoutListing<LocalStore>,
+struct GcOnce {
     layout: KeyLayout,
     compat: CompatId,
     fired: AtomicBool,
 }
 
-impl Store for GcDuringProbe {
-    fn describe(&self) -> String {
-        "gc during probe".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.inner.max_value_size()
-    }
-    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
-        self.inner.put(key, value, class)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        self.inner.get(key)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
-        if key.contains("/head/") && !self.fired.swap(true, Ordering::SeqCst) {
-            write_floor(&self.inner, &self.layout, &self.compat, 6, vec![]).unwrap();
+/// Runs a "gc" (new floor, heads below it removed) at the first probe of a head.
+fn gc_during_probe(
+    inner: WithoutListing<LocalStore>,
+    layout: &KeyLayout,
+    compat: CompatId,
+) -> Hooked<WithoutListing<LocalStore>, GcOnce> {
+    let gc = GcOnce {
+        layout: layout.clone(),
+        compat,
+        fired: AtomicBool::new(false),
+    };
+    Hooked::new(inner, gc).on_exists(|inner, gc, key| {
+        if key.contains("/head/") && !gc.fired.swap(true, Ordering::SeqCst) {
+            write_floor(inner, &gc.layout, &gc.compat, 6, vec![]).unwrap();
             for s in 1..6 {
-                self.inner.remove(&self.layout.head(&self.compat, s))?;
+                inner.remove(&gc.layout.head(&gc.compat, s))?;
             }
         }
-        self.inner.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
-        self.inner.remove(key)
-    }
-    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.inner.list(prefix)
-    }
+        inner.exists(key)
+    })
 }
 
 #[test]
@@ -111,15 +102,14 @@ fn a_probe_that_overlaps_a_gc_starts_again_from_the_new_floor() {
     let dir = tempfile::tempdir().unwrap();
     let layout = KeyLayout::new("ns").unwrap();
     let compat = CompatId::new("triton", "k");
-    let store = GcDuringProbe {
-        inner: WithoutListing(LocalStore::open(dir.path()).unwrap()),
-        layout: layout.clone(),
+    let store = gc_during_probe(
+        WithoutListing(LocalStore::open(dir.path()).unwrap()),
+        &layout,
         compat,
-        fired: AtomicBool::new(false),
-    };
+    );
     heads(&store.inner, &layout, compat, 10);
     let newest = newest_head(&store, &layout, &compat).unwrap().unwrap();
-    assert!(store.fired.load(Ordering::SeqCst));
+    assert!(store.state.fired.load(Ordering::SeqCst));
     assert_eq!(newest.seq, 10);
 }
 

@@ -283,16 +283,86 @@ pub mod testing {
         }
     }
 
-    /// Delays every `get` of a key containing `/pack/`, to hold an install in progress.
-    #[derive(Debug)]
-    pub struct SlowPackGets<S> {
+    type PutHook<S, T> =
+        Box<dyn Fn(&S, &T, &str, &[u8], ValueClass) -> StoreResult<()> + Send + Sync>;
+    type GetHook<S, T> = Box<dyn Fn(&S, &T, &str) -> StoreResult<Option<Vec<u8>>> + Send + Sync>;
+    type KeyHook<S, T> = Box<dyn Fn(&S, &T, &str) -> StoreResult<bool> + Send + Sync>;
+
+    /// A store that does what a test makes it do: `put`, `get`, `exists` and `remove` run the
+    /// hook set for them (given `inner` to forward to, and the test's `state`), or go to `inner`.
+    /// Everything else goes to `inner`, except the batched calls: they keep the trait's defaults,
+    /// which go through the single calls, so a hook sees every key. Hide listing by making
+    /// `inner` a [`WithoutListing`].
+    pub struct Hooked<S, T = ()> {
         pub inner: S,
-        pub delay: Duration,
+        pub state: T,
+        put: Option<PutHook<S, T>>,
+        get: Option<GetHook<S, T>>,
+        exists: Option<KeyHook<S, T>>,
+        remove: Option<KeyHook<S, T>>,
     }
 
-    impl<S: Store> Store for SlowPackGets<S> {
+    impl<S: Store, T> Hooked<S, T> {
+        pub fn new(inner: S, state: T) -> Self {
+            Self {
+                inner,
+                state,
+                put: None,
+                get: None,
+                exists: None,
+                remove: None,
+            }
+        }
+
+        pub fn on_put(
+            mut self,
+            hook: impl Fn(&S, &T, &str, &[u8], ValueClass) -> StoreResult<()> + Send + Sync + 'static,
+        ) -> Self {
+            self.put = Some(Box::new(hook));
+            self
+        }
+
+        pub fn on_get(
+            mut self,
+            hook: impl Fn(&S, &T, &str) -> StoreResult<Option<Vec<u8>>> + Send + Sync + 'static,
+        ) -> Self {
+            self.get = Some(Box::new(hook));
+            self
+        }
+
+        pub fn on_exists(
+            mut self,
+            hook: impl Fn(&S, &T, &str) -> StoreResult<bool> + Send + Sync + 'static,
+        ) -> Self {
+            self.exists = Some(Box::new(hook));
+            self
+        }
+
+        pub fn on_remove(
+            mut self,
+            hook: impl Fn(&S, &T, &str) -> StoreResult<bool> + Send + Sync + 'static,
+        ) -> Self {
+            self.remove = Some(Box::new(hook));
+            self
+        }
+    }
+
+    impl<S: std::fmt::Debug, T: std::fmt::Debug> std::fmt::Debug for Hooked<S, T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Hooked")
+                .field("inner", &self.inner)
+                .field("state", &self.state)
+                .field("put", &self.put.is_some())
+                .field("get", &self.get.is_some())
+                .field("exists", &self.exists.is_some())
+                .field("remove", &self.remove.is_some())
+                .finish()
+        }
+    }
+
+    impl<S: Store, T: std::fmt::Debug + Send + Sync> Store for Hooked<S, T> {
         fn describe(&self) -> String {
-            format!("{} (slow pack gets)", self.inner.describe())
+            format!("{} (hooked)", self.inner.describe())
         }
         fn max_value_size(&self) -> u64 {
             self.inner.max_value_size()
@@ -301,19 +371,28 @@ pub mod testing {
             self.inner.capabilities()
         }
         fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
-            self.inner.put(key, value, class)
+            match &self.put {
+                Some(hook) => hook(&self.inner, &self.state, key, value, class),
+                None => self.inner.put(key, value, class),
+            }
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-            if key.contains("/pack/") {
-                std::thread::sleep(self.delay);
+            match &self.get {
+                Some(hook) => hook(&self.inner, &self.state, key),
+                None => self.inner.get(key),
             }
-            self.inner.get(key)
         }
         fn exists(&self, key: &str) -> StoreResult<bool> {
-            self.inner.exists(key)
+            match &self.exists {
+                Some(hook) => hook(&self.inner, &self.state, key),
+                None => self.inner.exists(key),
+            }
         }
         fn remove(&self, key: &str) -> StoreResult<bool> {
-            self.inner.remove(key)
+            match &self.remove {
+                Some(hook) => hook(&self.inner, &self.state, key),
+                None => self.inner.remove(key),
+            }
         }
         fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
             self.inner.list(prefix)
@@ -324,6 +403,17 @@ pub mod testing {
         fn size(&self, key: &str) -> StoreResult<Option<u64>> {
             self.inner.size(key)
         }
+    }
+
+    /// Delays every `get` of a key containing `/pack/` by `delay`, to hold an install in
+    /// progress.
+    pub fn slow_pack_gets<S: Store>(inner: S, delay: Duration) -> Hooked<S, Duration> {
+        Hooked::new(inner, delay).on_get(|inner, delay, key| {
+            if key.contains("/pack/") {
+                std::thread::sleep(*delay);
+            }
+            inner.get(key)
+        })
     }
 
     impl<S: Store + ?Sized> Store for std::sync::Arc<S> {

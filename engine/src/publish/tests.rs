@@ -5,7 +5,8 @@ use super::*;
 use crate::facts::Facts;
 use crate::generation::Producer;
 use crate::policy::native::NativeRules;
-use crate::store::{Capabilities, LocalStore, StoreResult, ValueClass};
+use crate::store::testing::Hooked;
+use crate::store::{LocalStore, ValueClass};
 
 #[test]
 fn kept_contents_stay_within_the_budget_and_go_once_fully_packed() {
@@ -31,99 +32,64 @@ fn kept_contents_stay_within_the_budget_and_go_once_fully_packed() {
     assert!(!kept.copy_piece(&ContentHash::of(b"other"), 0, &mut rest));
 }
 
-/// Before the first head put goes through, another publisher's head lands at that key.
-#[derive(Debug)]
-struct LosesFirstHead {
-    inner: LocalStore,
+/// Another publisher racing ours: once `winner` is set, its head (naming that generation) lands
+/// at the key of our first head put just before ours. It signs with `resign`, or else keeps our
+/// signature, which then no longer matches: a forged head.
+#[derive(Debug, Default)]
+struct Race {
     winner: Mutex<Option<GenerationId>>,
-    /// Signs the winner's head with this key (otherwise it keeps our signature, which then
-    /// no longer matches: a forged head).
     resign: Mutex<Option<crate::trust::PublisherKey>>,
 }
 
-impl Store for LosesFirstHead {
-    fn describe(&self) -> String {
-        "race".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.inner.max_value_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+type LosesFirstHead = Hooked<LocalStore, Race>;
+
+fn loses_first_head(inner: LocalStore) -> LosesFirstHead {
+    Hooked::new(inner, Race::default()).on_put(|inner, race, key, value, class| {
         if key.contains("/head/")
-            && let Some(winner) = self.winner.lock().unwrap().take()
+            && let Some(winner) = race.winner.lock().unwrap().take()
         {
             let mut head = HeadRecord::decode(value).unwrap();
             head.generation = winner;
             head.writer = "the other publisher".into();
-            if let Some(k) = self.resign.lock().unwrap().as_ref() {
+            if let Some(k) = race.resign.lock().unwrap().as_ref() {
                 k.sign("ns", &mut head);
             }
-            self.inner.put(key, &head.encode(), ValueClass::Record)?;
+            inner.put(key, &head.encode(), ValueClass::Record)?;
         }
-        self.inner.put(key, value, class)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        self.inner.get(key)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
-        self.inner.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
-        self.inner.remove(key)
-    }
-    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.inner.list(prefix)
-    }
+        inner.put(key, value, class)
+    })
 }
 
-/// Another publisher's put of our first head key is "in flight": its value is there (our put
-/// keeps it) but the first `hidden_reads` gets of that key miss, as on Mooncake.
+/// The other publisher's head put (see `Race`) is "in flight": its value is there (our put
+/// keeps it) but the first `reads` gets of that key miss, as on Mooncake.
 #[derive(Debug)]
-struct InFlightHead {
-    race: LosesFirstHead,
-    hidden_key: Mutex<Option<String>>,
-    hidden_reads: Mutex<u32>,
+struct Hidden {
+    key: Mutex<Option<String>>,
+    reads: Mutex<u32>,
 }
 
-impl Store for InFlightHead {
-    fn describe(&self) -> String {
-        "in flight".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.race.max_value_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.race.capabilities()
-    }
-    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
-        let first = key.contains("/head/") && self.race.winner.lock().unwrap().is_some();
-        if first {
-            *self.hidden_key.lock().unwrap() = Some(key.to_owned());
-        }
-        self.race.put(key, value, class)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        if self.hidden_key.lock().unwrap().as_deref() == Some(key) {
-            let mut n = self.hidden_reads.lock().unwrap();
-            if *n > 0 {
-                *n -= 1;
-                return Ok(None);
+fn in_flight_head(race: LosesFirstHead, reads: u32) -> Hooked<LosesFirstHead, Hidden> {
+    let hidden = Hidden {
+        key: Mutex::new(None),
+        reads: Mutex::new(reads),
+    };
+    Hooked::new(race, hidden)
+        .on_put(|race, hidden, key, value, class| {
+            if key.contains("/head/") && race.state.winner.lock().unwrap().is_some() {
+                *hidden.key.lock().unwrap() = Some(key.to_owned());
             }
-        }
-        self.race.get(key)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
-        self.race.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
-        self.race.remove(key)
-    }
-    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.race.list(prefix)
-    }
+            race.put(key, value, class)
+        })
+        .on_get(|race, hidden, key| {
+            if hidden.key.lock().unwrap().as_deref() == Some(key) {
+                let mut n = hidden.reads.lock().unwrap();
+                if *n > 0 {
+                    *n -= 1;
+                    return Ok(None);
+                }
+            }
+            race.get(key)
+        })
 }
 
 #[test]
@@ -133,19 +99,15 @@ fn a_head_put_still_in_flight_is_merged_not_skipped() {
     for hidden in [3, 8] {
         let (dir, race, layout) = setup();
         let winner = other_publisher(&race, &layout, dir.path(), &[("w.bin", b"w")], true);
-        *race.winner.lock().unwrap() = Some(winner);
-        let store = InFlightHead {
-            race,
-            hidden_key: Mutex::new(None),
-            hidden_reads: Mutex::new(hidden),
-        };
+        *race.state.winner.lock().unwrap() = Some(winner);
+        let store = in_flight_head(race, hidden);
         let root = dir.path().join("ours");
         tree(&root, &[("o.bin", b"ours")]);
         let r = run(&store, &layout, &root);
-        let head = catalog::newest_head(&store.race.inner, &layout, &r.compat_id)
+        let head = catalog::newest_head(&store.inner.inner, &layout, &r.compat_id)
             .unwrap()
             .unwrap();
-        let m = catalog::fetch_manifest(&store.race.inner, &layout, &head.generation)
+        let m = catalog::fetch_manifest(&store.inner.inner, &layout, &head.generation)
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -158,70 +120,43 @@ fn a_head_put_still_in_flight_is_merged_not_skipped() {
     }
 }
 
-/// When our head is read back, another publisher's head appears one seq above it, built
-/// without ours (its writer read our seq while our put was in flight).
-#[derive(Debug)]
-struct HeadAppearsAbove {
+/// When our head is read back, another publisher's head, naming `above`, appears one seq above
+/// it, built without ours (its writer read our seq while our put was in flight).
+fn head_appears_above(
     inner: LocalStore,
-    above: Mutex<Option<GenerationId>>,
-}
-
-impl Store for HeadAppearsAbove {
-    fn describe(&self) -> String {
-        "above".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.inner.max_value_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
-        self.inner.put(key, value, class)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        let value = self.inner.get(key)?;
+    above: GenerationId,
+) -> Hooked<LocalStore, Mutex<Option<GenerationId>>> {
+    Hooked::new(inner, Mutex::new(Some(above))).on_get(|inner, above, key| {
+        let value = inner.get(key)?;
         if key.contains("/head/")
             && let Some(v) = &value
-            && let Some(winner) = self.above.lock().unwrap().take()
+            && let Some(winner) = above.lock().unwrap().take()
         {
             let mut head = HeadRecord::decode(v).unwrap();
             head.seq += 1;
             head.generation = winner;
             head.writer = "the other publisher".into();
             let (prefix, _) = key.rsplit_once('/').unwrap();
-            self.inner.put(
+            inner.put(
                 &format!("{prefix}/{}", head.seq),
                 &head.encode(),
                 ValueClass::Record,
             )?;
         }
         Ok(value)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
-        self.inner.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
-        self.inner.remove(key)
-    }
-    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.inner.list(prefix)
-    }
+    })
 }
 
 #[test]
 fn a_head_written_above_ours_without_it_is_merged() {
     let (dir, race, layout) = setup();
     let winner = other_publisher(&race, &layout, dir.path(), &[("w.bin", b"w")], true);
-    let store = HeadAppearsAbove {
-        inner: race.inner,
-        above: Mutex::new(Some(winner)),
-    };
+    let store = head_appears_above(race.inner, winner);
     let root = dir.path().join("ours");
     tree(&root, &[("o.bin", b"ours")]);
     let r = run(&store, &layout, &root);
     assert!(
-        store.above.lock().unwrap().is_none(),
+        store.state.lock().unwrap().is_none(),
         "the other head was written"
     );
     assert!(
@@ -330,11 +265,7 @@ fn other_publisher(
 
 fn setup() -> (tempfile::TempDir, LosesFirstHead, KeyLayout) {
     let dir = tempfile::tempdir().unwrap();
-    let store = LosesFirstHead {
-        inner: LocalStore::open(dir.path().join("store")).unwrap(),
-        winner: Mutex::new(None),
-        resign: Mutex::new(None),
-    };
+    let store = loses_first_head(LocalStore::open(dir.path().join("store")).unwrap());
     (dir, store, KeyLayout::new("ns").unwrap())
 }
 
@@ -354,9 +285,9 @@ fn under_required_a_lost_race_merges_only_a_trusted_winner_and_signs_the_merged_
     for trusted_winner in [true, false] {
         let (dir, store, layout) = setup();
         let winner = other_publisher(&store, &layout, dir.path(), &[("w.bin", b"winner's")], true);
-        *store.winner.lock().unwrap() = Some(winner);
+        *store.state.winner.lock().unwrap() = Some(winner);
         if trusted_winner {
-            *store.resign.lock().unwrap() = Some(key.clone());
+            *store.state.resign.lock().unwrap() = Some(key.clone());
         }
         let root = dir.path().join("ours");
         tree(&root, &[("o.bin", b"ours")]);
@@ -415,7 +346,7 @@ fn losing_a_head_race_merges_onto_the_winner_and_reports_the_conflict() {
         &[("w.bin", b"winner's"), ("same.bin", b"winner's version")],
         true,
     );
-    *store.winner.lock().unwrap() = Some(winner);
+    *store.state.winner.lock().unwrap() = Some(winner);
     let root = dir.path().join("ours");
     tree(&root, &[("o.bin", b"ours"), ("same.bin", b"our version")]);
     let r = run(&store, &layout, &root);
@@ -459,7 +390,7 @@ fn a_winner_whose_manifest_is_missing_or_corrupt_is_written_above() {
                 )
                 .unwrap();
         }
-        *store.winner.lock().unwrap() = Some(winner);
+        *store.state.winner.lock().unwrap() = Some(winner);
         let root = dir.path().join("ours");
         tree(&root, &[("o.bin", b"ours")]);
         let r = run(&store, &layout, &root);
@@ -710,41 +641,23 @@ fn a_watchers_hash_cache_spares_canonicalizing_a_file_it_has_seen() {
     assert_eq!((one_off.files_hashed, canonicalized()), (2, 2));
 }
 
-/// Replaces `replace` (by rename, as caches write) when publish first asks whether a pack exists:
-/// after hashing, before any pack is filled. Forwards the rest (no listing: heads are probed).
-#[derive(Debug)]
-struct ReplacesBeforeUpload {
+/// Replaces the file at the path it holds (by rename, as caches write) when publish first asks
+/// whether a pack exists: after hashing, before any pack is filled.
+fn replaces_before_upload(
     inner: LocalStore,
-    replace: Mutex<Option<std::path::PathBuf>>,
-}
-
-impl Store for ReplacesBeforeUpload {
-    fn describe(&self) -> String {
-        "replaces a file before upload".into()
-    }
-    fn max_value_size(&self) -> u64 {
-        self.inner.max_value_size()
-    }
-    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
-        self.inner.put(key, value, class)
-    }
-    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
-        self.inner.get(key)
-    }
-    fn exists(&self, key: &str) -> StoreResult<bool> {
+    file: std::path::PathBuf,
+) -> Hooked<LocalStore, Mutex<Option<std::path::PathBuf>>> {
+    Hooked::new(inner, Mutex::new(Some(file))).on_exists(|inner, replace, key| {
         if key.contains("/pack/")
-            && let Some(path) = self.replace.lock().unwrap().take()
+            && let Some(path) = replace.lock().unwrap().take()
         {
             let size = std::fs::metadata(&path).unwrap().len() as usize;
             let fresh = path.with_extension("new");
             std::fs::write(&fresh, vec![2u8; size]).unwrap();
             std::fs::rename(&fresh, &path).unwrap();
         }
-        self.inner.exists(key)
-    }
-    fn remove(&self, key: &str) -> StoreResult<bool> {
-        self.inner.remove(key)
-    }
+        inner.exists(key)
+    })
 }
 
 /// A file replaced after it was hashed and before its pack is filled (too large to have been
@@ -756,10 +669,10 @@ fn a_file_replaced_between_hashing_and_packing_fails_the_publish_and_the_next_ta
     let root = dir.path().join("r");
     // Same size before and after: only the inode tells the new file from the old.
     tree(&root, &[("big.bin", &[1u8; 10_000])]);
-    let store = ReplacesBeforeUpload {
-        inner: LocalStore::open(dir.path().join("store")).unwrap(),
-        replace: Mutex::new(Some(root.join("big.bin"))),
-    };
+    let store = replaces_before_upload(
+        LocalStore::open(dir.path().join("store")).unwrap(),
+        root.join("big.bin"),
+    );
     let layout = KeyLayout::new("ns").unwrap();
 
     let err = publish(
@@ -772,7 +685,7 @@ fn a_file_replaced_between_hashing_and_packing_fails_the_publish_and_the_next_ta
     )
     .expect_err("a file replaced before its pack was filled");
     assert!(
-        store.replace.lock().unwrap().is_none(),
+        store.state.lock().unwrap().is_none(),
         "the file was replaced"
     );
     match &err {
