@@ -589,3 +589,67 @@ fn a_sigkill_during_commit_never_shows_a_marker_before_its_files_and_the_next_in
         );
     }
 }
+
+/// SIGTERM to the real binary once its commit has begun: unlike a SIGKILL, the commit finishes,
+/// so the root holds the whole generation, and the process then exits 143 (stopped by SIGTERM)
+/// with no staging left behind.
+#[test]
+fn a_sigterm_during_commit_lets_the_commit_finish_and_exits_143() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fixtures::triton_tree(&src, 10, 3);
+    let store_flag = format!("local:{}", t.path().join("store").display());
+    let command = |verb: &str, root: &Path| {
+        let mut c = jitship();
+        c.arg(verb)
+            .args(["--store", &store_flag, "--fact", "test.tag=sigterm"])
+            .args(["--cache", &format!("kernels:native={}", root.display())]);
+        c
+    };
+    let out = command("publish", &src).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A root that exists and holds a file of the engine's own: files are moved in one by one
+    // (a missing root is renamed into place whole, too fast to signal mid-commit).
+    let root = t.path().join("root");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("engine-own"), b"keep").unwrap();
+    let total = files_under(&src) + 1;
+    let mut child = command("install", &root)
+        .args(["--test-commit-pause", "20ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while files_under(&root) < 4 {
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the install never began its commit"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: kill(2) on our own child, which is still committing (20 ms per file).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    let mut installed = digest(&root);
+    assert!(installed.remove("engine-own").is_some());
+    assert!(
+        files_under(&root) == total && installed == digest(&src),
+        "the commit did not finish: {} of {total} files\n{stderr}",
+        files_under(&root)
+    );
+    assert!(
+        !fs::read_dir(t.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("staging")),
+        "staging left behind"
+    );
+}
