@@ -183,7 +183,7 @@ pub enum InstallError {
     Materialize { path: String, source: PolicyError },
     #[error("deadline of {0:?} passed; the root was left as it was")]
     Deadline(Duration),
-    #[error("{0} before anything was moved into the root; the root was left as it was")]
+    #[error("stopped by {0} before anything was moved into the root; the root was left as it was")]
     Interrupted(&'static str),
     #[error("cancelled at the deadline")]
     Cancelled,
