@@ -3,8 +3,10 @@ use std::collections::BTreeMap;
 use crate::{Facts, PolicyError};
 
 /// Builds a compatibility key from named factors, canonically: `<kind>@<schema>` then
-/// `;name=value` for every factor in name order. Values are escaped (`%`, `;`, `=` and control
-/// characters become `%XX`) so that no two factor sets give one key.
+/// `;name=value` for every factor in name order. The kind and every value are encoded by
+/// [`encode_key_part`] (`%`, `;`, `=` and control characters become `%XX`; names are already
+/// limited to `a-z0-9._-`), so that no two factor sets give one key, whatever a fact's value holds
+/// (`--fact 'model.id=Q;gpu.arch=sm_80'` is one factor `model.id`, never a second `gpu.arch`).
 ///
 /// ```
 /// use jitship_policy_sdk::{Facts, KeyBuilder};
@@ -98,18 +100,36 @@ impl KeyBuilder {
                 v.len()
             )));
         }
-        let mut key = format!("{}@{}", escape(&self.kind), self.schema);
+        let mut key = format!("{}@{}", encode_key_part(&self.kind), self.schema);
         for (n, v) in &self.factors {
             key.push(';');
             key.push_str(n);
             key.push('=');
-            key.push_str(&escape(v));
+            key.push_str(&encode_key_part(v));
         }
         Ok(key)
     }
 }
 
-fn escape(s: &str) -> String {
+/// Encodes one part of a key (a kind, a fact name or a value) so that the separators of a key,
+/// `;` between factors and `=` between a name and its value, never occur inside a part: `%`, `;`,
+/// `=` and control characters (`char::is_control`: newlines, tabs, NUL, ...) become `%XX`, one
+/// per UTF-8 byte, upper-case hex. Decoding is unambiguous (`%` itself is encoded), so two
+/// different sets of `name=value` parts joined by `;` never give one key.
+///
+/// Every other character is left as it is: a part made only of ordinary characters (letters,
+/// digits, `.`, `/`, `+`, `-`, `_`, `:`, spaces, any non-control Unicode) is byte-identical to
+/// the raw text, so the keys, and the compat ids hashed from them, of facts without these
+/// characters are the same as before any encoding was applied. jitship's native policy builds its
+/// key with this function too.
+///
+/// ```
+/// use jitship_policy_sdk::encode_key_part;
+/// assert_eq!(encode_key_part("Qwen/Qwen3-8B"), "Qwen/Qwen3-8B");
+/// assert_eq!(encode_key_part("Q;gpu.arch=sm_80"), "Q%3Bgpu.arch%3Dsm_80");
+/// assert_eq!(encode_key_part("50%\n"), "50%25%0A");
+/// ```
+pub fn encode_key_part(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if c == '%' || c == ';' || c == '=' || c.is_control() {
@@ -158,6 +178,134 @@ mod tests {
                 .unwrap(),
             "k@1;a=x%0Ay%25"
         );
+    }
+
+    fn key_of(facts: &[(&str, &str)]) -> String {
+        let facts = Facts::from_pairs(facts.iter().copied()).unwrap();
+        let names: Vec<&str> = facts.iter().map(|(n, _)| n).collect();
+        KeyBuilder::new("k", 1)
+            .require_all(&facts, &names)
+            .unwrap()
+            .build()
+            .unwrap()
+    }
+
+    /// Fact sets that a key joined without encoding would confuse, each pair distinct.
+    #[test]
+    fn values_holding_separators_never_forge_another_fact_set() {
+        let table: &[(&[(&str, &str)], &[(&str, &str)])] = &[
+            (
+                &[("model.id", "Q;gpu.arch=sm_80")],
+                &[("model.id", "Q"), ("gpu.arch", "sm_80")],
+            ),
+            (&[("a", "1;b=2")], &[("a", "1"), ("b", "2")]),
+            (&[("a", "1=2")], &[("a", "1%3D2")]),
+            (&[("a", "%3B")], &[("a", ";")]),
+            (&[("a", "x\ny")], &[("a", "x%0Ay")]),
+            (&[("a", "x\n"), ("b", "y")], &[("a", "x"), ("b", "\ny")]),
+            (&[("a", "1;"), ("b", "2")], &[("a", "1"), ("b", ";2")]),
+            (&[("a", "="), ("b", "=")], &[("a", "=;b==")]),
+            (&[("a", "%")], &[("a", "%25")]),
+        ];
+        for (x, y) in table {
+            let (kx, ky) = (key_of(x), key_of(y));
+            assert_ne!(kx, ky, "{x:?} and {y:?} share a key");
+        }
+        assert_eq!(
+            key_of(&[("model.id", "Q;gpu.arch=sm_80")]),
+            "k@1;model.id=Q%3Bgpu.arch%3Dsm_80"
+        );
+    }
+
+    /// Every fact map over two names whose values are up to three characters from the separators,
+    /// `%`, a newline and an ordinary letter (or absent) gets a key of its own, and a key decodes
+    /// back to its map: the encoding is injective, checked exhaustively on the alphabet that could
+    /// break it.
+    #[test]
+    fn distinct_fact_maps_give_distinct_keys_exhaustively() {
+        let alphabet = [";", "=", "%", "\n", "a", "3", "B"];
+        let mut values = vec![String::new()];
+        for len in 1..=3 {
+            let mut next = vec![];
+            for v in values.iter().filter(|v| v.chars().count() == len - 1) {
+                for c in alphabet {
+                    next.push(format!("{v}{c}"));
+                }
+            }
+            values.extend(next);
+        }
+        // None: the fact is absent. An empty value is a missing fact, so it is not a factor.
+        let choices: Vec<Option<&str>> = std::iter::once(None)
+            .chain(
+                values
+                    .iter()
+                    .filter(|v| !v.is_empty())
+                    .map(|v| Some(v.as_str())),
+            )
+            .collect();
+        let mut seen = std::collections::HashMap::new();
+        for a in &choices {
+            for b in &choices {
+                let mut builder = KeyBuilder::new("k", 1);
+                for (name, value) in [("a", a), ("a.b", b)] {
+                    if let Some(v) = value {
+                        builder = builder.factor(name, v);
+                    }
+                }
+                let key = builder.build().unwrap();
+                let expected: Vec<(String, String)> = [("a", a), ("a.b", b)]
+                    .into_iter()
+                    .filter_map(|(n, v)| Some((n.to_string(), (*v)?.to_string())))
+                    .collect();
+                assert_eq!(decode(&key), expected, "{key}");
+                if let Some(other) = seen.insert(key.clone(), (a, b)) {
+                    panic!("{other:?} and {:?} share the key {key}", (a, b));
+                }
+            }
+        }
+        assert_eq!(seen.len(), choices.len() * choices.len());
+    }
+
+    /// The inverse of the key format, for the tests: factors by name.
+    fn decode(key: &str) -> Vec<(String, String)> {
+        let unescape = |s: &str| {
+            let mut bytes = vec![];
+            let mut it = s.bytes();
+            while let Some(b) = it.next() {
+                if b == b'%' {
+                    let hex: Vec<u8> = it.by_ref().take(2).collect();
+                    let hex = std::str::from_utf8(&hex).unwrap();
+                    bytes.push(u8::from_str_radix(hex, 16).unwrap());
+                } else {
+                    assert!(b != b';' && b != b'=', "unencoded separator in {s:?}");
+                    bytes.push(b);
+                }
+            }
+            String::from_utf8(bytes).unwrap()
+        };
+        key.split(';')
+            .skip(1)
+            .map(|f| {
+                let (n, v) = f.split_once('=').unwrap();
+                (unescape(n), unescape(v))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ordinary_parts_are_left_byte_identical() {
+        for s in [
+            "Qwen/Qwen3-8B",
+            "NVIDIA H100 80GB HBM3",
+            "2.8.0+cu128",
+            "/usr/lib/python3/site-packages:/opt/venv/lib",
+            "b3:af1349b9",
+            "sm_90a",
+            "größe",
+        ] {
+            assert_eq!(encode_key_part(s), s);
+        }
+        assert_eq!(encode_key_part("a\tb\0"), "a%09b%00");
     }
 
     #[test]

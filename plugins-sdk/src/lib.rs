@@ -129,7 +129,7 @@ mod rules;
 
 pub use facts::Facts;
 pub use host::{DirHost, Host, WasmHost, read_to_end};
-pub use key::{KeyBuilder, MAX_FACTOR_BYTES, PER_HOST_FACTS};
+pub use key::{KeyBuilder, MAX_FACTOR_BYTES, PER_HOST_FACTS, encode_key_part};
 pub use retention::{RetentionDefaults, default_retain};
 pub use rules::{file_name, never_publish, parent_dir};
 
