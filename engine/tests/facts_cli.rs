@@ -246,3 +246,68 @@ fn facts_shows_resolved_roots_and_unknown_kinds_are_refused() {
     );
     assert!(err.contains("vllm:native=ROOT"), "{err}");
 }
+
+/// One `--fact` is one fact: its value is everything after the first `=`, so a `;` in it cannot
+/// smuggle in a second fact (issue 24). `JITSHIP_FACTS`, a `;`-separated list, stays a list, and
+/// is ignored as a whole once a flag is given.
+#[test]
+fn a_fact_flag_is_one_fact_whatever_its_value_holds() {
+    let facts = |args: &[&str], env: &[(&str, &str)]| {
+        let mut argv = vec!["facts", "--json"];
+        argv.extend(args);
+        let (code, stdout, stderr) = jitship(&argv, env);
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+    };
+    let v = facts(
+        &[
+            "--fact",
+            "model.id=Q;gpu.arch=sm_80",
+            "--fact",
+            "model.revision=a=b;c",
+        ],
+        &[("JITSHIP_FACTS", "gpu.cc=7.0")],
+    );
+    assert_eq!(v["facts"]["model.id"], "Q;gpu.arch=sm_80", "{v:#}");
+    assert_eq!(v["facts"]["model.revision"], "a=b;c", "{v:#}");
+    assert!(v["facts"].get("gpu.arch").is_none(), "{v:#}");
+    assert!(v["sources"].get("gpu.arch").is_none(), "{v:#}");
+    assert!(v["facts"].get("gpu.cc").is_none(), "{v:#}");
+
+    // The variable alone: a list.
+    let v = facts(&[], &[("JITSHIP_FACTS", "model.id=Q;gpu.cc=8.0; ;")]);
+    assert_eq!(v["facts"]["model.id"], "Q", "{v:#}");
+    assert_eq!(v["facts"]["gpu.arch"], "sm_80", "{v:#}");
+}
+
+/// The same through the settings every worker command takes: `publish` keys the native policy on
+/// the one fact `model.id`, its value encoded, and no `gpu.arch` appears.
+#[test]
+fn publish_keys_on_a_fact_flag_as_one_fact() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("k.bin"), b"kernel").unwrap();
+    let store = format!("local:{}", dir.path().join("store").display());
+    let cache = format!("kernels:native={}", root.display());
+    let (code, stdout, stderr) = jitship(
+        &[
+            "publish",
+            "--store",
+            &store,
+            "--cache",
+            &cache,
+            "--fact",
+            "model.id=Q;gpu.arch=sm_80",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let key = v["results"][0]["compat_key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert!(key.contains("model.id=Q%3Bgpu.arch%3Dsm_80"), "{key}");
+    assert!(!key.contains("gpu.arch=sm_80"), "{key}");
+}

@@ -4,6 +4,7 @@
 //! Size: declarations, nearly all of it: the clap definitions of every command and option group,
 //! with their help text; the logic is the short resolution of flags, env and file at the end.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -464,15 +465,19 @@ pub struct SettingsArgs {
     )]
     pub caches: Vec<String>,
 
-    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
+    /// A fact as NAME=VALUE (repeatable): the value is everything after the first '=', ';' and
+    /// '=' included. Overrides gathered facts. Without --fact: env JITSHIP_FACTS, a
+    /// semicolon-separated NAME=VALUE list (there a value cannot hold ';').
     #[arg(
         long = "fact",
-        env = "JITSHIP_FACTS",
         value_name = "NAME=VALUE",
-        value_delimiter = ';',
         help_heading = "Caches and facts"
     )]
     pub facts: Vec<String>,
+
+    /// `JITSHIP_FACTS`, read only when no `--fact` is given (see [`fact_overrides`]).
+    #[arg(long = "fact-list", env = "JITSHIP_FACTS", hide = true)]
+    pub fact_list: Option<String>,
 
     /// The inference engine's Python interpreter, which python.* and pkg.* facts are gathered
     /// from (default: [gather] python, then python3 on PATH). The same for every command.
@@ -584,14 +589,15 @@ pub struct FactsArgs {
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// A fact as NAME=VALUE (repeatable; env: semicolon-separated). Overrides gathered facts.
-    #[arg(
-        long = "fact",
-        env = "JITSHIP_FACTS",
-        value_name = "NAME=VALUE",
-        value_delimiter = ';'
-    )]
+    /// A fact as NAME=VALUE (repeatable): the value is everything after the first '=', ';' and
+    /// '=' included. Overrides gathered facts. Without --fact: env JITSHIP_FACTS, a
+    /// semicolon-separated NAME=VALUE list (there a value cannot hold ';').
+    #[arg(long = "fact", value_name = "NAME=VALUE")]
     pub facts: Vec<String>,
+
+    /// `JITSHIP_FACTS`, read only when no `--fact` is given (see [`fact_overrides`]).
+    #[arg(long = "fact-list", env = "JITSHIP_FACTS", hide = true)]
+    pub fact_list: Option<String>,
 
     /// The inference engine's Python interpreter (default: [gather] python, then python3 on PATH).
     #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
@@ -654,16 +660,41 @@ impl SettingsArgs {
         if let Some(python) = &self.python {
             config.gather.python = Some(python.clone());
         }
-        for arg in &self.facts {
-            let (k, v) = config::parse_fact_arg(arg)?;
-            config.facts.insert(k, v);
-        }
+        config
+            .facts
+            .extend(fact_overrides(&self.facts, self.fact_list.as_deref())?);
         if let Some(path) = &self.signing_key {
             config.trust.signing_key_file = Some(path.clone());
         }
         config.validate()?;
         Ok(config)
     }
+}
+
+impl FactsArgs {
+    /// The `--fact` / `JITSHIP_FACTS` overrides (see [`fact_overrides`]).
+    pub fn fact_overrides(&self) -> Result<BTreeMap<String, String>> {
+        fact_overrides(&self.facts, self.fact_list.as_deref())
+    }
+}
+
+/// The facts given on the command line: every `--fact NAME=VALUE` kept whole (only the first `=`
+/// separates; a value may hold `;` and `=`, so one flag is always exactly one fact), or, when no
+/// `--fact` is given, `JITSHIP_FACTS` parsed as a `NAME=VALUE;NAME=VALUE` list
+/// (`config::parse_fact_list`: a value there cannot hold `;`; give such a fact with `--fact` or
+/// in the config's `[facts]`). The flags win over the variable as a whole, as clap's flags win
+/// over their variables.
+pub fn fact_overrides(
+    flags: &[String],
+    env_list: Option<&str>,
+) -> Result<BTreeMap<String, String>> {
+    if flags.is_empty() {
+        return Ok(config::parse_fact_list(env_list.unwrap_or(""))?);
+    }
+    flags
+        .iter()
+        .map(|arg| Ok(config::parse_fact_arg(arg)?))
+        .collect()
 }
 
 impl AuditArgs {

@@ -32,7 +32,9 @@
 //! | `host.name` | host name (for records and per-host policies; never part of a shared key) | `gethostname` |
 //!
 //! Every fact can be overridden, in increasing precedence: the config's `[facts]` table, then
-//! `JITSHIP_FACTS="k=v;k=v"` / `--fact k=v`. An overridden fact is reported with source
+//! `JITSHIP_FACTS="k=v;k=v"` / `--fact k=v` (one flag is one fact, its value everything after the
+//! first `=`, `;` included; the variable is a `;`-separated list, so a value there cannot hold
+//! `;`, and counts only when no flag is given). An overridden fact is reported with source
 //! `override`; an empty value (`--fact gpu.name=`) makes the fact missing. The derived facts `gpu.arch` and `driver.major` follow the final `gpu.cc` and
 //! `driver.version` (overridden or not) unless they are overridden themselves.
 //!

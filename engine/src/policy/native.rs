@@ -81,11 +81,16 @@ impl CachePolicy for NativeRules {
         }
     }
 
+    /// `name=value` for every fact but the per-host ones, in name order, joined by `;`; names
+    /// and values encoded by the SDK's `encode_key_part` (`%`, `;`, `=` and control characters
+    /// as `%XX`), so a value holding `;gpu.arch=sm_80` cannot pass for another fact. Facts made of
+    /// ordinary characters encode to themselves: their keys, and compat ids, are unchanged.
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+        use jitship_policy_sdk::encode_key_part as enc;
         Ok(facts
             .iter()
             .filter(|(k, _)| !jitship_policy_sdk::PER_HOST_FACTS.contains(k))
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
             .collect::<Vec<_>>()
             .join(";"))
     }
@@ -158,6 +163,78 @@ mod tests {
             .compat_key(&worker("pod-a", "/venv-a/bin/python3", "A100"))
             .unwrap();
         assert_ne!(a, c);
+    }
+
+    fn facts_of(pairs: &[(String, String)]) -> Facts {
+        let mut f = Facts::new();
+        for (k, v) in pairs {
+            f.set(k.clone(), v.clone());
+        }
+        f
+    }
+
+    /// A value holding the key's separators is one fact, never a second one.
+    #[test]
+    fn a_value_holding_separators_cannot_pass_for_another_fact() {
+        let rules = NativeRules::new("kernels");
+        let key = |pairs: &[(&str, &str)]| {
+            let pairs: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            rules.compat_key(&facts_of(&pairs)).unwrap()
+        };
+        assert_ne!(
+            key(&[("model.id", "Q;pkg.torch=2.8.0")]),
+            key(&[("model.id", "Q"), ("pkg.torch", "2.8.0")])
+        );
+        assert_ne!(key(&[("a", "1=2")]), key(&[("a=1", "2")]));
+        assert_ne!(key(&[("a", "x\ny")]), key(&[("a", "x%0Ay")]));
+        // Ordinary facts give the key they always gave.
+        assert_eq!(
+            key(&[("gpu.arch", "sm_90"), ("model.id", "Qwen/Qwen3-8B")]),
+            "gpu.arch=sm_90;model.id=Qwen/Qwen3-8B"
+        );
+    }
+
+    proptest::proptest! {
+        /// Distinct fact maps (names and values drawn from the separators, `%`, a newline and
+        /// ordinary characters) give distinct native keys.
+        #[test]
+        fn distinct_fact_maps_give_distinct_native_keys(
+            a in proptest::collection::btree_map("[a;=%\\n.]{1,3}", "[a;=%\\n/ ]{1,4}", 0..4),
+            b in proptest::collection::btree_map("[a;=%\\n.]{1,3}", "[a;=%\\n/ ]{1,4}", 0..4),
+        ) {
+            let rules = NativeRules::new("kernels");
+            let pairs = |m: &std::collections::BTreeMap<String, String>| {
+                m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
+            };
+            let (ka, kb) = (
+                rules.compat_key(&facts_of(&pairs(&a))).unwrap(),
+                rules.compat_key(&facts_of(&pairs(&b))).unwrap(),
+            );
+            proptest::prop_assert_eq!(a == b, ka == kb, "{:?} {:?}: {} {}", a, b, ka, kb);
+        }
+
+        /// The forgery a raw join allows, generated: two neighbouring facts folded into the
+        /// first one's value (`a=1`, `b=2` -> `a=1;b=2`) never give the same key.
+        #[test]
+        fn folding_a_fact_into_its_neighbours_value_changes_the_key(
+            a in proptest::collection::btree_map("[a-c.;=%]{1,3}", "[a-c;=%\\n]{1,4}", 2..5),
+            at in 0usize..4,
+        ) {
+            let rules = NativeRules::new("kernels");
+            let pairs: Vec<(String, String)> =
+                a.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let i = at % (pairs.len() - 1);
+            let mut folded = pairs.clone();
+            let (k2, v2) = folded.remove(i + 1);
+            folded[i].1 = format!("{};{k2}={v2}", folded[i].1);
+            proptest::prop_assert_ne!(
+                rules.compat_key(&facts_of(&pairs)).unwrap(),
+                rules.compat_key(&facts_of(&folded)).unwrap()
+            );
+        }
     }
 
     #[test]

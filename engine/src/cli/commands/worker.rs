@@ -397,11 +397,7 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
     if let Some(python) = &args.python {
         config.gather.python = Some(python.clone());
     }
-    let mut flag_facts = std::collections::BTreeMap::new();
-    for arg in args.facts.iter().filter(|a| !a.trim().is_empty()) {
-        let (k, v) = config::parse_fact_arg(arg.trim())?;
-        flag_facts.insert(k, v);
-    }
+    let flag_facts = args.fact_overrides()?;
     let gathered = crate::facts::gather(&FactsConfig::from_process(
         &config.gather,
         &config.facts,
