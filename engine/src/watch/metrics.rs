@@ -13,9 +13,10 @@
 //! (1 while a kind's policy does not run: cause `load` or `violation` for the process, `backoff`
 //! until its pause passes), which `/healthz` also lists with the reason.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -35,8 +36,19 @@ pub type PolicyStatusSource = Arc<dyn Fn() -> Vec<KindStatus> + Send + Sync>;
 
 type Labels = Vec<(&'static str, String)>;
 
-/// Connections served at once; more wait in the kernel's accept queue.
-const MAX_CONNECTIONS: usize = 32;
+/// Connections open at once. Every connection is accepted at once (none waits in the kernel's
+/// accept queue behind others); accepting one more than this drops the oldest still open.
+const MAX_CONNECTIONS: usize = 64;
+
+/// A request's head must arrive whole within this. A well-behaved client (a kubelet probe, a
+/// Prometheus scrape) sends it in one packet right after connecting; a client trickling its
+/// header is dropped. hyper starts this timer whenever it waits for a head, so it is also the idle
+/// timeout of a kept-alive connection between requests.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Bound on one connection's whole life (a client that reads its response slowly, or keeps a
+/// connection busy with requests).
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 
 pub struct Metrics {
     registry: Registry,
@@ -324,12 +336,21 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 
 /// Serves `/metrics` and `/healthz` until the runtime stops. `/healthz` answers 200 while the
 /// watcher's runtime is alive (it serves from the same runtime as the event loop).
+///
+/// Slow or idle clients cannot starve a health probe (issue 24: 64 loopback clients trickling one
+/// header line a second kept `/healthz` failing for 45 s). What guarantees it:
+/// - the accept loop never waits for a free slot: each connection is accepted and gets its own
+///   task as soon as it arrives, so a probe never queues behind slow clients;
+/// - at most [`MAX_CONNECTIONS`] are open: one more accepted drops the oldest (its task is
+///   aborted, its socket closed). A probe sends its request at once and is answered from memory
+///   in one round trip, so it is dropped only if more than `MAX_CONNECTIONS` connections arrive
+///   within that round trip (a flood, not a slow client);
+/// - a connection whose request head is not whole within [`HEADER_READ_TIMEOUT`] (or that idles
+///   that long between requests) is closed, and none lives longer than [`CONNECTION_LIFETIME`].
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let open: OpenConnections = Arc::new(Mutex::new(BTreeMap::new()));
+    let mut next_id = 0u64;
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
@@ -339,21 +360,64 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
                 continue;
             }
         };
+        let id = next_id;
+        next_id += 1;
         let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let service = hyper::service::service_fn(move |req| {
-                let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+        let registration = Registration {
+            open: open.clone(),
+            id,
+        };
+        let mut evicted = Vec::new();
+        {
+            // Held across the spawn, so the task's deregistration (which takes this lock) comes
+            // after its registration even if it ends at once.
+            let mut table = open.lock().unwrap_or_else(PoisonError::into_inner);
+            while table.len() >= MAX_CONNECTIONS {
+                match table.pop_first() {
+                    Some((_, oldest)) => evicted.push(oldest),
+                    None => break,
+                }
+            }
+            let task = tokio::spawn(async move {
+                let _registration = registration;
+                serve_connection(stream, metrics).await;
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(5))
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            // A client that keeps the connection open idle must not hold a slot forever.
-            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
-        });
+            table.insert(id, task.abort_handle());
+        }
+        for oldest in evicted {
+            oldest.abort();
+        }
     }
+}
+
+/// The open connections by accept order (oldest first): what to abort to make room.
+type OpenConnections = Arc<Mutex<BTreeMap<u64, tokio::task::AbortHandle>>>;
+
+/// Removes its connection from the table when its task ends or is aborted.
+struct Registration {
+    open: OpenConnections,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+async fn serve_connection(stream: tokio::net::TcpStream, metrics: Arc<Metrics>) {
+    let service = hyper::service::service_fn(move |req| {
+        let metrics = metrics.clone();
+        async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
 }
 
 fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
@@ -414,6 +478,119 @@ mod tests {
             hash_ms: 0,
             upload_ms: 0,
         }
+    }
+
+    /// How a slow client's connection ended.
+    #[derive(Debug, PartialEq)]
+    enum SlowEnd {
+        /// The server closed it (evicted, or its head never came whole in time).
+        ClosedByServer,
+        /// It sent every byte it had without being closed.
+        BudgetSpent,
+    }
+
+    /// Issue 24: many loopback clients trickling a request head, one byte at a time, never keep
+    /// `/healthz` from answering a client that sends its request at once (a kubelet probe, whose
+    /// default timeout is 1 s); and every one of them is closed by the server, not left to hold a
+    /// connection. Loopback only; every socket is closed and the server stopped at the end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_clients_cannot_starve_healthz() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const SLOW: usize = 96;
+        const PROBES: usize = 20;
+        // At most this many bytes after the request line, one per tick: 6 s in all, more than
+        // HEADER_READ_TIMEOUT, so only the server can end a slow client early.
+        const TRICKLE_BYTES: usize = 60;
+        const TICK: Duration = Duration::from_millis(100);
+        const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new())));
+
+        let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<()>(SLOW);
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut slow = Vec::new();
+        for _ in 0..SLOW {
+            let (started, open) = (started_tx.clone(), open.clone());
+            slow.push(tokio::spawn(async move {
+                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (mut reader, mut writer) = stream.split();
+                let sent = writer.write_all(b"GET /healthz HTTP/1.1\r\n").await;
+                started.send(()).await.unwrap();
+                let mut end = if sent.is_err() {
+                    Some(SlowEnd::ClosedByServer)
+                } else {
+                    None
+                };
+                let mut tick = tokio::time::interval(TICK);
+                let mut buf = [0u8; 256];
+                let mut budget = TRICKLE_BYTES;
+                while end.is_none() {
+                    tokio::select! {
+                        r = reader.read(&mut buf) => {
+                            // No response can come: the head is never whole. EOF or reset.
+                            assert!(!matches!(r, Ok(n) if n > 0), "a slow client got an answer");
+                            end = Some(SlowEnd::ClosedByServer);
+                        }
+                        _ = tick.tick() => {
+                            if budget == 0 {
+                                end = Some(SlowEnd::BudgetSpent);
+                            } else if writer.write_all(b"x").await.is_err() {
+                                end = Some(SlowEnd::ClosedByServer);
+                            }
+                            budget = budget.saturating_sub(1);
+                        }
+                    }
+                }
+                open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                end.unwrap()
+            }));
+        }
+        drop(started_tx);
+        // Every slow client is connected and has begun its head.
+        for _ in 0..SLOW {
+            started_rx.recv().await.unwrap();
+        }
+
+        for attempt in 0..PROBES {
+            let probe = async {
+                let mut stream = tokio::net::TcpStream::connect(addr).await?;
+                stream
+                    .write_all(
+                        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                    )
+                    .await?;
+                let mut response = Vec::new();
+                stream.read_to_end(&mut response).await?;
+                Ok::<_, std::io::Error>(String::from_utf8_lossy(&response).into_owned())
+            };
+            let response = tokio::time::timeout(PROBE_TIMEOUT, probe)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("probe {attempt}: no answer within {PROBE_TIMEOUT:?} beside {SLOW} slow clients")
+                })
+                .unwrap();
+            assert!(
+                response.starts_with("HTTP/1.1 200") && response.ends_with("ok\n"),
+                "probe {attempt}: {response}"
+            );
+        }
+        // The probes ran while slow clients were still connected, trickling.
+        let still_open = open.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            still_open > 0,
+            "every slow client was gone before the probes ended"
+        );
+
+        // Each slow client ends because the server closed it: evicted, or its head not whole
+        // within HEADER_READ_TIMEOUT, well before its bytes run out.
+        for client in slow {
+            assert_eq!(client.await.unwrap(), SlowEnd::ClosedByServer);
+        }
+        server.abort();
+        assert!(server.await.unwrap_err().is_cancelled());
     }
 
     #[test]
