@@ -63,7 +63,9 @@ fn config_maps(docs: &[Value]) -> BTreeMap<String, BTreeMap<String, String>> {
 }
 
 /// The init containers and containers of the Deployment, their environment as Kubernetes builds
-/// it: envFrom first, then env (the downward API's pod name stands in for `valueFrom`).
+/// it: envFrom first, then env, `$(NAME)` in a value replaced by an earlier variable's value
+/// (stand-ins for the downward API's `valueFrom`: `pod-0` for the pod name, `10.1.2.3` for the
+/// pod IP).
 fn containers(pod: &Value, maps: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<Container> {
     let list = |key: &str| pod[key].as_sequence().cloned().unwrap_or_default();
     list("initContainers")
@@ -80,7 +82,15 @@ fn containers(pod: &Value, maps: &BTreeMap<String, BTreeMap<String, String>>) ->
             }
             for e in c["env"].as_sequence().cloned().unwrap_or_default() {
                 let value = match (e["value"].as_str(), e["valueFrom"].is_null()) {
-                    (Some(v), _) => v.to_string(),
+                    (Some(v), _) => {
+                        env.iter()
+                            .fold(v.to_string(), |v, (name, value): (&String, &String)| {
+                                v.replace(&format!("$({name})"), value)
+                            })
+                    }
+                    (None, false) if e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP" => {
+                        "10.1.2.3".to_string()
+                    }
                     (None, false) => "pod-0".to_string(),
                     (None, true) => String::new(),
                 };
@@ -158,6 +168,15 @@ fn worker_facts() -> Gathered {
 /// subcommand reads (`JITSHIP_CACHES`, `JITSHIP_FACTS`, `JITSHIP_PYTHON`, ...) becomes that flag,
 /// unless the args give the flag (which wins, as in clap); ConfigMap files are read from `files`.
 fn settings(c: &Container, files: &BTreeMap<String, PathBuf>) -> SettingsArgs {
+    match command(c, files) {
+        Command::Install(a) => a.settings,
+        Command::Watch(a) => a.settings,
+        _ => panic!("{}: neither install nor watch", c.name),
+    }
+}
+
+/// The container's command line as the real CLI parses it (see [`settings`]).
+fn command(c: &Container, files: &BTreeMap<String, PathBuf>) -> Command {
     let sub = Cli::command()
         .find_subcommand(&c.args[0])
         .unwrap_or_else(|| panic!("{}: no jitship subcommand {:?}", c.name, c.args[0]))
@@ -187,14 +206,9 @@ fn settings(c: &Container, files: &BTreeMap<String, PathBuf>) -> SettingsArgs {
             argv.push(flag);
         }
     }
-    match Cli::try_parse_from(&argv)
+    Cli::try_parse_from(&argv)
         .unwrap_or_else(|e| panic!("{}: {argv:?} does not parse: {e}", c.name))
         .command
-    {
-        Command::Install(a) => a.settings,
-        Command::Watch(a) => a.settings,
-        _ => panic!("{}: neither install nor watch", c.name),
-    }
 }
 
 /// What one jitship container computes for each of its caches: (root, compat key).
@@ -389,6 +403,21 @@ fn check_example(file: &str) {
             "{file}: no policy reads the fact {name} given in JITSHIP_FACTS"
         );
     }
+
+    // /metrics and /healthz bind the pod's IP only (where the kubelet's probe and Prometheus
+    // connect), never every address.
+    let Command::Watch(watch_args) = command(watch, &files) else {
+        unreachable!()
+    };
+    let metrics = watch_args
+        .metrics_addr
+        .or(side.config.watch.metrics_addr)
+        .unwrap_or_else(|| panic!("{file}: the sidecar serves no /healthz"));
+    assert_eq!(
+        metrics.to_string(),
+        "10.1.2.3:9464",
+        "{file}: metrics bound to {metrics}, not the pod IP"
+    );
 
     // The check can fail: a sidecar whose facts drift from the init container's keys differently.
     let mut drifted = worker.clone();
