@@ -73,7 +73,7 @@ fn class_of(path: &str) -> &'static str {
 /// Compares `root` with its install record.
 pub fn audit(cache_kind: &str, root: &Path) -> Result<AuditReport, AuditError> {
     let path = record_path(root);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match crate::install::record::read_record(root) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(AuditError::NoRecord(path));

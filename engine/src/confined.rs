@@ -266,6 +266,21 @@ impl Confined {
         Ok(true)
     }
 
+    /// The names of the entries of this directory with UTF-8 names (`.` and `..` left out).
+    pub fn names(&self) -> io::Result<Vec<String>> {
+        let mut dir = rustix::fs::Dir::read_from(&self.fd)?;
+        let mut names = Vec::new();
+        while let Some(entry) = dir.read() {
+            if let Ok(name) = entry?.file_name().to_str()
+                && name != "."
+                && name != ".."
+            {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+
     /// Flushes the whole file system holding this directory (one `syncfs` is far cheaper than an
     /// fsync per small file).
     pub fn sync_filesystem(&self) -> io::Result<()> {
@@ -325,14 +340,68 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<File> {
     regular(File::from(fd))
 }
 
+/// Opens the regular file `name` in `dir` for reading, creating it (with `mode`) if nothing is
+/// there: for the files jitship keeps beside a root, in a directory others may write to (`/tmp`).
+/// The last component is never followed (`O_NOFOLLOW`: a link there fails with `ELOOP`, see
+/// [`what_is_there`]), a FIFO or device never blocks the open (`O_NONBLOCK`, cleared once the
+/// descriptor is known to be a regular file), and anything but a regular file is refused
+/// ([`NotRegular`]), so nothing is ever created or opened through a link.
+pub fn open_or_create_regular_at(dir: BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<File> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::CREATE | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )?;
+    let file = regular(File::from(fd))?;
+    let flags = rustix::fs::fcntl_getfl(&file)?;
+    rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK)?;
+    Ok(file)
+}
+
+/// What a file that must be regular turned out to be: the error of [`open_read_at`],
+/// [`Confined::open_read`] and [`open_or_create_regular_at`] for anything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotRegular(pub &'static str);
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not a regular file but {}", self.0)
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+/// Says what stood where a regular file was expected, from the error of an open through this
+/// module: a link (`ELOOP` of `O_NOFOLLOW`), or a directory, FIFO, device or socket; `None` for
+/// any other error.
+pub fn what_is_there(e: &io::Error) -> Option<&'static str> {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        return Some("a symbolic link");
+    }
+    if e.raw_os_error() == Some(libc::EISDIR) {
+        return Some("a directory");
+    }
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<NotRegular>())
+        .map(|n| n.0)
+}
+
 /// `file` if it is a regular file (not a directory, FIFO or device). `fstat`, not
 /// `File::metadata` (a `statx` of an empty path): this runs once per file read.
 fn regular(file: File) -> io::Result<File> {
+    use rustix::fs::FileType;
     let st = rustix::fs::fstat(&file)?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-        return Err(io::Error::other("not a regular file"));
-    }
-    Ok(file)
+    let what = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => return Ok(file),
+        FileType::Directory => "a directory",
+        FileType::Fifo => "a FIFO",
+        FileType::CharacterDevice | FileType::BlockDevice => "a device",
+        FileType::Socket => "a socket",
+        FileType::Symlink => "a symbolic link",
+        _ => "of an unknown type",
+    };
+    Err(io::Error::other(NotRegular(what)))
 }
 
 /// What is at `name` in the directory `dir`, never following a link.

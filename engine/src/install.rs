@@ -16,7 +16,10 @@
 //! Staging lives beside the root (same filesystem, so the final moves are renames) or, when the root
 //! is a mount point of its own, in a `.jitship-staging-*` directory inside it that scans ignore.
 //! A file lock beside the root serializes installers on one pod (invariant 5); the second one waits,
-//! then finds the files present and reports already-current.
+//! then finds the files present and reports already-current. What lies beside the root is reached
+//! through the parent's descriptor, never through a link, and staging names spell out the root's
+//! own name so sibling roots never take each other's (`beside`); the commit checks that every
+//! file it moved is in place before it reports anything installed.
 //!
 //! The commit moves non-marker files first, then the files the policy marks as markers (those the
 //! engine finds the others through), so an engine never sees a marker before what it marks. A
@@ -70,6 +73,7 @@ use crate::scan::STAGING_PREFIX;
 use crate::store::{Fetched, Store, StoreError, StoreResult};
 use crate::trust::{Signer, TrustPolicy};
 
+mod beside;
 mod commit;
 
 pub mod record;
@@ -78,6 +82,7 @@ mod stage;
 mod target;
 
 use crate::confined::{self, Confined, Kind};
+use beside::*;
 use commit::*;
 pub use report::*;
 use stage::*;
@@ -331,12 +336,9 @@ impl Job {
             self.report.files_in_generation = manifest.files.len() as u64;
             self.check_time()?;
             if locked.is_none() {
-                let (parent_path, name) = {
-                    let t = resolve_root(&self.root)?;
-                    (t.parent.path().to_owned(), t.name)
-                };
-                let lock = self.lock(&parent_path, &name)?;
-                locked = Some((lock, parent_path, name));
+                let t = resolve_root(&self.root)?;
+                let lock = self.lock(&t)?;
+                locked = Some((lock, t.parent.path().to_owned(), t.name));
                 self.check_time()?;
             }
             let (_, parent_path, name) = locked.as_ref().expect("locked above");
@@ -613,37 +615,6 @@ impl Job {
         Ok(Some((id, m)))
     }
 
-    fn lock(&self, parent: &Path, name: &str) -> Result<File, InstallError> {
-        let path = parent.join(format!(".{name}.jitship.lock"));
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io("open lock", &path))?;
-        let mut told = false;
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(file),
-                Err(fs::TryLockError::WouldBlock) => {
-                    if !told {
-                        tracing::info!(lock = %path.display(), "another install holds this root's lock; waiting for it");
-                        told = true;
-                    }
-                    self.check_time()?;
-                    std::thread::sleep(Duration::from_millis(25));
-                }
-                Err(fs::TryLockError::Error(e)) => {
-                    return Err(InstallError::Io {
-                        op: "lock",
-                        path,
-                        source: e,
-                    });
-                }
-            }
-        }
-    }
-
     fn fetch_and_commit(
         &mut self,
         manifest: &Manifest,
@@ -698,33 +669,6 @@ fn raise_open_file_limit() {
             }
         }
     });
-}
-
-/// Removes a staging directory (std's `remove_dir_all` never follows a link). A job still writing
-/// into it (after a deadline) can add an entry between the listing and the final rmdir; a few
-/// tries settle it, because once the directory is unlinked the job's writes through its
-/// descriptor fail.
-fn remove_staging(path: &Path) {
-    for _ in 0..100 {
-        match fs::remove_dir_all(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            _ => return,
-        }
-    }
-    tracing::warn!(staging = %path.display(), "could not remove the staging directory; the next install will");
-}
-
-fn remove_stale(dir: &Path, prefix: &str) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if e.file_name().to_string_lossy().starts_with(prefix) {
-            let _ = fs::remove_dir_all(e.path());
-        }
-    }
 }
 
 #[cfg(test)]

@@ -80,15 +80,21 @@ enum Looked {
 /// for the directories above: one of them that is a file or a link fails it (`ENOTDIR`,
 /// `ELOOP`), one that is missing makes it `ENOENT`.
 fn look_up_files(root: &Confined, manifest: &Manifest) -> Result<Vec<Looked>, InstallError> {
+    let paths: Vec<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+    look_up(root, &paths)
+}
+
+/// [`look_up_files`] for any paths of the root, in the order given.
+fn look_up(root: &Confined, paths: &[&str]) -> Result<Vec<Looked>, InstallError> {
     let mut files_by_dir: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, f) in manifest.files.iter().enumerate() {
-        let (dir, _) = confined::split(f.path.as_str());
+    for (i, p) in paths.iter().enumerate() {
+        let (dir, _) = confined::split(p);
         files_by_dir.entry(dir).or_default().push(i);
     }
     let looked: Vec<Vec<(usize, Looked)>> = files_by_dir
         .into_par_iter()
         .map(|(_, files)| {
-            let path = |i: usize| manifest.files[i].path.as_str();
+            let path = |i: usize| paths[i];
             let fd = match root.parent_of(path(files[0])) {
                 Ok((fd, _)) => fd,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -108,7 +114,7 @@ fn look_up_files(root: &Confined, manifest: &Manifest) -> Result<Vec<Looked>, In
                 .collect()
         })
         .collect::<Result<_, InstallError>>()?;
-    let mut by_index: Vec<Option<Looked>> = (0..manifest.files.len()).map(|_| None).collect();
+    let mut by_index: Vec<Option<Looked>> = (0..paths.len()).map(|_| None).collect();
     for (i, l) in looked.into_iter().flatten() {
         by_index[i] = Some(l);
     }
@@ -160,7 +166,7 @@ pub(super) fn commit(
                 }
                 report.files_installed = pending.len() as u64;
                 report.bytes_installed = bytes;
-                return Ok(());
+                return verify_in_place(target, pending.iter());
             }
             Err(e) if target.dir.is_none() => {
                 return Err(InstallError::Io {
@@ -176,7 +182,8 @@ pub(super) fn commit(
     let root = target.dir.as_ref().expect("an existing root");
     raise_open_file_limit();
     let mut dirs = DirCache::new(root).map_err(io("open", &root_path))?;
-    let mut moved: Vec<(Arc<OwnedFd>, &str, u64, u64)> = Vec::new();
+    // (directory, name, device, inode, path in the root) of each file moved in.
+    let mut moved: Vec<(Arc<OwnedFd>, &str, u64, u64, &str)> = Vec::new();
     let ordered = pending
         .iter()
         .filter(|p| !p.record.marker)
@@ -227,7 +234,7 @@ pub(super) fn commit(
         };
         match confined::rename_noreplace(from_dir.as_fd(), from_name, parent.as_fd(), name) {
             Ok(()) => {
-                moved.push((parent, name, identity.0, identity.1));
+                moved.push((parent, name, identity.0, identity.1, rel));
                 report.files_installed += 1;
                 report.bytes_installed += p.record.size;
             }
@@ -247,9 +254,12 @@ pub(super) fn commit(
             }
         }
     }
+    if result.is_ok() {
+        result = verify_moved(root, &moved);
+    }
     if result.is_err() {
         // Only what this install put there: a file is removed if it is still the inode we moved.
-        for (dir, name, dev, ino) in moved.iter().rev() {
+        for (dir, name, dev, ino, _) in moved.iter().rev() {
             let _ = confined::remove_if_same(dir.as_fd(), name, *dev, *ino);
         }
         for (dir, name) in dirs.created.iter().rev() {
@@ -260,6 +270,66 @@ pub(super) fn commit(
         report.files_materialized.clear();
     }
     result
+}
+
+/// The file-by-file commit checks its own result before it reports it: every file it moved is
+/// still the inode it moved, in the directory it moved it into (reached through the descriptor
+/// it kept, so a directory another process swaps meanwhile does not fool it either way).
+/// Otherwise the commit is rolled back and fails.
+fn verify_moved(
+    root: &Confined,
+    moved: &[(Arc<OwnedFd>, &str, u64, u64, &str)],
+) -> Result<(), InstallError> {
+    for (dir, name, dev, ino, rel) in moved {
+        let why = match confined::entry_at(dir.as_fd(), name) {
+            Ok(Some(e)) if e.kind == Kind::File && (e.dev, e.ino) == (*dev, *ino) => continue,
+            Ok(Some(_)) => "another file took its place".to_owned(),
+            Ok(None) => "missing".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        return Err(InstallError::NotInPlace {
+            path: root.display(rel),
+            why,
+        });
+    }
+    Ok(())
+}
+
+/// The commit of a whole tree (into a root that did not exist or was empty) checks its own
+/// result: every file it moved is in the root now, reached afresh beneath the root's descriptor
+/// (opened again through its parent's) without following a link, a regular file of the
+/// manifest's size (a file materialized for this root has its own). A tree another process
+/// emptied in part before it was moved in (say, an installer of another root removing staging it
+/// took for its own) is never reported installed: the next install moves in what is missing.
+fn verify_in_place<'a, 'm: 'a>(
+    target: &Target,
+    moved: impl Iterator<Item = &'a Pending<'m>>,
+) -> Result<(), InstallError> {
+    let root = target
+        .parent
+        .open_dir(&target.name)
+        .map_err(|e| InstallError::NotInPlace {
+            path: target.path(),
+            why: format!("the root cannot be opened: {e}"),
+        })?;
+    let moved: Vec<&FileRecord> = moved.map(|p| p.record).collect();
+    let paths: Vec<&str> = moved.iter().map(|r| r.path.as_str()).collect();
+    for (r, looked) in moved.iter().zip(look_up(&root, &paths)?) {
+        let why = match looked {
+            Looked::Blocked => "a directory above it is no longer a directory".to_owned(),
+            Looked::At(None) => "missing".to_owned(),
+            Looked::At(Some(e)) if e.kind != Kind::File => "replaced by something else".to_owned(),
+            Looked::At(Some(e)) if !r.canonical && e.size != r.size => {
+                format!("{} bytes, not the {} moved there", e.size, r.size)
+            }
+            Looked::At(Some(_)) => continue,
+        };
+        return Err(InstallError::NotInPlace {
+            path: root.display(r.path.as_str()),
+            why,
+        });
+    }
+    Ok(())
 }
 
 /// Descriptors of the root's directories the commit writes into, each opened one component at a

@@ -67,6 +67,30 @@ pub fn record_path(root: &Path) -> PathBuf {
         .join(record_name(&name))
 }
 
+/// Reads the record of `root` (at [`record_path`]) through the descriptor of the directory
+/// holding it: a link, FIFO or device at its name is an error saying so (never followed, read
+/// or waited on); a missing record is `NotFound`.
+pub fn read_record(root: &Path) -> std::io::Result<Vec<u8>> {
+    let path = record_path(root);
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
+    else {
+        return Err(std::io::ErrorKind::NotFound.into());
+    };
+    let parent = Confined::open(&std::fs::canonicalize(parent)?)?;
+    let mut file = confined::open_read_at(parent.fd(), name).map_err(|e| {
+        match confined::what_is_there(&e) {
+            Some(what) => std::io::Error::other(format!(
+                "{what}, not the regular file jitship writes there: never followed or read; \
+                 remove it (the next install writes the record again)"
+            )),
+            None => e,
+        }
+    })?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes)?;
+    Ok(bytes)
+}
+
 /// Writes the record of the root `root_name` into `parent` (the open directory holding the root)
 /// atomically: a temp file with a staging name (scans skip it) created there without following a
 /// link, then renamed over the record. The caller holds the root's install lock, so the temp

@@ -200,4 +200,16 @@ pub enum InstallError {
     },
     #[error("{0}: the cache root must be a directory (or not exist yet)")]
     RootNotDir(PathBuf),
+    /// A name jitship keeps beside the root (its lock file) holds something else.
+    #[error(
+        "{path} is {what}, not the regular file jitship keeps there: it is never followed, read \
+         or waited on; remove it (jitship creates the file itself)"
+    )]
+    NotRegularBeside { path: PathBuf, what: &'static str },
+    /// After the moves, a file of the generation is not in the root as moved there.
+    #[error(
+        "{path}: not in the root after the commit ({why}); something else changed the root \
+         during the install, so the generation is not reported installed"
+    )]
+    NotInPlace { path: PathBuf, why: String },
 }

@@ -5,39 +5,28 @@ use super::*;
 use crate::generation::{PackSlice, slices_by_pack};
 
 impl Job {
-    /// A fresh staging directory on the root's filesystem, open; stale ones from crashed installs
-    /// (we hold the lock, so nobody else is using them) are removed first.
+    /// A fresh staging directory on the root's filesystem, open: beside the root, or inside it
+    /// when it is a mount point of its own (`beside`). Leftovers of crashed installs of this root
+    /// (we hold its lock, so nobody else is using them), and only of this root, are removed first.
     pub(super) fn staging_dir(&self, target: &Target) -> Result<(PathBuf, Confined), InstallError> {
-        let parent = target.parent.path();
-        let root = target.path();
-        let beside = format!("{STAGING_PREFIX}{}-", target.name);
-        remove_stale(parent, &beside);
-        let same_fs = match &target.dir {
+        let name = target.name.as_str();
+        remove_stale(&target.parent, |e| is_beside_staging_of(e, name));
+        match &target.dir {
             Some(dir) => {
+                let root = target.path();
                 let (root_dev, _, _) = dir.stat().map_err(io("stat", &root))?;
-                let (parent_dev, _, _) = target.parent.stat().map_err(io("stat", parent))?;
-                root_dev == parent_dev
+                let (parent_dev, _, _) = target
+                    .parent
+                    .stat()
+                    .map_err(io("stat", target.parent.path()))?;
+                if root_dev == parent_dev {
+                    make_staging(&target.parent, || beside_staging_name(name))
+                } else {
+                    remove_stale(dir, is_inside_staging);
+                    make_staging(dir, inside_staging_name)
+                }
             }
-            None => true,
-        };
-        let (dir, prefix) = if same_fs {
-            (parent.to_owned(), beside)
-        } else {
-            remove_stale(&root, STAGING_PREFIX);
-            (root, STAGING_PREFIX.to_owned())
-        };
-        let staging = tempfile::Builder::new()
-            .prefix(&prefix)
-            .tempdir_in(&dir)
-            .map_err(io("create staging in", &dir))?
-            .keep();
-        let opened = Confined::open(&staging).map_err(io("open", &staging));
-        match opened {
-            Ok(c) => Ok((staging, c)),
-            Err(e) => {
-                remove_staging(&staging);
-                Err(e)
-            }
+            None => make_staging(&target.parent, || beside_staging_name(name)),
         }
     }
 
