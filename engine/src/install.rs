@@ -21,6 +21,10 @@
 //! own name so sibling roots never take each other's (`beside`); the commit checks that every
 //! file it moved is in place before it reports anything installed.
 //!
+//! Modes: an installed file gets the published permission bits less the process's umask (read
+//! once from `/proc/self/status`), and never group or other write (`stage::install_mode`): a store
+//! anyone can write to cannot make a consumer's cache writable by others.
+//!
 //! The commit moves non-marker files first, then the files the policy marks as markers (those the
 //! engine finds the others through), so an engine never sees a marker before what it marks. A
 //! SIGKILL during the commit (nothing can catch it) leaves some of the new files in the root, each
@@ -40,7 +44,8 @@
 //! Files stored in their root-independent form (`FileRecord::canonical`, e.g. Triton group files)
 //! are verified as stored, then materialized for this root by the policy before they are written
 //! to staging (`Materializer`); "already on disk" compares such a file by canonicalizing the copy
-//! on disk.
+//! on disk. Canonical or not (the flag is the manifest's word), a Triton group file naming a
+//! child outside the root is refused, failing the install (every policy but the native rules).
 //!
 //! Once the generation is in place (installed, already current, or partly, beside conflicts), the
 //! install leaves a record of it beside the root (`record`: `.<name>.jitship-installed.json`,

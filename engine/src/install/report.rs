@@ -206,6 +206,16 @@ pub enum InstallError {
          or waited on; remove it (jitship creates the file itself)"
     )]
     NotRegularBeside { path: PathBuf, what: &'static str },
+    /// A group file whose child paths name files outside the root being installed.
+    #[error(
+        "{path}: a group file naming {child:?} outside the cache root {root}: refusing the \
+         generation (a store can hold any manifest); the root was left as it was"
+    )]
+    GroupOutsideRoot {
+        path: String,
+        child: String,
+        root: PathBuf,
+    },
     /// After the moves, a file of the generation is not in the root as moved there.
     #[error(
         "{path}: not in the root after the commit ({why}); something else changed the root \

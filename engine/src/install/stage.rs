@@ -156,22 +156,75 @@ pub(super) struct Materializer {
 }
 
 impl Materializer {
-    /// The bytes to write for `record` given its verified stored bytes.
+    /// The bytes to write for `record` given its verified stored bytes: as stored, or for a file
+    /// stored canonical, materialized by the policy. Either way a Triton group file must name
+    /// children inside this root only (`check_group`): the manifest's `canonical` flag is the
+    /// store's word, and a store can hold any manifest.
     pub(super) fn for_root<'b>(
         &self,
         record: &FileRecord,
         verified: &'b [u8],
     ) -> Result<std::borrow::Cow<'b, [u8]>, InstallError> {
-        if !record.canonical {
-            return Ok(verified.into());
+        let bytes: std::borrow::Cow<'b, [u8]> = if record.canonical {
+            self.policy
+                .materialize(&self.root, &record.path, verified)
+                .map_err(|source| InstallError::Materialize {
+                    path: record.path.to_string(),
+                    source,
+                })?
+                .into()
+        } else {
+            verified.into()
+        };
+        self.check_group(record, &bytes)?;
+        Ok(bytes)
+    }
+
+    /// Refuses a Triton group file (`__grp__*.json`, in every policy that relocates them: all but
+    /// the native rules, whose files are opaque bytes and never relocated) unless its bytes are a
+    /// JSON object whose `child_paths`, if present, are all absolute normalized paths inside this
+    /// root: Triton opens the files a group names wherever they are.
+    fn check_group(&self, record: &FileRecord, bytes: &[u8]) -> Result<(), InstallError> {
+        let (_, name) = confined::split(record.path.as_str());
+        if !(name.starts_with("__grp__") && name.ends_with(".json"))
+            || self.policy.policy_ref().digest == "native"
+        {
+            return Ok(());
         }
-        self.policy
-            .materialize(&self.root, &record.path, verified)
-            .map(Into::into)
-            .map_err(|source| InstallError::Materialize {
-                path: record.path.to_string(),
-                source,
-            })
+        let refuse = |child: &str| InstallError::GroupOutsideRoot {
+            path: record.path.to_string(),
+            child: child.to_owned(),
+            root: self.root.clone(),
+        };
+        let root = std::path::absolute(&self.root).unwrap_or_else(|_| self.root.clone());
+        let root = root.to_string_lossy();
+        let prefix = format!("{}/", root.trim_end_matches('/'));
+        let group: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|_| refuse("(not JSON: cannot tell what it names)"))?;
+        let Some(object) = group.as_object() else {
+            return Err(refuse("(not a JSON object: cannot tell what it names)"));
+        };
+        let Some(children) = object.get("child_paths") else {
+            return Ok(());
+        };
+        let Some(children) = children.as_object() else {
+            return Err(refuse("(child_paths is not an object)"));
+        };
+        for child in children.values() {
+            let Some(path) = child.as_str() else {
+                return Err(refuse(&child.to_string()));
+            };
+            let inside = path.strip_prefix(&prefix).is_some_and(|rel| {
+                !rel.is_empty()
+                    && rel
+                        .split('/')
+                        .all(|c| !c.is_empty() && c != "." && c != "..")
+            });
+            if !inside {
+                return Err(refuse(path));
+            }
+        }
+        Ok(())
     }
 
     /// Whether `file` (the copy on disk of `record`, read through the root's descriptor) is
@@ -383,24 +436,18 @@ impl<'s> StagingWriter<'s> {
     pub(super) fn stage_verified(&self, p: &Pending, verified: &[u8]) -> Result<(), InstallError> {
         let bytes = self.materializer.for_root(p.record, verified)?;
         let shown = self.staging.display(&p.staged);
-        // Created with its final mode when the umask leaves that mode alone (the usual case),
-        // which saves an fchmod per file; staging is private until the commit anyway.
-        let mode = p.record.mode & 0o777;
-        let exact = umask().is_some_and(|umask| mode & umask == 0);
+        // Created with its final mode (`install_mode`), which the kernel's own umask leaves as it
+        // is: no fchmod per file. Staging is private until the commit anyway.
         let mut file = self
             .staging
-            .create_new(&p.staged, if exact { mode } else { 0o600 })
+            .create_new(&p.staged, install_mode(p.record.mode))
             .map_err(io("create", &shown))?;
         file.write_all(&bytes).map_err(io("write", &shown))?;
-        set_times(&file, p, &shown)?;
-        if exact {
-            return Ok(());
-        }
-        set_mode(&file, p, &shown)
+        set_times(&file, p, &shown)
     }
 }
 
-/// Gives a verified staged file the manifest's mode and times.
+/// Gives a verified staged file its mode (`install_mode`) and the manifest's times.
 pub(super) fn finish_file(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
     set_times(file, p, shown)?;
     set_mode(file, p, shown)
@@ -417,8 +464,16 @@ pub(super) fn set_times(file: &File, p: &Pending, shown: &Path) -> Result<(), In
 }
 
 pub(super) fn set_mode(file: &File, p: &Pending, shown: &Path) -> Result<(), InstallError> {
-    file.set_permissions(fs::Permissions::from_mode(p.record.mode & 0o777))
+    file.set_permissions(fs::Permissions::from_mode(install_mode(p.record.mode)))
         .map_err(io("chmod", shown))
+}
+
+/// The mode an installed file gets: the published permission bits, less what the process's
+/// umask takes away, and never group or other write (a store anyone can write to must not make a
+/// consumer's cache writable by others). Where the umask cannot be read, 022 is assumed (files
+/// created with this mode still get the real umask from the kernel).
+pub(super) fn install_mode(published: u32) -> u32 {
+    published & 0o777 & !(umask().unwrap_or(0o022) | 0o022)
 }
 
 /// The process's umask, read once from `/proc/self/status` (`umask(2)` can only be read by
