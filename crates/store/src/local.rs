@@ -34,6 +34,25 @@ impl LocalStore {
         Ok(store)
     }
 
+    /// Opens an existing store directory for reading, creating and removing nothing (the
+    /// read-only commands: ls, inspect, verify). A missing directory is an error naming it.
+    pub fn open_existing(root: impl Into<PathBuf>) -> StoreResult<Self> {
+        let root = root.into();
+        match fs::metadata(&root) {
+            Ok(m) if m.is_dir() => Ok(Self { root }),
+            Ok(_) => Err(StoreError::Other(format!(
+                "the local store {} is not a directory",
+                root.display()
+            ))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(StoreError::Other(format!(
+                "the local store {} does not exist (nothing was published to it yet, or the \
+                 path is mistyped); this command only reads and does not create it",
+                root.display()
+            ))),
+            Err(e) => Err(io_err(&root, e)),
+        }
+    }
+
     /// Removes temp files of puts that died (not modified for `older_than`); returns how many.
     pub fn remove_stale_temp(&self, older_than: std::time::Duration) -> std::io::Result<u64> {
         let dir = self.root.join(TMP_DIR);

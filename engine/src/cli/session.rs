@@ -77,6 +77,17 @@ fn open_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
     crate::store::open(config).with_context(|| format!("opening the {}", describe_store(config)))
 }
 
+/// [`open_store`] for a command that only reads: a local store directory is opened only if it
+/// exists (never created, nothing removed); Mooncake as always.
+fn open_existing_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
+    match config.backend {
+        Backend::Local => crate::store::LocalStore::open_existing(&config.local.path)
+            .map(|s| Arc::new(s) as Arc<dyn Store>)
+            .with_context(|| format!("opening the {}", describe_store(config))),
+        Backend::Mooncake => open_store(config),
+    }
+}
+
 /// Where `cache`'s root came from, as the session resolved it ("" when it was not).
 fn root_origin(config: &Config, origins: &[RootOrigin], cache: &CacheConfig) -> String {
     config
@@ -214,10 +225,24 @@ impl CacheSession {
 }
 
 impl Session {
-    /// For commands that need the store only (ls, inspect, verify, pin, unpin, gc).
+    /// For commands that need the store only and write to it (pin, unpin, gc, verify --repair):
+    /// a local store directory is created if missing.
     pub(crate) fn open_store(args: &StoreArgs) -> Result<Self> {
+        Self::open_store_with(args, open_store)
+    }
+
+    /// For commands that only read the store (ls, inspect, verify): a local store directory that
+    /// does not exist is an error naming it, and nothing is created.
+    pub(crate) fn open_store_read_only(args: &StoreArgs) -> Result<Self> {
+        Self::open_store_with(args, open_existing_store)
+    }
+
+    fn open_store_with(
+        args: &StoreArgs,
+        open: fn(&StoreConfig) -> Result<Arc<dyn Store>>,
+    ) -> Result<Self> {
         let config = args.resolve()?;
-        let store = open_store(&config.store)?;
+        let store = open(&config.store)?;
         let layout = KeyLayout::new(&config.store.namespace)?;
         let mut facts = Facts::new();
         facts.merge(&config.facts);

@@ -19,7 +19,7 @@ pub(crate) fn resolve_generation(session: &Session, text: &str) -> Result<Genera
 }
 
 pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.store)?;
+    let session = Session::open_store_read_only(&args.common.store)?;
     let survey = inspect::survey(session.store.as_ref(), &session.layout, &session.trust)
         .with_context(|| format!("reading {}", session.store.describe()))?;
     if args.common.json {
@@ -128,7 +128,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
 }
 
 pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.store)?;
+    let session = Session::open_store_read_only(&args.common.store)?;
     let id = resolve_generation(&session, &args.generation)?;
     let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id, &session.trust)?;
     if !args.files {
@@ -231,7 +231,12 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
 }
 
 pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.store)?;
+    // Only --repair writes (it removes corrupt packs).
+    let session = if args.repair {
+        Session::open_store(&args.common.store)?
+    } else {
+        Session::open_store_read_only(&args.common.store)?
+    };
     let store = session.store.as_ref();
     let survey = inspect::survey(store, &session.layout, &session.trust)?;
     let ids: Vec<GenerationId> = match &args.generation {
