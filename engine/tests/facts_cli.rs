@@ -311,3 +311,36 @@ fn publish_keys_on_a_fact_flag_as_one_fact() {
     assert!(key.contains("model.id=Q%3Bgpu.arch%3Dsm_80"), "{key}");
     assert!(!key.contains("gpu.arch=sm_80"), "{key}");
 }
+
+/// A built-in policy, run as its embedded module through the host, encodes a value holding the
+/// key's separators (the SDK's `KeyBuilder`): one `pkg.triton`, no second `gpu.arch`.
+#[test]
+fn a_builtin_policy_module_encodes_separators_in_values() {
+    let module = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/dist/triton.wasm");
+    let (code, stdout, stderr) = jitship(
+        &[
+            "policy",
+            "test",
+            module,
+            "--fact",
+            "pkg.triton=3.9.0;gpu.arch=sm_80",
+            "--fact",
+            "gpu.arch=sm_90",
+            "--fact",
+            "gpu.cc=9.0",
+            "--fact",
+            "driver.major=570",
+            "--fact",
+            "os.arch=x86_64",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        v["compat_key"]["value"],
+        "triton@1;driver.major=570;gpu.arch=sm_90;gpu.cc=9.0;os.arch=x86_64;pkg.triton=3.9.0%3Bgpu.arch%3Dsm_80",
+        "{v:#}"
+    );
+}
