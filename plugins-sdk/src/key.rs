@@ -193,7 +193,8 @@ mod tests {
     /// Fact sets that a key joined without encoding would confuse, each pair distinct.
     #[test]
     fn values_holding_separators_never_forge_another_fact_set() {
-        let table: &[(&[(&str, &str)], &[(&str, &str)])] = &[
+        type FactSet<'a> = &'a [(&'a str, &'a str)];
+        let table: &[(FactSet, FactSet)] = &[
             (
                 &[("model.id", "Q;gpu.arch=sm_80")],
                 &[("model.id", "Q"), ("gpu.arch", "sm_80")],
