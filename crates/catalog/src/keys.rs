@@ -14,8 +14,9 @@
 //! | `{ns}/pin/{generation-id}`        | pin record; its existence = pinned     | pin (unpin removes)|
 //!
 //! Sequences (`head`, `index`, `floor`, `gc`) are appended at `newest + 1` and read back to learn
-//! who won the seq; without listing they are found by probing `exists` (doubling, then bisecting),
-//! which needs them contiguous from their start. `index`, `floor` and `gc` records are never
+//! who won the seq; without listing they are found by probing `exists` (doubling, then bisecting:
+//! `walk`), which finds them when they are contiguous from their start. Anyone can write these
+//! keys, so seqs are bounded (`walk::MAX_SEQ`) and every record is checked before it is used. `index`, `floor` and `gc` records are never
 //! removed, so they are contiguous from 1. Heads are contiguous from the newest floor's `floor`
 //! seq: gc writes a floor record *before* it removes any head below it, and never removes a head at
 //! or above it (see `catalog` and `gc`).

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod keys;
 mod removal;
+pub mod walk;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +17,7 @@ use jitship_generation::{
 use jitship_store::{Store, StoreError, ValueClass};
 pub use keys::KeyLayout;
 pub use removal::{LeaseWait, Removal, remove_one, remove_waiting_out_leases};
+pub use walk::{MAX_SEQ, SeqWalk};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -34,6 +36,11 @@ pub enum CatalogError {
         "gave up appending to {0} after many attempts: other writers kept winning; retry later"
     )]
     Contention(String),
+    #[error(
+        "{0} has a record at the highest seq there is ({MAX_SEQ}); nothing can be appended above \
+         it: remove that key (anyone can write to the store; jitship never writes that high)"
+    )]
+    SequenceFull(String),
 }
 
 /// One entry of the compat index: a compat id that has (or had) heads. Written once per compat id,
@@ -91,6 +98,18 @@ pub struct PinRecord {
     pub reason: Option<String>,
 }
 
+/// Reads and decodes the record at `key`, refused over `limit` bytes before it is read.
+fn read_record<T: serde::de::DeserializeOwned>(
+    store: &dyn Store,
+    key: &str,
+    limit: u64,
+) -> Result<Option<T>, CatalogError> {
+    match store.get_capped(key, limit)? {
+        Some(bytes) => decode_record(key, &bytes).map(Some),
+        None => Ok(None),
+    }
+}
+
 fn decode_record<T: serde::de::DeserializeOwned>(
     key: &str,
     bytes: &[u8],
@@ -105,42 +124,23 @@ fn encode_record<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("record serialization cannot fail")
 }
 
-/// The newest seq of a sequence of keys `key(from), key(from+1), ...`, if `key(from)` exists.
-///
-/// Stores that list keys are asked directly (any existing seq >= `from` counts). For the others
-/// (Mooncake) the seqs are probed: the sequence is contiguous from `from`, so doubling until a
-/// miss and then bisecting finds the newest in O(log n) existence checks.
-pub fn newest_seq(
+/// Caps on what one record read from the store may hold, checked before it is read whole
+/// (`Store::get_capped`): anyone can write these keys. Heads are a few hundred bytes; index
+/// entries, floors and pins a few KiB; a gc journal names every key one run removes; a manifest
+/// takes about 1 KiB per file.
+pub const MAX_HEAD_BYTES: u64 = 64 << 10;
+pub const MAX_RECORD_BYTES: u64 = 1 << 20;
+pub const MAX_JOURNAL_BYTES: u64 = 64 << 20;
+/// How many floor records of one compat id a head walk reads (newest first).
+const FLOORS_READ: usize = 4;
+
+/// The newest seq of a sequence (`prefix`, `key(seq)`) contiguous from 1, if any: see `walk`.
+fn newest_seq(
     store: &dyn Store,
     prefix: &str,
-    from: u64,
     key: &dyn Fn(u64) -> String,
 ) -> Result<Option<u64>, StoreError> {
-    if store.capabilities().listing {
-        return Ok(store
-            .list(prefix)?
-            .iter()
-            .filter_map(|k| k.strip_prefix(prefix)?.parse::<u64>().ok())
-            .filter(|&s| s >= from)
-            .max());
-    }
-    let exists = |seq: u64| store.exists(&key(seq));
-    if !exists(from)? {
-        return Ok(None);
-    }
-    let (mut lo, mut step) = (from, 1u64);
-    let mut hi = from.saturating_add(step);
-    while exists(hi)? {
-        lo = hi;
-        step = step.saturating_mul(2);
-        hi = hi.saturating_add(step);
-    }
-    // Invariant: lo exists, hi does not.
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if exists(mid)? { lo = mid } else { hi = mid }
-    }
-    Ok(Some(lo))
+    SeqWalk::new(store, prefix, key, &[1])?.next_seq()
 }
 
 /// Appends a record to a sequence at `newest + 1`: puts it, reads the seq back, and if another
@@ -152,15 +152,20 @@ pub fn append_seq(
     key: &dyn Fn(u64) -> String,
     make: &dyn Fn(u64) -> Vec<u8>,
 ) -> Result<u64, CatalogError> {
-    let mut seq = newest_seq(store, prefix, 1, key)?.map_or(1, |s| s + 1);
+    let mut seq = newest_seq(store, prefix, key)?.map_or(1, |s| s + 1);
     for _ in 0..64 {
+        if seq > MAX_SEQ {
+            return Err(CatalogError::SequenceFull(prefix.to_owned()));
+        }
         let bytes = make(seq);
         let k = key(seq);
         store.put(&k, &bytes, ValueClass::Record)?;
-        match store.get(&k)? {
-            Some(stored) if stored == bytes => return Ok(seq),
-            // Another writer won this seq, or the record was evicted at once: try the next.
-            _ => seq += 1,
+        match store.get_capped(&k, bytes.len() as u64) {
+            Ok(Some(stored)) if stored == bytes => return Ok(seq),
+            // Another writer won this seq (with anything, of any size), or the record was evicted
+            // at once: try the next.
+            Ok(_) | Err(StoreError::TooLarge { .. }) => seq += 1,
+            Err(e) => return Err(e.into()),
         }
     }
     Err(CatalogError::Contention(prefix.to_owned()))
@@ -169,37 +174,55 @@ pub fn append_seq(
 // ---------------------------------------------------------------------------------------------
 // Head floors and heads
 
-/// The newest floor record of `compat`, if gc ever wrote one.
+/// The newest readable floor record of `compat`, if gc ever wrote one.
 pub fn newest_floor(
     store: &dyn Store,
     layout: &KeyLayout,
     compat: &CompatId,
 ) -> Result<Option<FloorRecord>, CatalogError> {
+    Ok(recent_floors(store, layout, compat, 1)?.into_iter().next())
+}
+
+/// Up to `n` floor records of `compat`, newest first. One that is corrupt, oversized or names
+/// another place than its key is passed over (logged): anyone can write a floor, so a floor only
+/// ever adds a place a head walk starts from (`HeadWalk`), it never hides the heads below it.
+fn recent_floors(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    compat: &CompatId,
+    n: usize,
+) -> Result<Vec<FloorRecord>, CatalogError> {
     let key = |seq| layout.floor(compat, seq);
-    let Some(mut seq) = newest_seq(store, &layout.floors_prefix(compat), 1, &key)? else {
-        return Ok(None);
-    };
-    // Floors are never removed; a miss here is eviction: the one below is the next best bound.
-    while seq > 0 {
-        let k = key(seq);
-        if let Some(bytes) = store.get(&k)? {
-            let floor: FloorRecord = decode_record(&k, &bytes)?;
-            if floor.compat_id != *compat || floor.seq != seq {
-                return Err(CatalogError::CorruptRecord {
-                    key: k,
-                    message: "compat id or seq does not match its key".into(),
-                });
-            }
-            return Ok(Some(floor));
+    let mut seqs = SeqWalk::new(store, &layout.floors_prefix(compat), key, &[1])?;
+    let mut out = Vec::new();
+    // Floors are never removed: a miss is eviction, and the one below is the next best bound.
+    for _ in 0..n.saturating_mul(4) {
+        if out.len() >= n {
+            break;
         }
-        seq -= 1;
+        let Some(seq) = seqs.next_seq()? else { break };
+        let k = key(seq);
+        match read_record::<FloorRecord>(store, &k, MAX_RECORD_BYTES) {
+            Ok(Some(f)) if f.compat_id == *compat && f.seq == seq && f.floor <= MAX_SEQ => {
+                out.push(f)
+            }
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                tracing::warn!(key = %k, "floor record names another place than its key; passed over")
+            }
+            Err(CatalogError::Store(e)) if !matches!(e, StoreError::TooLarge { .. }) => {
+                return Err(e.into());
+            }
+            Err(e) => tracing::warn!(key = %k, "floor record passed over: {e}"),
+        }
     }
-    Ok(None)
+    Ok(out)
 }
 
 /// Appends a floor record (gc only; before removing any head below `floor`). A floor never goes
-/// down: if a newer floor is higher (another gc ran meanwhile), that one is kept, so heads it let
-/// gc remove never fall above the newest floor. Run one gc at a time per namespace all the same.
+/// down: if a newer floor is higher (another gc ran meanwhile) and a head exists at it, that one
+/// is kept, so heads it let gc remove never fall above the newest floor. Run one gc at a time per
+/// namespace all the same.
 pub fn write_floor(
     store: &dyn Store,
     layout: &KeyLayout,
@@ -210,6 +233,7 @@ pub fn write_floor(
     let mut floor = floor;
     if let Some(previous) = newest_floor(store, layout, compat)?
         && previous.floor > floor
+        && store.exists(&layout.head(compat, previous.floor))?
     {
         floor = previous.floor;
         keep.extend(previous.keep.iter().copied());
@@ -241,143 +265,266 @@ pub fn write_floor(
     })
 }
 
-fn floor_seq(floor: &Option<FloorRecord>) -> u64 {
-    floor.as_ref().map_or(1, |f| f.floor.max(1))
+/// Why a head record cannot be used, whoever wrote it. A reader passes such a head over and goes
+/// on to the one below; a publisher writes above it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "fault", rename_all = "kebab-case")]
+pub enum HeadFault {
+    /// Over `MAX_HEAD_BYTES`: refused before it was read.
+    TooLarge { size: u64 },
+    /// Not a head record this jitship decodes (garbage, empty, truncated).
+    Corrupt { error: String },
+    /// A valid head record, but of another compat id or another seq than its key (a copy).
+    Mislabelled,
 }
 
-/// The newest head for `compat`, if any.
-///
-/// Heads are contiguous from the newest floor (1 when gc never ran). gc writes a new floor before
-/// it removes heads below it, so a probe that overlapped a gc sees the floor change and starts
-/// again from the new floor (the same idea as a seqlock).
-pub fn newest_head(
+impl std::fmt::Display for HeadFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooLarge { size } => {
+                write!(
+                    f,
+                    "{size} bytes, over the {MAX_HEAD_BYTES}-byte cap on a head record"
+                )
+            }
+            Self::Corrupt { error } => write!(f, "not a head record: {error}"),
+            Self::Mislabelled => {
+                write!(f, "a head record of another compat id or seq than its key")
+            }
+        }
+    }
+}
+
+/// A head that exists but cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FaultyHead {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub fault: HeadFault,
+}
+
+/// The head record at `seq`: `None` if it is missing, else the record or why it cannot be used.
+/// Only the store failing is an error.
+pub fn read_head_at(
     store: &dyn Store,
     layout: &KeyLayout,
     compat: &CompatId,
-) -> Result<Option<HeadRecord>, CatalogError> {
-    let lists = store.capabilities().listing;
-    let mut floor = if lists {
-        None
-    } else {
-        newest_floor(store, layout, compat)?
+    seq: u64,
+) -> Result<Option<Result<HeadRecord, HeadFault>>, StoreError> {
+    let key = layout.head(compat, seq);
+    let bytes = match store.get_capped(&key, MAX_HEAD_BYTES) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Ok(None),
+        Err(StoreError::TooLarge { size, .. }) => {
+            return Ok(Some(Err(HeadFault::TooLarge { size })));
+        }
+        Err(e) => return Err(e),
     };
-    for _ in 0..8 {
-        let from = floor_seq(&floor);
-        let key = |seq| layout.head(compat, seq);
-        let newest = newest_seq(store, &layout.heads_prefix(compat), from, &key)?;
-        if !lists {
-            let again = newest_floor(store, layout, compat)?;
-            if again != floor {
-                floor = again;
-                continue;
-            }
-        }
-        // A head may vanish between finding and reading it (eviction): step back.
-        let Some(mut seq) = newest else {
-            return Ok(None);
-        };
-        while seq >= from {
-            if let Some(head) = read_head(store, layout, compat, seq)? {
-                return Ok(Some(head));
-            }
-            seq -= 1;
-        }
-        return Ok(None);
-    }
-    Err(CatalogError::Contention(layout.floors_prefix(compat)))
+    Ok(Some(match HeadRecord::decode(&bytes) {
+        Err(e) => Err(HeadFault::Corrupt {
+            error: e.to_string(),
+        }),
+        Ok(head) if head.seq != seq || head.compat_id != *compat => Err(HeadFault::Mislabelled),
+        Ok(head) => Ok(head),
+    }))
 }
 
-/// Heads older than `head`, newest first, as far back as `limit` records (for fallbacks). Stops
-/// at the floor, then continues with the retained heads the floor lists.
-pub fn older_heads(
-    store: &dyn Store,
-    layout: &KeyLayout,
-    head: &HeadRecord,
-    limit: usize,
-) -> Result<Vec<HeadRecord>, CatalogError> {
-    let floor = newest_floor(store, layout, &head.compat_id)?;
-    let from = floor_seq(&floor);
-    let mut out = Vec::new();
-    let mut seq = head.seq;
-    while seq > from && out.len() < limit {
-        seq -= 1;
-        if let Some(h) = read_head(store, layout, &head.compat_id, seq)? {
-            out.push(h);
-        }
-    }
-    for &s in floor.iter().flat_map(|f| &f.keep) {
-        if out.len() >= limit {
-            break;
-        }
-        if s < head.seq.min(from)
-            && let Some(h) = read_head(store, layout, &head.compat_id, s)?
-        {
-            out.push(h);
-        }
-    }
-    Ok(out)
-}
-
-/// Every head of `compat` that exists, newest first, with the floor they were found from.
-pub fn all_heads(
-    store: &dyn Store,
-    layout: &KeyLayout,
-    compat: &CompatId,
-) -> Result<(Option<FloorRecord>, Vec<HeadRecord>), CatalogError> {
-    let floor = newest_floor(store, layout, compat)?;
-    let Some(newest) = newest_head(store, layout, compat)? else {
-        return Ok((floor, vec![]));
-    };
-    // newest_head may have seen a newer floor than ours; re-read so both agree.
-    let floor = newest_floor(store, layout, compat)?;
-    let mut seqs: Vec<u64> = if store.capabilities().listing {
-        let prefix = layout.heads_prefix(compat);
-        store
-            .list(&prefix)?
-            .iter()
-            .filter_map(|k| k.strip_prefix(&prefix)?.parse().ok())
-            .filter(|&s| s <= newest.seq)
-            .collect()
-    } else {
-        let from = floor_seq(&floor);
-        let mut v: Vec<u64> = (from..=newest.seq).collect();
-        v.extend(floor.iter().flat_map(|f| &f.keep).filter(|&&s| s < from));
-        v
-    };
-    seqs.sort_unstable_by(|a, b| b.cmp(a));
-    seqs.dedup();
-    let mut out = Vec::with_capacity(seqs.len());
-    for seq in seqs {
-        if seq == newest.seq {
-            out.push(newest.clone());
-        } else if let Some(h) = read_head(store, layout, compat, seq)? {
-            out.push(h);
-        }
-    }
-    Ok((floor, out))
-}
-
+/// The head record at `seq`, `None` if missing; a head that cannot be used is an error naming it.
 pub fn read_head(
     store: &dyn Store,
     layout: &KeyLayout,
     compat: &CompatId,
     seq: u64,
 ) -> Result<Option<HeadRecord>, CatalogError> {
-    let key = layout.head(compat, seq);
-    let Some(bytes) = store.get(&key)? else {
-        return Ok(None);
-    };
-    let head = HeadRecord::decode(&bytes).map_err(|e| CatalogError::CorruptHead {
-        key: key.clone(),
-        message: e.to_string(),
-    })?;
-    if head.seq != seq || head.compat_id != *compat {
-        return Err(CatalogError::CorruptHead {
-            key,
-            message: "seq or compat id does not match its key".into(),
-        });
+    match read_head_at(store, layout, compat, seq)? {
+        None => Ok(None),
+        Some(Ok(head)) => Ok(Some(head)),
+        Some(Err(fault)) => Err(CatalogError::CorruptHead {
+            key: layout.head(compat, seq),
+            message: fault.to_string(),
+        }),
     }
-    Ok(Some(head))
+}
+
+/// The heads of one compat id, newest first, each read and checked against its key: what every
+/// reader (install, publish, gc, ls) walks instead of trusting "the highest seq". Bounded
+/// whatever anyone wrote (see `walk`): out-of-range seqs are never looked at, a planted record
+/// costs one search, and the caller decides how many heads it passes over.
+pub struct HeadWalk<'a> {
+    store: &'a dyn Store,
+    layout: &'a KeyLayout,
+    compat: CompatId,
+    seqs: SeqWalk<'a>,
+    /// The first seq found, yielded by the first `next`.
+    peeked: Option<Option<u64>>,
+    newest_seq: Option<u64>,
+    /// The newest floor (gc) when the walk started.
+    pub floor: Option<FloorRecord>,
+}
+
+impl<'a> HeadWalk<'a> {
+    /// Starts a walk from the newest head. Without listing, heads are searched from 1 and from
+    /// each recent gc floor, plus the heads those floors keep; a probe that overlapped a gc (the
+    /// floor changed meanwhile) starts again, as a seqlock would.
+    pub fn new(
+        store: &'a dyn Store,
+        layout: &'a KeyLayout,
+        compat: &CompatId,
+    ) -> Result<Self, CatalogError> {
+        let lists = store.capabilities().listing;
+        let compat = *compat;
+        let mut floors = if lists {
+            vec![]
+        } else {
+            recent_floors(store, layout, &compat, FLOORS_READ)?
+        };
+        for _ in 0..8 {
+            let mut starts = vec![1];
+            starts.extend(floors.iter().map(|f| f.floor));
+            let key = move |seq| layout.head(&compat, seq);
+            let mut seqs = SeqWalk::new(store, &layout.heads_prefix(&compat), key, &starts)?;
+            let keep: Vec<u64> = floors.iter().flat_map(|f| f.keep.iter().copied()).collect();
+            seqs.also(&keep);
+            let first = seqs.next_seq()?;
+            if !lists {
+                let again = recent_floors(store, layout, &compat, FLOORS_READ)?;
+                if again != floors {
+                    floors = again;
+                    continue;
+                }
+            }
+            let floor = if lists {
+                newest_floor(store, layout, &compat)?
+            } else {
+                floors.first().cloned()
+            };
+            return Ok(Self {
+                store,
+                layout,
+                compat,
+                seqs,
+                peeked: Some(first),
+                newest_seq: first,
+                floor,
+            });
+        }
+        Err(CatalogError::Contention(layout.floors_prefix(&compat)))
+    }
+
+    /// The newest seq that holds a head record of any content: a publisher writes above it.
+    pub fn newest_seq(&self) -> Option<u64> {
+        self.newest_seq
+    }
+
+    /// Makes the walk go on below `seq` (a reader that read the heads above it before).
+    pub fn start_below(&mut self, seq: u64) {
+        if let Some(Some(first)) = self.peeked
+            && first >= seq
+        {
+            self.peeked = None;
+        }
+        self.seqs.start_below(seq);
+    }
+
+    /// `exists` calls the walk made (stores without listing).
+    pub fn probes(&self) -> u64 {
+        self.seqs.probes
+    }
+
+    /// The next head below the last one, newest first: the record, or why it cannot be used.
+    /// A head that vanished between finding and reading it (eviction) is skipped.
+    pub fn next_head(&mut self) -> Result<Option<Result<HeadRecord, FaultyHead>>, CatalogError> {
+        loop {
+            let seq = match self.peeked.take() {
+                Some(first) => first,
+                None => self.seqs.next_seq()?,
+            };
+            let Some(seq) = seq else { return Ok(None) };
+            match read_head_at(self.store, self.layout, &self.compat, seq)? {
+                None => continue,
+                Some(Ok(head)) => return Ok(Some(Ok(head))),
+                Some(Err(fault)) => return Ok(Some(Err(FaultyHead { seq, fault }))),
+            }
+        }
+    }
+
+    /// The next usable head, passing over (and logging) at most `max_faulty` faulty ones.
+    pub fn next_usable(&mut self, max_faulty: usize) -> Result<Option<HeadRecord>, CatalogError> {
+        let mut faulty = 0;
+        while let Some(entry) = self.next_head()? {
+            match entry {
+                Ok(head) => return Ok(Some(head)),
+                Err(f) => {
+                    tracing::warn!(seq = f.seq, compat = %self.compat, "head passed over: {}", f.fault);
+                    faulty += 1;
+                    if faulty > max_faulty {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// How many faulty heads `newest_head` and `older_heads` pass over before giving up.
+pub const MAX_FAULTY_PASSED: usize = 256;
+
+/// The newest usable head for `compat`, if any (faulty heads above it are passed over).
+pub fn newest_head(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    compat: &CompatId,
+) -> Result<Option<HeadRecord>, CatalogError> {
+    HeadWalk::new(store, layout, compat)?.next_usable(MAX_FAULTY_PASSED)
+}
+
+/// Usable heads older than `head`, newest first, at most `limit` (for fallbacks).
+pub fn older_heads(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    head: &HeadRecord,
+    limit: usize,
+) -> Result<Vec<HeadRecord>, CatalogError> {
+    let mut walk = HeadWalk::new(store, layout, &head.compat_id)?;
+    let mut out = Vec::new();
+    while out.len() < limit {
+        match walk.next_usable(MAX_FAULTY_PASSED)? {
+            Some(h) if h.seq < head.seq => out.push(h),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// Every head of `compat` that exists, newest first, with the newest floor and the heads that
+/// cannot be used (each with why).
+pub struct CompatHeads {
+    pub floor: Option<FloorRecord>,
+    pub heads: Vec<HeadRecord>,
+    pub faulty: Vec<FaultyHead>,
+}
+
+/// Every head of `compat` (see `CompatHeads`).
+pub fn all_heads(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    compat: &CompatId,
+) -> Result<CompatHeads, CatalogError> {
+    let mut walk = HeadWalk::new(store, layout, compat)?;
+    let (mut heads, mut faulty) = (Vec::new(), Vec::new());
+    while let Some(entry) = walk.next_head()? {
+        match entry {
+            Ok(h) => heads.push(h),
+            Err(f) => faulty.push(f),
+        }
+    }
+    Ok(CompatHeads {
+        floor: walk.floor.take(),
+        heads,
+        faulty,
+    })
 }
 
 /// Fetches and fully validates a manifest; `None` if it is missing (evicted or removed).
@@ -411,8 +558,16 @@ pub fn read_manifest(
     layout: &KeyLayout,
     id: &GenerationId,
 ) -> Result<ManifestRead, StoreError> {
-    let Some(bytes) = store.get(&layout.generation(id))? else {
-        return Ok(ManifestRead::Missing);
+    let limit = jitship_generation::MAX_MANIFEST_BYTES as u64;
+    let bytes = match store.get_capped(&layout.generation(id), limit) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Ok(ManifestRead::Missing),
+        Err(StoreError::TooLarge { size, .. }) => {
+            return Ok(ManifestRead::Unreadable(ManifestError::TooLarge(
+                size.try_into().unwrap_or(usize::MAX),
+            )));
+        }
+        Err(e) => return Err(e),
     };
     Ok(match Manifest::decode(&bytes, *id) {
         Ok(m) => ManifestRead::Present(Box::new(m)),
@@ -477,14 +632,18 @@ pub fn ensure_indexed(
 pub fn compat_ids(store: &dyn Store, layout: &KeyLayout) -> Result<Vec<CompatId>, CatalogError> {
     let mut out = Vec::new();
     let key = |seq| layout.index(seq);
-    if let Some(newest) = newest_seq(store, &layout.index_prefix(), 1, &key)? {
-        for seq in 1..=newest {
-            let k = key(seq);
-            // An evicted entry is a gap; the entries around it still count.
-            if let Some(bytes) = store.get(&k)? {
-                let entry: IndexEntry = decode_record(&k, &bytes)?;
-                out.push(entry.compat_id);
+    let mut seqs = SeqWalk::new(store, &layout.index_prefix(), key, &[1])?;
+    while let Some(seq) = seqs.next_seq()? {
+        let k = layout.index(seq);
+        // An evicted entry is a gap; one that is not an index entry (anyone can write the key) is
+        // passed over: the entries around it still count.
+        match read_record::<IndexEntry>(store, &k, MAX_RECORD_BYTES) {
+            Ok(Some(entry)) => out.push(entry.compat_id),
+            Ok(None) => {}
+            Err(CatalogError::Store(e)) if !matches!(e, StoreError::TooLarge { .. }) => {
+                return Err(e.into());
             }
+            Err(e) => tracing::warn!(key = %k, "index entry passed over: {e}"),
         }
     }
     if store.capabilities().listing {
@@ -510,11 +669,7 @@ pub fn pin_record(
     layout: &KeyLayout,
     id: &GenerationId,
 ) -> Result<Option<PinRecord>, CatalogError> {
-    let key = layout.pin(id);
-    match store.get(&key)? {
-        Some(bytes) => decode_record(&key, &bytes).map(Some),
-        None => Ok(None),
-    }
+    read_record(store, &layout.pin(id), MAX_RECORD_BYTES)
 }
 
 pub fn is_pinned(
@@ -556,14 +711,10 @@ pub fn newest_gc_journal(
     layout: &KeyLayout,
 ) -> Result<Option<GcJournal>, CatalogError> {
     let key = |seq| layout.gc_journal(seq);
-    let Some(seq) = newest_seq(store, &layout.gc_journal_prefix(), 1, &key)? else {
+    let Some(seq) = newest_seq(store, &layout.gc_journal_prefix(), &key)? else {
         return Ok(None);
     };
-    let k = key(seq);
-    match store.get(&k)? {
-        Some(bytes) => decode_record(&k, &bytes).map(Some),
-        None => Ok(None),
-    }
+    read_record(store, &key(seq), MAX_JOURNAL_BYTES)
 }
 
 /// Marks journal `seq` finished: the next gc does not retry it.

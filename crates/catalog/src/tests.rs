@@ -52,7 +52,7 @@ fn newest_head_without_listing_starts_at_the_floor() {
         .map(|h| h.seq)
         .collect();
     assert_eq!(older, vec![9, 8, 7, 3]);
-    let (_, all) = all_heads(&store, &layout, &compat).unwrap();
+    let all = all_heads(&store, &layout, &compat).unwrap().heads;
     assert_eq!(
         all.iter().map(|h| h.seq).collect::<Vec<_>>(),
         vec![10, 9, 8, 7, 3]
@@ -119,6 +119,7 @@ fn a_floor_never_goes_down() {
     let store = WithoutListing(LocalStore::open(dir.path()).unwrap());
     let layout = KeyLayout::new("ns").unwrap();
     let compat = CompatId::new("triton", "k");
+    heads(&store, &layout, compat, 10);
     write_floor(&store, &layout, &compat, 7, vec![2]).unwrap();
     // A gc that planned on an older view writes a lower floor: the higher one stands.
     let f = write_floor(&store, &layout, &compat, 5, vec![3]).unwrap();
@@ -162,4 +163,183 @@ fn append_seq_moves_past_seqs_other_writers_won() {
     .unwrap();
     assert_eq!(seq, 3);
     assert_eq!(store.get(&key(3)).unwrap().unwrap(), b"ours 3");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Records anyone can write: head discovery stays bounded and finds the newest usable head.
+
+/// Local with listing, and local without listing (probing, as on Mooncake).
+fn both_stores(dir: &std::path::Path) -> Vec<Box<dyn Store>> {
+    vec![
+        Box::new(LocalStore::open(dir.join("listing")).unwrap()),
+        Box::new(WithoutListing(
+            LocalStore::open(dir.join("probing")).unwrap(),
+        )),
+    ]
+}
+
+fn put_raw(store: &dyn Store, key: &str, bytes: &[u8]) {
+    store.put(key, bytes, ValueClass::Record).unwrap();
+}
+
+#[test]
+fn hostile_heads_far_above_are_out_of_range_or_one_search_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = KeyLayout::new("ns").unwrap();
+    let compat = CompatId::new("triton", "k");
+    for store in both_stores(dir.path()) {
+        let store = store.as_ref();
+        heads(store, &layout, compat, 5);
+        // Out of range: never looked at.
+        put_raw(
+            store,
+            &layout.head(&compat, u64::MAX),
+            &head(compat, u64::MAX).encode(),
+        );
+        put_raw(
+            store,
+            &layout.head(&compat, MAX_SEQ + 1),
+            &head(compat, MAX_SEQ + 1).encode(),
+        );
+        let walk = HeadWalk::new(store, &layout, &compat).unwrap();
+        assert_eq!(walk.newest_seq(), Some(5), "{store:?}");
+        // In range, far above, and at the seqs a doubling probe looks at (2^k from 1): found
+        // (listing, or the probe lands on them), passed over by the caller, and the walk steps
+        // down to the real heads in a bounded number of probes.
+        let far = 5 + 10_000_000;
+        put_raw(
+            store,
+            &layout.head(&compat, far),
+            &head(compat, far).encode(),
+        );
+        for k in 3..24 {
+            let s = 1u64 << k;
+            put_raw(store, &layout.head(&compat, s), b"junk");
+        }
+        let mut walk = HeadWalk::new(store, &layout, &compat).unwrap();
+        let mut seen = vec![];
+        while let Some(e) = walk.next_head().unwrap() {
+            seen.push(match e {
+                Ok(h) => h.seq,
+                Err(f) => f.seq,
+            });
+        }
+        assert!(seen.ends_with(&[5, 4, 3, 2, 1]), "{store:?}: {seen:?}");
+        assert!(
+            seen.windows(2).all(|w| w[0] > w[1]),
+            "newest first: {seen:?}"
+        );
+        assert!(
+            walk.probes() < 2_000,
+            "{store:?}: {} probes for {} heads",
+            walk.probes(),
+            seen.len()
+        );
+        // A well-formed head is usable as far as the catalog goes (trust is the caller's): found
+        // by listing; without listing, only if a probe lands on it.
+        let newest = newest_head(store, &layout, &compat).unwrap().unwrap().seq;
+        if store.capabilities().listing {
+            assert_eq!(newest, far);
+        } else {
+            assert!(newest == far || newest == 5, "{newest}");
+        }
+    }
+}
+
+#[test]
+fn corrupt_empty_mislabelled_and_oversized_heads_are_passed_over_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = KeyLayout::new("ns").unwrap();
+    let compat = CompatId::new("triton", "k");
+    let other = CompatId::new("triton", "other");
+    for store in both_stores(dir.path()) {
+        let store = store.as_ref();
+        heads(store, &layout, compat, 3);
+        put_raw(store, &layout.head(&compat, 4), b"{garbage");
+        put_raw(store, &layout.head(&compat, 5), b"");
+        put_raw(store, &layout.head(&compat, 6), &head(other, 6).encode());
+        put_raw(store, &layout.head(&compat, 7), &head(compat, 2).encode());
+        let big = vec![b' '; (MAX_HEAD_BYTES + 1) as usize];
+        put_raw(store, &layout.head(&compat, 8), &big);
+        let all = all_heads(store, &layout, &compat).unwrap();
+        assert_eq!(
+            all.heads.iter().map(|h| h.seq).collect::<Vec<_>>(),
+            vec![3, 2, 1]
+        );
+        let faults: Vec<(u64, &HeadFault)> = all.faulty.iter().map(|f| (f.seq, &f.fault)).collect();
+        assert_eq!(faults.len(), 5, "{faults:?}");
+        assert!(
+            matches!(faults[0], (8, HeadFault::TooLarge { .. })),
+            "{faults:?}"
+        );
+        assert!(matches!(faults[1], (7, HeadFault::Mislabelled)));
+        assert!(matches!(faults[2], (6, HeadFault::Mislabelled)));
+        assert!(matches!(faults[3], (5, HeadFault::Corrupt { .. })));
+        assert!(matches!(faults[4], (4, HeadFault::Corrupt { .. })));
+        assert_eq!(
+            newest_head(store, &layout, &compat).unwrap().unwrap().seq,
+            3
+        );
+        assert_eq!(
+            HeadWalk::new(store, &layout, &compat).unwrap().newest_seq(),
+            Some(8)
+        );
+    }
+}
+
+#[test]
+fn an_oversized_record_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStore::open(dir.path()).unwrap();
+    // A sparse 2 GiB file: reading it whole would cost 2 GiB of memory.
+    let path = dir.path().join("ns").join("head").join("x");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(2 << 30).unwrap();
+    match store.get_capped("ns/head/x", MAX_HEAD_BYTES) {
+        Err(StoreError::TooLarge { size, limit }) => {
+            assert_eq!((size, limit), (2 << 30, MAX_HEAD_BYTES))
+        }
+        other => panic!("{:?}", other.map(|v| v.map(|v| v.len()))),
+    }
+}
+
+#[test]
+fn hostile_floors_never_hide_the_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WithoutListing(LocalStore::open(dir.path()).unwrap());
+    let layout = KeyLayout::new("ns").unwrap();
+    let compat = CompatId::new("triton", "k");
+    heads(&store, &layout, compat, 6);
+    // A floor far above every head, one at 1 written last, and garbage.
+    for (seq, floor) in [(1u64, 1u64 << 40), (2, 1)] {
+        let f = FloorRecord {
+            compat_id: compat,
+            seq,
+            floor,
+            keep: vec![],
+            written_at: 0,
+            writer: "attacker".into(),
+        };
+        put_raw(&store, &layout.floor(&compat, seq), &encode_record(&f));
+    }
+    put_raw(&store, &layout.floor(&compat, 3), b"not a floor");
+    assert_eq!(
+        newest_head(&store, &layout, &compat).unwrap().unwrap().seq,
+        6
+    );
+}
+
+#[test]
+fn append_seq_never_wraps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStore::open(dir.path()).unwrap();
+    let key = |s: u64| format!("ns/seq/{s}");
+    store.put(&key(MAX_SEQ), b"x", ValueClass::Record).unwrap();
+    store.put(&key(u64::MAX), b"x", ValueClass::Record).unwrap();
+    let err = append_seq(&store, "ns/seq/", &key, &|s| {
+        format!("ours {s}").into_bytes()
+    });
+    assert!(matches!(err, Err(CatalogError::SequenceFull(_))), "{err:?}");
+    assert!(store.get(&key(0)).unwrap().is_none());
 }

@@ -105,6 +105,29 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// The value, or `None` if the key is missing (never stored, removed or evicted).
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>>;
 
+    /// The value, or `None` if it is missing; `TooLarge` if it is over `limit` bytes, refused
+    /// before it is read whole where the backend can tell its size first. Every record read from
+    /// a store others can write to goes through here, so a hostile 2 GiB record costs nothing.
+    fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+        if self.capabilities().sizes {
+            match self.size(key) {
+                Ok(None) => return Ok(None),
+                Ok(Some(size)) if size > limit => {
+                    return Err(StoreError::TooLarge { size, limit });
+                }
+                Ok(Some(_)) | Err(StoreError::Unsupported(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match self.get(key)? {
+            Some(v) if v.len() as u64 > limit => Err(StoreError::TooLarge {
+                size: v.len() as u64,
+                limit,
+            }),
+            other => Ok(other),
+        }
+    }
+
     /// Stores a value of `len` bytes that `fill` writes in place, like `put` otherwise (on
     /// Mooncake straight into a registered staging buffer, so a pack is never held twice).
     /// `fill` must write all `len` bytes; when it returns false nothing is stored and the result
@@ -272,6 +295,9 @@ pub mod testing {
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             self.0.get(key)
         }
+        fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+            self.0.get_capped(key, limit)
+        }
         fn exists(&self, key: &str) -> StoreResult<bool> {
             self.0.exists(key)
         }
@@ -382,6 +408,19 @@ pub mod testing {
                 None => self.inner.get(key),
             }
         }
+        fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+            if self.get.is_some() {
+                // Through the hook, checked once read.
+                return match self.get(key)? {
+                    Some(v) if v.len() as u64 > limit => Err(StoreError::TooLarge {
+                        size: v.len() as u64,
+                        limit,
+                    }),
+                    other => Ok(other),
+                };
+            }
+            self.inner.get_capped(key, limit)
+        }
         fn exists(&self, key: &str) -> StoreResult<bool> {
             match &self.exists {
                 Some(hook) => hook(&self.inner, &self.state, key),
@@ -431,6 +470,9 @@ pub mod testing {
         }
         fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
             (**self).get(key)
+        }
+        fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+            (**self).get_capped(key, limit)
         }
         fn put_filled(
             &self,

@@ -162,6 +162,41 @@ impl Store for LocalStore {
         }
     }
 
+    /// Reads the size from the open file before reading it, so an oversized value is refused
+    /// without being read.
+    fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+        use std::io::Read;
+        let path = self.path_of(key)?;
+        let mut file = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(&path, e)),
+        };
+        let meta = file.metadata().map_err(|e| io_err(&path, e))?;
+        if !meta.is_file() {
+            return Ok(None);
+        }
+        if meta.len() > limit {
+            return Err(StoreError::TooLarge {
+                size: meta.len(),
+                limit,
+            });
+        }
+        let mut value = Vec::with_capacity(meta.len() as usize);
+        // `take`: a value that grows while it is read is still refused past the limit.
+        (&mut file)
+            .take(limit + 1)
+            .read_to_end(&mut value)
+            .map_err(|e| io_err(&path, e))?;
+        if value.len() as u64 > limit {
+            return Err(StoreError::TooLarge {
+                size: value.len() as u64,
+                limit,
+            });
+        }
+        Ok(Some(value))
+    }
+
     fn exists(&self, key: &str) -> StoreResult<bool> {
         let path = self.path_of(key)?;
         match fs::metadata(&path) {

@@ -1051,20 +1051,31 @@ impl Store for MooncakeStore {
     }
 
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.get_capped(key, self.limit)
+    }
+
+    /// A value over `limit` is refused from the size the first read reports, before a buffer
+    /// that could hold it is made; one that fits the first buffer is checked once read (it sits in
+    /// a staging buffer, not the heap, until then).
+    fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+        let limit = limit.min(self.limit);
         let k = c_key(key)?;
         // The size is unknown: try the largest free buffer (or a small new one), then, if the
         // value is bigger, one that fits it.
         let lease = self.lease(Need::Any)?;
         let key2 = k.clone();
         let size = match self.call(move |inner| get_once(inner, &lease, &key2))? {
+            GetOnce::Done(Ok(Some(v))) if v.len() as u64 > limit => {
+                return Err(StoreError::TooLarge {
+                    size: v.len() as u64,
+                    limit,
+                });
+            }
             GetOnce::Done(r) => return r,
             GetOnce::Bigger(size) => size,
         };
-        if size > self.limit {
-            return Err(StoreError::TooLarge {
-                size,
-                limit: self.limit,
-            });
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
         }
         let lease = self.lease(Need::AtLeast(size as usize))?;
         match self.call(move |inner| get_once(inner, &lease, &k))? {
