@@ -51,4 +51,4 @@ cargo test --workspace --no-run
 JITSHIP_REQUIRE_MOONCAKE=1 ./tests/cluster/cluster.sh run -- \
     cargo test --offline --workspace --no-fail-fast \
     --test mooncake_conformance --test mooncake_roundtrip --test mooncake_interop --test mooncake_drills \
-    --test concurrent_publish --test gc --test operator_commands --test signing
+    --test concurrent_publish --test gc --test operator_commands --test signing --test hostile_store

@@ -12,8 +12,14 @@
 //! - gc fails closed on what it cannot read: a manifest it cannot decode (corrupt, or written by a
 //!   newer jitship with fields this one does not know) keeps every generation of its compat id,
 //!   and no pack at all is removed in that run (such a generation may reference any pack, and
-//!   packs are shared across compat ids); the report names it (`unreadable`). A head record it
-//!   cannot decode stops gc with an error naming the key.
+//!   packs are shared across compat ids); the report names it (`unreadable`). A head record that
+//!   is no usable head (corrupt, oversized, another place's: anyone can write the store) is
+//!   reported (`faulty_heads`) and left in place; readers pass it over.
+//! - under `[trust] mode = "required"` only generations a trusted key signed count (`counts`):
+//!   they fill the quota, the newest of them is the one never dropped, and an untrusted one
+//!   (its manifest unreadable or not) never holds up or pushes out a trusted one. Untrusted
+//!   generations below the newest trusted head are removed; those above it are reported and left
+//!   (removing the top of a head sequence would leave a floor above every head).
 //!
 //! Removing (never in `--dry-run`), in an order a reader can never half-see:
 //! 1. a head floor per compat id whose heads are removed (`catalog::FloorRecord`): heads below it
@@ -49,6 +55,7 @@ use crate::generation::{CompatId, ContentHash, GenerationId};
 use crate::inspect::{self, CompatView, InspectError, ManifestState};
 use crate::policy::{CachePolicy, GenerationSummary, RetentionLimits};
 use crate::store::{Store, StoreError};
+use crate::trust::{Signer, TrustPolicy};
 
 #[derive(Debug, Clone)]
 pub struct GcOptions {
@@ -63,6 +70,10 @@ pub struct GcOptions {
     pub lease_wait: Duration,
     /// Waits before gc gives up on a leased key (the journal lets the next run retry it).
     pub lease_rounds: u32,
+    /// This host's trust. Under `required`, only generations signed by a trusted key count:
+    /// they alone fill the retention quota, the newest of them is the one never dropped, and an
+    /// untrusted one never makes gc keep or drop a trusted one (see `counts`).
+    pub trust: std::sync::Arc<TrustPolicy>,
 }
 
 impl GcOptions {
@@ -105,6 +116,10 @@ pub struct GcReport {
     pub decisions: Vec<Decision>,
     /// Policies that failed: their compat ids keep everything this run.
     pub policy_errors: Vec<String>,
+    /// Head records that are no usable head (corrupt, oversized, another place's): reported,
+    /// left in place (readers pass them over).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub faulty_heads: Vec<String>,
     /// Head record keys removed (or, in a dry run, that would be).
     pub heads: Vec<String>,
     pub manifests: Vec<GenerationId>,
@@ -151,8 +166,7 @@ pub fn collect(
         dry_run: opts.dry_run,
         ..GcReport::default()
     };
-    // Retention is about what is stored, not who signed it: signatures are not judged here.
-    let survey = inspect::survey(store, layout, &crate::trust::TrustPolicy::default())?;
+    let survey = inspect::survey(store, layout, &opts.trust)?;
     let mut plan = Plan {
         heads: vec![],
         manifests: BTreeSet::new(),
@@ -162,7 +176,17 @@ pub fn collect(
         known: HashSet::new(),
     };
     let mut dropped_packs: HashMap<ContentHash, u64> = HashMap::new();
-    for (c, g) in survey.generations() {
+    for c in &survey.compats {
+        for f in &c.faulty_heads {
+            report.faulty_heads.push(format!(
+                "compat id {} seq {}: {} (left in place; readers pass it over)",
+                c.compat_id, f.seq, f.fault
+            ));
+        }
+    }
+    // Only a generation that counts can hold up pack removal: an untrusted store writer's
+    // garbage manifest must not stop gc.
+    for (c, g) in survey.generations().filter(|(_, g)| counts(opts, g)) {
         if let ManifestState::Corrupt { error } = &g.state {
             report.unreadable.push(format!(
                 "compat id {} generation {}: {error}",
@@ -332,6 +356,11 @@ pub fn collect(
     for compat in catalog::compat_ids(store, layout)? {
         if let Some(head) = catalog::newest_head(store, layout, &compat)?
             && !plan.known.contains(&head.generation)
+            && (opts.trust.mode() != crate::config::TrustMode::Required
+                || matches!(
+                    opts.trust.judge(layout.namespace(), &head),
+                    Signer::Trusted { .. }
+                ))
         {
             match catalog::read_manifest(store, layout, &head.generation)? {
                 ManifestRead::Present(m) => spared.extend(m.packs.iter().map(|p| p.id)),
@@ -392,10 +421,15 @@ fn decide_compat(
     let unreadable = compat
         .generations
         .iter()
+        .filter(|g| counts(opts, g))
         .any(|g| matches!(g.state, ManifestState::Corrupt { .. }));
+    // The newest generation that counts is the one installs take: never dropped.
+    let newest = compat.generations.iter().find(|g| counts(opts, g));
+    let newest_seq = newest.and_then(|g| g.seqs.iter().max().copied());
     let summaries: Vec<GenerationSummary> = compat
         .generations
         .iter()
+        .filter(|g| counts(opts, g))
         .filter_map(|g| {
             let s = g.summary()?;
             Some(GenerationSummary {
@@ -432,8 +466,10 @@ fn decide_compat(
         plan.known.insert(g.id);
         let superseded_for = g.superseded_at.map(|s| opts.now.saturating_sub(s));
         let past_grace = superseded_for.is_some_and(|s| s >= grace);
-        let (verdict, reason) = if g.is_head {
+        let (verdict, reason) = if newest.is_some_and(|n| n.id == g.id) {
             (Verdict::Keep, "newest: the head installs read".to_owned())
+        } else if !counts(opts, g) {
+            untrusted_verdict(g, newest_seq)
         } else if unreadable {
             (
                 Verdict::Keep,
@@ -507,6 +543,44 @@ fn decide_compat(
         let old_floor = compat.floor.as_ref().map_or(1, |f| f.floor);
         plan.floors
             .push((compat.compat_id, floor.max(old_floor), keep));
+    }
+}
+
+/// Whether `g` counts for retention: under `required`, only if a trusted key signed one of its
+/// heads (what installs here take); otherwise every generation counts.
+fn counts(opts: &GcOptions, g: &inspect::GenerationView) -> bool {
+    opts.trust.mode() != crate::config::TrustMode::Required
+        || g.signatures
+            .iter()
+            .any(|s| matches!(s.signer, Signer::Trusted { .. }))
+}
+
+/// A generation no trusted key signed, under `required`: installs here never take it, so it
+/// neither fills the quota nor is kept for readers. Removed unless pinned, or unless a head of it
+/// lies above the newest trusted head: removing the top of a head sequence is not safe for stores
+/// without listing (the floor must stay below a head that exists), so those are reported and
+/// left; installs pass them over and the next trusted publish writes above them.
+fn untrusted_verdict(
+    g: &inspect::GenerationView,
+    newest_trusted: Option<u64>,
+) -> (Verdict, String) {
+    let signers: Vec<String> = g.signatures.iter().map(|s| s.signer.to_string()).collect();
+    let who = signers.join(", ");
+    if g.pinned {
+        return (Verdict::Keep, format!("pinned, though {who}"));
+    }
+    match newest_trusted {
+        Some(top) if g.seqs.iter().all(|&s| s < top) => (
+            Verdict::Drop,
+            format!("{who}: trust is required, so installs never take it; removed"),
+        ),
+        _ => (
+            Verdict::Keep,
+            format!(
+                "{who}: trust is required, so installs pass it over; left in place above the \
+                 newest trusted head (remove it by hand, or let a trusted publish write above it)"
+            ),
+        ),
     }
 }
 

@@ -124,6 +124,10 @@ pub struct CompatView {
     pub cache_kind: Option<String>,
     pub compat_key: Option<String>,
     pub floor: Option<FloorRecord>,
+    /// Head records that exist but cannot be used (corrupt, oversized, another place's), each
+    /// with why: anyone can write the store; readers pass them over.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub faulty_heads: Vec<catalog::FaultyHead>,
     /// Newest first (by newest head seq).
     pub generations: Vec<GenerationView>,
 }
@@ -165,12 +169,17 @@ pub fn survey_compat(
     compat: &CompatId,
     trust: &TrustPolicy,
 ) -> Result<CompatView, InspectError> {
-    let (floor, heads) = catalog::all_heads(store, layout, compat)?;
+    let catalog::CompatHeads {
+        floor,
+        heads,
+        faulty,
+    } = catalog::all_heads(store, layout, compat)?;
     let mut view = CompatView {
         compat_id: *compat,
         cache_kind: None,
         compat_key: None,
         floor,
+        faulty_heads: faulty,
         generations: vec![],
     };
     // heads are newest first; a head's generation is superseded when the next newer head was written.

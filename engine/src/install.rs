@@ -269,11 +269,19 @@ struct Job {
     report: InstallReport,
 }
 
-/// The heads an install may take, newest first: the newest, then (read once it does not do) up
-/// to `fallback_depth` older ones.
+/// How many heads an install passes over (refused by its trust, faulty, incomplete in the
+/// store) before it gives up: anyone can write heads, so the walk is bounded whatever is there.
+const MAX_PASSED_OVER: usize = 256;
+
+/// The heads an install may take, newest first, read from the store as they are needed: the
+/// newest first (an install's fixed cost), more only when it will not do.
+#[derive(Default)]
 struct Candidates {
-    heads: Vec<crate::generation::HeadRecord>,
-    older_read: bool,
+    read: Vec<Result<crate::generation::HeadRecord, catalog::FaultyHead>>,
+    /// No head below the last one read.
+    exhausted: bool,
+    /// Heads the trust admitted and that were tried: the newest and up to `fallback_depth` older.
+    admitted: usize,
 }
 
 /// What to write: a file of the manifest and where it goes in staging (relative to the staging
@@ -309,18 +317,7 @@ impl Job {
     }
 
     fn run(&mut self) -> Result<(InstallOutcome, String), InstallError> {
-        let Some(head) = catalog::newest_head(self.store()?.as_ref(), &self.layout, &self.compat)?
-        else {
-            return Ok((
-                InstallOutcome::Miss,
-                format!("no generation published yet for compat id {}", self.compat),
-            ));
-        };
-        // The older heads (fallbacks) are read only when the newest will not do.
-        let mut heads = Candidates {
-            heads: vec![head.clone()],
-            older_read: false,
-        };
+        let mut heads = Candidates::default();
         let mut next = 0;
         // The lock (taken once, before the root is opened: a concurrent installer may be renaming
         // a whole tree into place) and where the root lives.
@@ -333,7 +330,7 @@ impl Job {
                 "manifest fetched and packs checked"
             );
             let Some((id, manifest)) = picked else {
-                return Ok(self.nothing_installable(&head, heads.heads.len()));
+                return Ok(self.nothing_installable(&heads));
             };
             self.report.generation = Some(id);
             self.report.complete = Some(manifest.incomplete.is_none());
@@ -356,8 +353,9 @@ impl Job {
                     | InstallError::PackSize { .. }
                     | InstallError::PackVanished(_)),
                 ) => {
-                    tracing::warn!(generation = %id, error = %e, "trying an older generation");
                     self.report.damaged.push(format!("generation {id}: {e}"));
+                    let seq = self.report.taken_seq.take().unwrap_or(0);
+                    self.pass_over(seq, Some(id), PassReason::Damaged, e.to_string());
                     self.report.packs_fetched = 0;
                     self.report.bytes_fetched = 0;
                     self.report.files_materialized.clear();
@@ -417,10 +415,10 @@ impl Job {
         if let Some(signer) = &self.report.signer {
             detail.push_str(&format!(" ({signer})"));
         }
-        if !self.report.refused.is_empty() || !self.report.damaged.is_empty() {
+        if !self.report.passed_over.is_empty() {
             detail.push_str(&format!(
                 "; passed over {} newer head(s): {}",
-                self.report.refused.len() + self.report.damaged.len(),
+                self.report.passed_over.len(),
                 self.passed_over()
             ));
         }
@@ -484,59 +482,107 @@ impl Job {
 
     fn passed_over(&self) -> String {
         self.report
-            .refused
+            .passed_over
             .iter()
-            .map(|r| format!("seq {} {}", r.seq, r.signer))
-            .chain(self.report.damaged.iter().cloned())
+            .map(|p| match &p.generation {
+                Some(g) => format!("seq {} (generation {g}): {}", p.seq, p.why),
+                None => format!("seq {}: {}", p.seq, p.why),
+            })
             .collect::<Vec<_>>()
             .join("; ")
     }
 
+    /// Records a newer head passed over, and why (in the report and the log).
+    fn pass_over(
+        &mut self,
+        seq: u64,
+        generation: Option<GenerationId>,
+        reason: PassReason,
+        why: String,
+    ) {
+        tracing::warn!(seq, generation = ?generation, "passed over: {why}");
+        self.report.passed_over.push(PassedOver {
+            seq,
+            generation,
+            reason,
+            why,
+        });
+    }
+
     /// The outcome when no candidate could be installed: `untrusted` if the trust refused every
-    /// one, `failed` if one had a corrupt or vanishing pack, else `miss`.
-    fn nothing_installable(
-        &self,
-        head: &crate::generation::HeadRecord,
-        candidates: usize,
-    ) -> (InstallOutcome, String) {
-        if self.report.refused.len() == candidates {
+    /// head that could have been used, `failed` if one was damaged (a corrupt or vanishing pack, a
+    /// manifest of another place), else `miss`.
+    fn nothing_installable(&self, heads: &Candidates) -> (InstallOutcome, String) {
+        if heads.read.is_empty() {
+            return (
+                InstallOutcome::Miss,
+                format!("no generation published yet for compat id {}", self.compat),
+            );
+        }
+        let passed = self.passed_over();
+        if !self.report.refused.is_empty() && heads.admitted == 0 {
             return (
                 InstallOutcome::Untrusted,
                 format!(
-                    "trust mode {} refused generation {} and the {} older head(s) tried: {}; \
-                     publish with a trusted signing key, or add the publisher's public key to \
-                     [trust] trusted_keys",
+                    "trust mode {} admitted none of the {} head(s) found: {passed}; publish with \
+                     a trusted signing key, or add the publisher's public key to [trust] \
+                     trusted_keys",
                     self.trust.mode().as_str(),
-                    head.generation,
-                    candidates - 1,
-                    self.passed_over()
+                    self.report.passed_over.len(),
                 ),
             );
         }
-        // A pack that turned out corrupt (or vanished mid-fetch) with nothing older to fall back
-        // to is a failure, as before fallbacks existed: the data is there but wrong.
-        if !self.report.damaged.is_empty() {
+        // Data that is there but wrong, with nothing older to fall back to: a failure.
+        if self
+            .report
+            .passed_over
+            .iter()
+            .any(|p| p.reason == PassReason::Damaged)
+        {
             return (
                 InstallOutcome::Failed,
-                format!(
-                    "no older complete generation to fall back to: {}",
-                    self.passed_over()
-                ),
+                format!("no older complete generation to fall back to: {passed}"),
             );
         }
-        let mut detail = format!(
-            "generation {} (and {} older) incomplete in the store: evicted, removed or corrupt",
-            head.generation,
-            candidates - 1
-        );
-        if !self.report.refused.is_empty() || !self.report.damaged.is_empty() {
-            detail.push_str(&format!(" ({})", self.passed_over()));
-        }
-        (InstallOutcome::Miss, detail)
+        (
+            InstallOutcome::Miss,
+            format!(
+                "no usable generation for compat id {} in the store (evicted, removed or \
+                 unusable): {passed}",
+                self.compat
+            ),
+        )
     }
 
-    /// The next candidate from `heads[*next..]` whose head the trust admits and whose manifest and
-    /// packs are all in the store right now; records refused heads in the report.
+    /// Reads up to `n` more heads below the last one read.
+    fn read_heads(
+        &self,
+        store: &dyn Store,
+        heads: &mut Candidates,
+        n: usize,
+    ) -> Result<(), InstallError> {
+        let mut walk = catalog::HeadWalk::new(store, &self.layout, &self.compat)?;
+        if let Some(last) = heads.read.last() {
+            walk.start_below(match last {
+                Ok(h) => h.seq,
+                Err(f) => f.seq,
+            });
+        }
+        for _ in 0..n {
+            match walk.next_head()? {
+                Some(entry) => heads.read.push(entry),
+                None => {
+                    heads.exhausted = true;
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next candidate from `heads.read[*next..]` whose head the trust admits and whose
+    /// manifest and packs are all in the store right now; every head passed over is in the report
+    /// with why.
     fn pick_complete(
         &mut self,
         candidates: &mut Candidates,
@@ -545,31 +591,43 @@ impl Job {
         let store = self.store()?;
         let store = store.as_ref();
         // The newest usable generation its policy recorded as incomplete, taken only when no
-        // complete one follows it: (id, manifest, signer, index after it).
-        let mut newest_incomplete: Option<(GenerationId, Manifest, Signer, usize)> = None;
-        let mut passed_over = Vec::new();
+        // complete one follows it: (seq, id, manifest, signer, index after it).
+        let mut newest_incomplete: Option<(u64, GenerationId, Manifest, Signer, usize)> = None;
+        let mut passed_incomplete = Vec::new();
         loop {
-            if *next == candidates.heads.len() && !candidates.older_read {
-                candidates.older_read = true;
-                let older = catalog::older_heads(
-                    store,
-                    &self.layout,
-                    &candidates.heads[0],
-                    self.fallback_depth,
-                )?;
-                candidates.heads.extend(older);
+            if *next == candidates.read.len() {
+                if candidates.exhausted {
+                    break;
+                }
+                // The newest alone first; then a batch, read once it does not do.
+                let n = if candidates.read.is_empty() { 1 } else { 16 };
+                self.read_heads(store, candidates, n)?;
+                continue;
             }
-            let Some(h) = candidates.heads.get(*next) else {
+            if *next >= MAX_PASSED_OVER || candidates.admitted > self.fallback_depth {
                 break;
-            };
-            *next += 1;
+            }
             self.check_time()?;
-            let signer = self.trust.judge(self.layout.namespace(), h);
+            let entry = candidates.read[*next].clone();
+            *next += 1;
+            let h = match entry {
+                Ok(h) => h,
+                Err(f) => {
+                    self.pass_over(f.seq, None, PassReason::Faulty, f.fault.to_string());
+                    continue;
+                }
+            };
+            let signer = self.trust.judge(self.layout.namespace(), &h);
             if !self
                 .trust
                 .admits(&signer, &format_args!("generation {}", h.generation))
             {
-                tracing::warn!(seq = h.seq, generation = %h.generation, "refused: {signer}");
+                self.pass_over(
+                    h.seq,
+                    Some(h.generation),
+                    PassReason::Untrusted,
+                    signer.to_string(),
+                );
                 self.report.refused.push(RefusedHead {
                     seq: h.seq,
                     generation: h.generation,
@@ -577,45 +635,66 @@ impl Job {
                 });
                 continue;
             }
-            match catalog::fetch_manifest(store, &self.layout, &h.generation)? {
-                Some(m) if m.compat_id != self.compat || m.cache_kind != self.report.cache_kind => {
-                    return Err(InstallError::CrossCompat {
-                        head: self.compat,
-                        kind: self.report.cache_kind.clone(),
-                        generation: h.generation,
-                        manifest_compat: m.compat_id,
-                        manifest_kind: m.cache_kind,
-                    });
+            candidates.admitted += 1;
+            let m = match catalog::read_manifest(store, &self.layout, &h.generation)? {
+                catalog::ManifestRead::Present(m) => m,
+                catalog::ManifestRead::Missing => {
+                    let why = "manifest missing (evicted or removed)".to_owned();
+                    self.pass_over(h.seq, Some(h.generation), PassReason::Missing, why);
+                    continue;
                 }
-                Some(m) if catalog::packs_present(store, &self.layout, &m)? => {
-                    if m.incomplete.is_none() {
-                        self.report.signer = Some(signer);
-                        self.report.newer_incomplete = passed_over;
-                        // The manifest decoded under the head's id, so that is its id (no re-encode).
-                        return Ok(Some((h.generation, m)));
-                    }
-                    tracing::info!(generation = %h.generation, "generation is an incomplete cache; looking for an older complete one");
-                    passed_over.push(h.generation);
-                    if newest_incomplete.is_none() {
-                        newest_incomplete = Some((h.generation, m, signer, *next));
-                    }
+                catalog::ManifestRead::Unreadable(e) => {
+                    let why = format!("manifest unreadable: {e}");
+                    self.pass_over(h.seq, Some(h.generation), PassReason::Damaged, why);
+                    continue;
                 }
-                Some(_) => {
-                    tracing::warn!(generation = %h.generation, "generation has evicted packs; trying an older one")
-                }
-                None => {
-                    tracing::warn!(generation = %h.generation, "manifest missing; trying an older generation")
-                }
+            };
+            if m.compat_id != self.compat || m.cache_kind != self.report.cache_kind {
+                let e = InstallError::CrossCompat {
+                    head: self.compat,
+                    kind: self.report.cache_kind.clone(),
+                    generation: h.generation,
+                    manifest_compat: m.compat_id,
+                    manifest_kind: m.cache_kind.clone(),
+                };
+                self.pass_over(
+                    h.seq,
+                    Some(h.generation),
+                    PassReason::Damaged,
+                    e.to_string(),
+                );
+                continue;
             }
+            if !catalog::packs_present(store, &self.layout, &m)? {
+                let why = "packs missing (evicted or removed)".to_owned();
+                self.pass_over(h.seq, Some(h.generation), PassReason::Missing, why);
+                continue;
+            }
+            if m.incomplete.is_none() {
+                self.report.signer = Some(signer);
+                self.report.newer_incomplete = passed_incomplete;
+                self.report.taken_seq = Some(h.seq);
+                // The manifest decoded under the head's id, so that is its id (no re-encode).
+                return Ok(Some((h.generation, *m)));
+            }
+            tracing::info!(generation = %h.generation, "generation is an incomplete cache; looking for an older complete one");
+            passed_incomplete.push(h.generation);
+            if newest_incomplete.is_none() {
+                newest_incomplete = Some((h.seq, h.generation, *m, signer, *next));
+            }
+        }
+        if *next >= MAX_PASSED_OVER {
+            tracing::warn!(passed = *next, "gave up looking for an installable head");
         }
         // No complete one: the newest incomplete one, which the report marks as such. Should its
         // packs turn out damaged, the caller's next try starts after it.
-        let Some((id, m, signer, after)) = newest_incomplete else {
+        let Some((seq, id, m, signer, after)) = newest_incomplete else {
             return Ok(None);
         };
-        passed_over.retain(|g| *g != id);
-        self.report.newer_incomplete = passed_over;
+        passed_incomplete.retain(|g| *g != id);
+        self.report.newer_incomplete = passed_incomplete;
         self.report.signer = Some(signer);
+        self.report.taken_seq = Some(seq);
         *next = after;
         Ok(Some((id, m)))
     }

@@ -187,14 +187,15 @@ pub fn publish(
         duration_ms: 0,
     };
 
-    let newest = catalog::newest_head(store, layout, &compat_id)?;
-    // Under `required`, a head this publisher's trust refuses is no parent: build on the newest
-    // admitted one below it, and publish even if nothing is new, so a signed head covers it.
-    let head = match &newest {
-        Some(h) => admitted_base(store, layout, h, &opts.trust)?,
-        None => None,
-    };
-    let covers_refused_head = newest.as_ref().map(|h| h.seq) != head.as_ref().map(|h| h.seq);
+    // The newest seq anyone wrote (this publish writes above it) and the newest head this
+    // publisher may build on. Any head above that base (refused by the trust, corrupt, another
+    // place's) is covered: the publish writes a head even if nothing is new, so readers find
+    // this publisher's head first.
+    let mut walk = catalog::HeadWalk::new(store, layout, &compat_id)?;
+    let occupied = walk.newest_seq();
+    let head = admitted_base(&mut walk, layout, &opts.trust)?;
+    let covers_refused_head = occupied != head.as_ref().map(|h| h.seq);
+    let first_seq = first_seq_to_write(occupied, head.as_ref());
     report.parent_signer = head
         .as_ref()
         .map(|h| opts.trust.policy.judge(layout.namespace(), h));
@@ -342,14 +343,7 @@ pub fn publish(
         &candidate.cache_kind,
         &candidate.compat_key,
     )?;
-    let (generation, seq) = commit_head(
-        store,
-        layout,
-        candidate,
-        newest.map_or(1, |h| h.seq + 1),
-        opts,
-        &mut report,
-    )?;
+    let (generation, seq) = commit_head(store, layout, candidate, first_seq, opts, &mut report)?;
     report.outcome = PublishOutcome::Published { generation, seq };
     report.signed_by = opts
         .trust
@@ -360,29 +354,57 @@ pub fn publish(
     Ok(report)
 }
 
-/// `newest`, or if the trust refuses it the newest admitted head below it (None: start a fresh chain).
+/// How many heads a publish passes over (refused by its trust, or faulty) looking for its base
+/// before it starts a fresh chain: a store flooded with junk costs a publish a fresh chain, not a
+/// long walk.
+const MAX_PASSED_OVER: usize = 256;
+
+/// The newest head this publisher may build on: the newest usable head its trust admits, walking
+/// down past refused and faulty ones (None: start a fresh chain).
 fn admitted_base(
-    store: &dyn Store,
+    walk: &mut catalog::HeadWalk<'_>,
     layout: &KeyLayout,
-    newest: &HeadRecord,
     trust: &PublishTrust,
 ) -> Result<Option<HeadRecord>, PublishError> {
-    if trust.admits(layout.namespace(), newest) {
-        return Ok(Some(newest.clone()));
+    let mut passed = 0;
+    while let Some(entry) = walk.next_head()? {
+        match entry {
+            Ok(h) if trust.admits(layout.namespace(), &h) => {
+                if passed > 0 {
+                    tracing::warn!(
+                        seq = h.seq,
+                        passed,
+                        "newer heads are not trusted or not usable: building on the newest trusted head and writing above them"
+                    );
+                }
+                return Ok(Some(h));
+            }
+            Ok(h) => {
+                tracing::warn!(seq = h.seq, generation = %h.generation, "head not admitted by this publisher's trust; passed over");
+            }
+            Err(f) => tracing::warn!(seq = f.seq, "head passed over: {}", f.fault),
+        }
+        passed += 1;
+        if passed >= MAX_PASSED_OVER {
+            tracing::warn!(
+                passed,
+                "no usable trusted head among the newest; publishing a fresh chain"
+            );
+            break;
+        }
     }
-    // Bounded: a store flooded with refused heads costs a publish a fresh chain, not a long walk.
-    const MAX_REFUSED: usize = 64;
-    let below = catalog::older_heads(store, layout, newest, MAX_REFUSED)?;
-    let base = below
-        .into_iter()
-        .find(|h| trust.admits(layout.namespace(), h));
-    tracing::warn!(
-        seq = newest.seq,
-        generation = %newest.generation,
-        base = ?base.as_ref().map(|h| h.seq),
-        "the newest head is not trusted: building on the newest trusted head below it and writing above it"
-    );
-    Ok(base)
+    Ok(None)
+}
+
+/// The seq a publish tries first: above every seq anyone wrote. Should that be the last seq
+/// there is (a record planted at `MAX_SEQ`), above its own base instead: the slots between are
+/// taken or not like any other, and readers pass the planted record over.
+fn first_seq_to_write(occupied: Option<u64>, base: Option<&HeadRecord>) -> u64 {
+    match occupied {
+        None => 1,
+        Some(s) if s < catalog::MAX_SEQ => s + 1,
+        Some(_) => base.map_or(1, |b| b.seq + 1),
+    }
 }
 
 /// The manifest of `id` as a parent, and whether it had to be repaired: `None` if it is missing or

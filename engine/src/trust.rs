@@ -333,6 +333,22 @@ pub struct PublishTrust {
 }
 
 impl PublishTrust {
+    /// A publisher's trust. With a signing key, `policy` is tightened for publishing
+    /// (`TrustPolicy::for_signing_publisher`): the key's own heads and trusted ones only.
+    pub fn new(
+        signing_key: Option<std::sync::Arc<PublisherKey>>,
+        policy: std::sync::Arc<TrustPolicy>,
+    ) -> Self {
+        let policy = match &signing_key {
+            Some(key) => std::sync::Arc::new(policy.for_signing_publisher(key)),
+            None => policy,
+        };
+        Self {
+            signing_key,
+            policy,
+        }
+    }
+
     /// Judges `head` and applies the mode (see `TrustPolicy::admits`).
     pub fn admits(&self, namespace: &str, head: &HeadRecord) -> bool {
         let signer = self.policy.judge(namespace, head);
@@ -386,6 +402,23 @@ impl TrustPolicy {
 
     pub fn mode(&self) -> TrustMode {
         self.mode
+    }
+
+    /// The trust a publisher holding `own` builds with: `required`, with its own key trusted
+    /// beside the configured ones, whatever `[trust] mode` says. A signing publisher never builds
+    /// on, merges or re-signs a head it does not trust, so its signature never vouches for files
+    /// that another store writer put there (`mode` loosens only what installs and store commands
+    /// accept).
+    pub fn for_signing_publisher(&self, own: &PublisherKey) -> Self {
+        let mut keys = self.keys.clone();
+        if !keys.iter().any(|(id, _)| id == own.key_id()) {
+            let public = own.public_key();
+            keys.push((key_id(&public), public));
+        }
+        Self {
+            mode: TrustMode::Required,
+            keys,
+        }
     }
 
     pub fn trusted_key_ids(&self) -> Vec<&str> {

@@ -108,6 +108,7 @@ fn gc_at(
             dry_run,
             lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
             lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
+            trust: Default::default(),
         },
     )
     .unwrap_or_else(|e| panic!("gc: {e}"))
@@ -541,6 +542,7 @@ fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
         dry_run: false,
         lease_wait: GcOptions::DEFAULT_LEASE_WAIT,
         lease_rounds: GcOptions::DEFAULT_LEASE_ROUNDS,
+        trust: Default::default(),
     };
 
     // A failing policy disables retention for its kind: everything stays, the error is reported.

@@ -304,25 +304,18 @@ impl Session {
 
 /// The signing key (if configured) and the trust a publisher builds with.
 fn publish_trust(config: &Config, trust: &Arc<TrustPolicy>) -> Result<PublishTrust> {
-    let signing_key = match &config.trust.signing_key_file {
-        Some(path) => {
-            let key = PublisherKey::load(path)?;
-            if trust.mode() != crate::config::TrustMode::Off
-                && !trust.trusted_key_ids().contains(&key.key_id())
-            {
-                tracing::warn!(
-                    key_id = key.key_id(),
-                    "the signing key is not among this host's trusted keys: its own generations will not be parents of its next publishes"
-                );
-            }
-            Some(Arc::new(key))
-        }
-        None => None,
+    let Some(path) = &config.trust.signing_key_file else {
+        return Ok(PublishTrust::new(None, trust.clone()));
     };
-    Ok(PublishTrust {
-        signing_key,
-        policy: trust.clone(),
-    })
+    let key = PublisherKey::load(path)?;
+    if trust.mode() != crate::config::TrustMode::Required {
+        tracing::info!(
+            key_id = key.key_id(),
+            mode = trust.mode().as_str(),
+            "a signing publisher builds only on heads signed by its own or a trusted key (trust required for publishing)"
+        );
+    }
+    Ok(PublishTrust::new(Some(Arc::new(key)), trust.clone()))
 }
 
 fn publish_options(

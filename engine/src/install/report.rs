@@ -89,6 +89,13 @@ pub struct InstallReport {
     /// Newer generations given up on because a pack was corrupt or vanished while fetched.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub damaged: Vec<String>,
+    /// Every newer head passed over on the way to the one taken (or to none), newest first, and
+    /// why: refused by the trust, faulty, incomplete in the store, damaged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub passed_over: Vec<PassedOver>,
+    /// The seq of the head of the generation taken.
+    #[serde(skip)]
+    pub(crate) taken_seq: Option<u64>,
     /// Whether the generation taken is a complete cache for its kind (its policy said so when it
     /// was published); `None` when none was taken.
     pub complete: Option<bool>,
@@ -108,6 +115,31 @@ pub struct InstallReport {
     pub packs_fetched: u64,
     pub bytes_fetched: u64,
     pub duration_ms: u64,
+}
+
+/// A newer head an install did not take, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct PassedOver {
+    pub seq: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationId>,
+    pub reason: PassReason,
+    /// In words, for the detail line and operators.
+    pub why: String,
+}
+
+/// Why a head was passed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PassReason {
+    /// Unsigned, untrusted or forged where the trust requires a trusted signature.
+    Untrusted,
+    /// Not a usable head record: corrupt, oversized, another place's.
+    Faulty,
+    /// Its manifest or a pack is not in the store (evicted or removed).
+    Missing,
+    /// There but wrong: a corrupt manifest or pack, a manifest of another compat id or kind.
+    Damaged,
 }
 
 /// A head the trust did not admit.
@@ -133,6 +165,8 @@ impl InstallReport {
             signer: None,
             refused: vec![],
             damaged: vec![],
+            passed_over: vec![],
+            taken_seq: None,
             complete: None,
             incomplete: None,
             newer_incomplete: vec![],

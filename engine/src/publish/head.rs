@@ -30,6 +30,12 @@ pub(super) fn commit_head(
     let base_seq = seq.saturating_sub(1);
     let mut included: HashSet<GenerationId> = candidate.parent.into_iter().collect();
     for _ in 0..opts.max_head_attempts {
+        if seq > catalog::MAX_SEQ {
+            return Err(catalog::CatalogError::SequenceFull(
+                layout.heads_prefix(&candidate.compat_id),
+            )
+            .into());
+        }
         candidate.normalize();
         let bytes = candidate.encode();
         let generation = candidate.id();
@@ -46,15 +52,27 @@ pub(super) fn commit_head(
             key.sign(layout.namespace(), &mut record);
         }
         let admits = |h: &HeadRecord| opts.trust.admits(layout.namespace(), h);
-        let Some(stored) = put_and_read_back(store, layout, &record)? else {
-            // Nobody's head is readable at this seq even after retries (evicted at once): write
-            // above it; the check below merges it if it shows up after all.
-            tracing::warn!(
-                seq,
-                "head record unreadable right after writing it; trying the next seq"
-            );
-            seq += 1;
-            continue;
+        let stored = match put_and_read_back(store, layout, &record)? {
+            Some(Ok(stored)) => stored,
+            Some(Err(fault)) => {
+                // Someone wrote junk at this seq first (anyone can write the store): above it.
+                tracing::warn!(
+                    seq,
+                    "this seq holds no usable head ({fault}); trying the next seq"
+                );
+                seq += 1;
+                continue;
+            }
+            None => {
+                // Nobody's head is readable at this seq even after retries (evicted at once):
+                // write above it; the check below merges it if it shows up after all.
+                tracing::warn!(
+                    seq,
+                    "head record unreadable right after writing it; trying the next seq"
+                );
+                seq += 1;
+                continue;
+            }
         };
         // Another publisher of the same generation counts as ours only if its head is admitted.
         if stored == record || (stored.generation == generation && admits(&stored)) {
@@ -64,7 +82,8 @@ pub(super) fn commit_head(
             let below = seq - 1;
             let missed = if below > base_seq {
                 // A refused head below needs no merging: ours supersedes it.
-                catalog::read_head(store, layout, &candidate.compat_id, below)?
+                catalog::read_head_at(store, layout, &candidate.compat_id, below)?
+                    .and_then(Result::ok)
                     .filter(|h| !included.contains(&h.generation) && admits(h))
             } else {
                 None
@@ -130,7 +149,9 @@ fn head_above_without(
     ours: GenerationId,
     trust: &PublishTrust,
 ) -> Result<Option<(GenerationId, Option<Manifest>)>, PublishError> {
-    let Some(above) = catalog::read_head(store, layout, &candidate.compat_id, seq + 1)? else {
+    // A faulty record above ours is no head: readers pass it over and find ours.
+    let Some(Ok(above)) = catalog::read_head_at(store, layout, &candidate.compat_id, seq + 1)?
+    else {
         return Ok(None);
     };
     if !trust.admits(layout.namespace(), &above) {
@@ -146,12 +167,13 @@ fn head_above_without(
 /// Puts `record` and reads its seq back. A miss is retried with backoff, putting ours again each
 /// time: on Mooncake another client's put of the same key can be in flight (our put returns as if
 /// the key existed, a get still misses), and deciding "nobody holds this seq" too early would skip
-/// that publisher's files. `None` only if the seq stays unreadable.
+/// that publisher's files. `None` only if the seq stays unreadable; the fault if the seq holds
+/// something that is no usable head.
 fn put_and_read_back(
     store: &dyn Store,
     layout: &KeyLayout,
     record: &HeadRecord,
-) -> Result<Option<HeadRecord>, PublishError> {
+) -> Result<Option<Result<HeadRecord, catalog::HeadFault>>, PublishError> {
     let key = layout.head(&record.compat_id, record.seq);
     let bytes = record.encode();
     for attempt in 0..8u32 {
@@ -159,7 +181,8 @@ fn put_and_read_back(
             std::thread::sleep(std::time::Duration::from_millis(25 << attempt.min(4)));
         }
         store.put(&key, &bytes, ValueClass::Record)?;
-        if let Some(stored) = catalog::read_head(store, layout, &record.compat_id, record.seq)? {
+        // Someone else's bytes may hold this seq and be no head: that is an answer too.
+        if let Some(stored) = catalog::read_head_at(store, layout, &record.compat_id, record.seq)? {
             return Ok(Some(stored));
         }
     }

@@ -376,6 +376,7 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         dry_run: args.dry_run,
         lease_wait: retention.lease_wait,
         lease_rounds: crate::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
+        trust: session.trust.clone(),
     };
     let policy_for = |kind: &str| session.policy_for_kind(kind);
     let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policy_for, &opts)
@@ -409,6 +410,9 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         }
         for e in &report.policy_errors {
             println!("policy error: {e}");
+        }
+        for f in &report.faulty_heads {
+            println!("not a usable head: {f}");
         }
         for u in &report.unreadable {
             println!(
