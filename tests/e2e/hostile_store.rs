@@ -106,7 +106,20 @@ fn install(s: &Arc<Scenario>, root: &Path, trust: TrustPolicy) -> InstallReport 
 }
 
 fn put(s: &Scenario, key: &str, bytes: &[u8]) {
-    s.store.put(key, bytes, ValueClass::Record).unwrap();
+    assert!(
+        put_hostile(s, key, bytes),
+        "{key}: the store refused {bytes:?}"
+    );
+}
+
+/// Puts what an attacker would; false if the store cannot hold it at all (Mooncake refuses an
+/// empty value, so there that attack does not exist).
+fn put_hostile(s: &Scenario, key: &str, bytes: &[u8]) -> bool {
+    match s.store.put(key, bytes, ValueClass::Record) {
+        Ok(()) => true,
+        Err(e) if bytes.is_empty() && e.to_string().contains("empty value") => false,
+        Err(e) => panic!("{key}: {e}"),
+    }
 }
 
 /// `head` copied to `seq`, relabelled so it looks valid there (unsigned: the attacker has no key).
@@ -296,7 +309,10 @@ fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing() {
             .unwrap()
             .unwrap();
         put(&s, &s.layout.head(&c, s1 + 1), b"{\"compat_id\": garbage");
-        put(&s, &s.layout.head(&c, s1 + 2), b"");
+        // Mooncake cannot hold an empty value: a blank one there keeps the run contiguous.
+        if !put_hostile(&s, &s.layout.head(&c, s1 + 2), b"") {
+            put(&s, &s.layout.head(&c, s1 + 2), b" ");
+        }
         // Another seq's bytes, and another compat id's.
         put(&s, &s.layout.head(&c, s1 + 3), &h1.encode());
         let mut other = h1.clone();
@@ -651,7 +667,7 @@ mod property {
                     }
                 }
                 Attack::GarbageHead(sc, bytes) => {
-                    put(s, &s.layout.head(&c, self.seq(*sc)), bytes);
+                    put_hostile(s, &s.layout.head(&c, self.seq(*sc)), bytes);
                 }
                 Attack::PoisonPack(i) => {
                     if let Some(g) = self.trusted_gens.last()
