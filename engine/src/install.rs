@@ -23,7 +23,8 @@
 //!
 //! Modes: an installed file gets the published permission bits less the process's umask (read
 //! once from `/proc/self/status`), and never group or other write (`stage::install_mode`): a store
-//! anyone can write to cannot make a consumer's cache writable by others.
+//! anyone can write to cannot make a consumer's cache writable by others. Directories it creates
+//! are `stage::DIR_MODE` (0755) less the umask.
 //!
 //! The commit moves non-marker files first, then the files the policy marks as markers (those the
 //! engine finds the others through), so an engine never sees a marker before what it marks. A
@@ -351,7 +352,8 @@ impl Job {
                 Err(
                     e @ (InstallError::Corrupt { .. }
                     | InstallError::PackSize { .. }
-                    | InstallError::PackVanished(_)),
+                    | InstallError::PackVanished(_)
+                    | InstallError::GroupOutsideRoot { .. }),
                 ) => {
                     self.report.damaged.push(format!("generation {id}: {e}"));
                     let seq = self.report.taken_seq.take().unwrap_or(0);

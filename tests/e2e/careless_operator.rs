@@ -228,7 +228,8 @@ fn sibling_roots_installed_at_once_never_take_each_others_staging() {
 }
 
 /// A 0777 file published lands with the installing process's umask applied, and never group- or
-/// other-writable: 0700 under umask 077, 0755 under 022 and under 000.
+/// other-writable: 0700 under umask 077, 0755 under 022 and under 000; so do the directories
+/// the install creates.
 #[test]
 fn installed_modes_follow_the_umask_and_never_grant_group_or_other_write() {
     let t = tempfile::tempdir().unwrap();
@@ -260,11 +261,12 @@ fn installed_modes_follow_the_umask_and_never_grant_group_or_other_write() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-        for file in ["bin/tool", "big"] {
+        // Directories the install created too (the root and `bin`).
+        for file in ["bin/tool", "big", "bin", ""] {
             let mode = fs::metadata(root.join(file)).unwrap().mode() & 0o7777;
             assert_eq!(
                 mode, want,
-                "umask {umask}: {file} is {mode:o}, not {want:o}"
+                "umask {umask}: {file:?} is {mode:o}, not {want:o}"
             );
         }
     }

@@ -367,7 +367,7 @@ impl<'r> DirCache<'r> {
             let fd = match confined::open_dir_at(at.as_fd(), name) {
                 Ok(fd) => fd,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    confined::mkdir_at(at.as_fd(), name, 0o777)?;
+                    confined::mkdir_at(at.as_fd(), name, DIR_MODE)?;
                     self.created.push((at.clone(), name));
                     confined::open_dir_at(at.as_fd(), name)?
                 }

@@ -270,7 +270,7 @@ impl<'s> StagingWriter<'s> {
         materializer: &'s Materializer,
     ) -> Result<Self, InstallError> {
         staging
-            .mkdir(STAGED_TREE, 0o777)
+            .mkdir(STAGED_TREE, DIR_MODE)
             .map_err(io("create", &staging.display(STAGED_TREE)))?;
         Ok(Self {
             staging,
@@ -299,7 +299,7 @@ impl<'s> StagingWriter<'s> {
             self.ensure_dir(parent)?;
         }
         self.staging
-            .mkdir(dir, 0o777)
+            .mkdir(dir, DIR_MODE)
             .map_err(io("create", &self.staging.display(dir)))?;
         self.created_dirs.insert(dir.to_owned());
         Ok(())
@@ -467,6 +467,10 @@ pub(super) fn set_mode(file: &File, p: &Pending, shown: &Path) -> Result<(), Ins
     file.set_permissions(fs::Permissions::from_mode(install_mode(p.record.mode)))
         .map_err(io("chmod", shown))
 }
+
+/// The mode of every directory an install creates (the kernel takes the umask off as well):
+/// never group or other write, like files (`install_mode`).
+pub(super) const DIR_MODE: u32 = 0o755;
 
 /// The mode an installed file gets: the published permission bits, less what the process's
 /// umask takes away, and never group or other write (a store anyone can write to must not make a
