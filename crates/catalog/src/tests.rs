@@ -229,6 +229,11 @@ fn hostile_heads_far_above_are_out_of_range_or_one_search_away() {
             seen.windows(2).all(|w| w[0] > w[1]),
             "newest first: {seen:?}"
         );
+        println!(
+            "{store:?}: {} heads walked past 21 planted probe points and one at 10^7 above: {} probes",
+            seen.len(),
+            walk.probes()
+        );
         assert!(
             walk.probes() < 2_000,
             "{store:?}: {} probes for {} heads",
