@@ -123,6 +123,10 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
                 })
                 .collect::<Vec<_>>(),
         );
+        // Anyone can write the store: what is no usable head is shown, never hidden.
+        for f in &c.faulty_heads {
+            println!("  head seq {}: not a usable head: {}", f.seq, f.fault);
+        }
     }
     Ok(exit::OK)
 }
