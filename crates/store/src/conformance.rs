@@ -38,6 +38,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         "sized_batches_answer_per_key_whatever_the_hint",
         sized_batches_answer_per_key_whatever_the_hint,
     ),
+    (
+        "capped_gets_refuse_values_over_the_cap",
+        capped_gets_refuse_values_over_the_cap,
+    ),
 ];
 
 /// Runs every check; returns the failures joined, if any.
@@ -256,5 +260,47 @@ fn concurrent_puts_of_one_key_keep_one_value(s: &dyn Store, p: &str) -> Result<(
     let got = s.get(&key).map_err(e)?.ok_or("raced key missing")?;
     ensure(values.contains(&got), || {
         "raced key holds a mix of values".into()
+    })
+}
+
+/// `get_capped`: a value at the cap is returned, one over it is `TooLarge` (with its size), a
+/// missing key is a miss: what every record read of a store others write to relies on.
+fn capped_gets_refuse_values_over_the_cap(s: &dyn Store, p: &str) -> Result<(), String> {
+    let cap = 64 << 10;
+    let (at, over, missing) = (
+        format!("{p}/at"),
+        format!("{p}/over"),
+        format!("{p}/missing"),
+    );
+    let at_cap = vec![3u8; cap];
+    let over_cap = vec![4u8; 1 << 20];
+    s.put(&at, &at_cap, ValueClass::Record).map_err(e)?;
+    s.put(&over, &over_cap, ValueClass::Record).map_err(e)?;
+    let got = s.get_capped(&at, cap as u64).map_err(e)?;
+    ensure(got.as_deref() == Some(&at_cap[..]), || {
+        format!(
+            "a value at the cap came back as {:?} bytes",
+            got.map(|v| v.len())
+        )
+    })?;
+    match s.get_capped(&over, cap as u64) {
+        Err(StoreError::TooLarge { size, limit }) => {
+            ensure(size == over_cap.len() as u64 && limit == cap as u64, || {
+                format!("TooLarge says {size} over {limit}")
+            })?
+        }
+        other => {
+            return Err(format!(
+                "a value over the cap: {:?}, not TooLarge",
+                other.map(|v| v.map(|v| v.len()))
+            ));
+        }
+    }
+    let got = s.get_capped(&missing, cap as u64).map_err(e)?;
+    ensure(got.is_none(), || "a missing key is not a miss".into())?;
+    // The uncapped get still returns it whole.
+    let got = s.get(&over).map_err(e)?;
+    ensure(got.as_deref() == Some(&over_cap[..]), || {
+        "get after a refused capped get".into()
     })
 }

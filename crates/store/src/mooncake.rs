@@ -973,12 +973,18 @@ enum GetOnce {
 }
 
 /// One `get_into` with the whole leased buffer: the value copied out, a miss, or the size of a
-/// value too big for this buffer.
-fn get_once(inner: &Inner, lease: &Lease, key: &CString) -> GetOnce {
+/// value too big for this buffer. A value over `limit` is refused before it is copied out.
+fn get_once(inner: &Inner, lease: &Lease, key: &CString, limit: u64) -> GetOnce {
     let buf = lease.buf();
     // SAFETY: the buffer is registered, `buf.len()` bytes, and held by this lease for the call.
     let n =
         unsafe { (inner.lib.get_into)(inner.handle.0, key.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+    if n >= 0 && n as u64 > limit {
+        return GetOnce::Done(Err(StoreError::TooLarge {
+            size: n as u64,
+            limit,
+        }));
+    }
     get_result(inner, n, key, buf)
 }
 
@@ -1055,8 +1061,8 @@ impl Store for MooncakeStore {
     }
 
     /// A value over `limit` is refused from the size the first read reports, before a buffer
-    /// that could hold it is made; one that fits the first buffer is checked once read (it sits in
-    /// a staging buffer, not the heap, until then).
+    /// that could hold it is made; one that fits the first buffer is refused before it is copied
+    /// out of that (registered) buffer, so the heap never holds it.
     fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
         let limit = limit.min(self.limit);
         let k = c_key(key)?;
@@ -1064,13 +1070,7 @@ impl Store for MooncakeStore {
         // value is bigger, one that fits it.
         let lease = self.lease(Need::Any)?;
         let key2 = k.clone();
-        let size = match self.call(move |inner| get_once(inner, &lease, &key2))? {
-            GetOnce::Done(Ok(Some(v))) if v.len() as u64 > limit => {
-                return Err(StoreError::TooLarge {
-                    size: v.len() as u64,
-                    limit,
-                });
-            }
+        let size = match self.call(move |inner| get_once(inner, &lease, &key2, limit))? {
             GetOnce::Done(r) => return r,
             GetOnce::Bigger(size) => size,
         };
@@ -1078,7 +1078,7 @@ impl Store for MooncakeStore {
             return Err(StoreError::TooLarge { size, limit });
         }
         let lease = self.lease(Need::AtLeast(size as usize))?;
-        match self.call(move |inner| get_once(inner, &lease, &k))? {
+        match self.call(move |inner| get_once(inner, &lease, &k, limit))? {
             GetOnce::Done(r) => r,
             // Removed and written again bigger in between (puts do not overwrite).
             GetOnce::Bigger(size) => Err(StoreError::Other(format!(
