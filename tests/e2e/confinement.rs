@@ -18,12 +18,11 @@ use jitship::catalog;
 use jitship::catalog::now_secs;
 use jitship::generation::{CompatId, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
-use jitship::publish::PublishOutcome;
 use jitship::store::ValueClass;
 use jitship::store::testing::slow_pack_gets;
 use jitship::store::{LocalStore, Store};
 use jitship_tests::fixtures::{self, bytes, digest};
-use jitship_tests::harness::Scenario;
+use jitship_tests::harness::{Scenario, published};
 
 fn local(dir: &Path) -> Arc<dyn Store> {
     Arc::new(LocalStore::open(dir.join("store")).unwrap())
@@ -261,13 +260,6 @@ fn plant_head(s: &Scenario, compat: CompatId, seq: u64, bytes: &[u8]) -> Generat
         )
         .unwrap();
     id
-}
-
-fn published(r: &jitship::publish::PublishReport) -> (GenerationId, u64) {
-    match r.outcome {
-        PublishOutcome::Published { generation, seq } => (generation, seq),
-        ref other => panic!("{other:?}"),
-    }
 }
 
 /// A head of this worker's compat id pointing at another cache's manifest (whose packs are all

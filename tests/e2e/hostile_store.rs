@@ -23,7 +23,7 @@ use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
 use jitship_tests::backends::{Backend, backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
-use jitship_tests::harness::Scenario;
+use jitship_tests::harness::{Scenario, published};
 
 /// Longer than any honest publish or install here takes by far.
 const HANG: Duration = Duration::from_secs(120);
@@ -43,11 +43,6 @@ fn scenario(b: &Backend) -> Arc<Scenario> {
     s.layout = b.layout.clone();
     s.pack_size = 64 << 10;
     Arc::new(s)
-}
-
-fn compat(s: &Scenario) -> CompatId {
-    use jitship::policy::CachePolicy;
-    CompatId::new("kernels", &s.policy.compat_key(&s.facts).unwrap())
 }
 
 fn required(key: &PublisherKey) -> TrustPolicy {
@@ -76,13 +71,6 @@ fn publish(
             None,
         )
     })
-}
-
-fn published(r: &PublishReport) -> (GenerationId, u64) {
-    match r.outcome {
-        PublishOutcome::Published { generation, seq } => (generation, seq),
-        ref other => panic!("expected a new generation, got {other:?}"),
-    }
 }
 
 fn install(s: &Arc<Scenario>, root: &Path, trust: TrustPolicy) -> InstallReport {
@@ -218,7 +206,7 @@ fn heads_at_u64_max_and_far_above_freeze_nothing() {
     let key = PublisherKey::generate().unwrap();
     for b in backends("hostile_far_heads") {
         let s = scenario(&b);
-        let c = compat(&s);
+        let c = s.compat_id();
         let tmp = tempfile::tempdir().unwrap();
         let (good, evil) = (tmp.path().join("good"), tmp.path().join("evil"));
         triton_tree(&good, 2, 1);
@@ -300,7 +288,7 @@ fn heads_at_u64_max_and_far_above_freeze_nothing() {
 fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing() {
     for b in backends("hostile_bad_heads") {
         let s = scenario(&b);
-        let c = compat(&s);
+        let c = s.compat_id();
         let tmp = tempfile::tempdir().unwrap();
         let good = tmp.path().join("good");
         triton_tree(&good, 2, 1);
@@ -596,7 +584,7 @@ mod property {
         }
 
         fn newest_seq(&self) -> u64 {
-            let c = compat(&self.s);
+            let c = self.s.compat_id();
             catalog::HeadWalk::new(self.s.store.as_ref(), &self.s.layout, &c)
                 .unwrap()
                 .newest_seq()
@@ -613,7 +601,7 @@ mod property {
         }
 
         fn any_trusted_head(&self) -> Option<HeadRecord> {
-            let c = compat(&self.s);
+            let c = self.s.compat_id();
             let all = catalog::all_heads(self.s.store.as_ref(), &self.s.layout, &c).unwrap();
             all.heads.into_iter().find(|h| h.signature.is_some())
         }
@@ -627,7 +615,7 @@ mod property {
         }
 
         fn apply(&mut self, a: &Attack) {
-            let c = compat(&self.s);
+            let c = self.s.compat_id();
             let s = &self.s;
             let base = HeadRecord {
                 compat_id: c,

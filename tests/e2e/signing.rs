@@ -13,12 +13,12 @@ use jitship::catalog::KeyLayout;
 use jitship::config::TrustMode;
 use jitship::generation::{ContentHash, GenerationId, HeadRecord};
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
-use jitship::publish::{PublishError, PublishOutcome, PublishReport};
+use jitship::publish::{PublishError, PublishReport};
 use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
 use jitship_tests::backends::{Backend, backends, cli_backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
-use jitship_tests::harness::Scenario;
+use jitship_tests::harness::{Scenario, published};
 use serde_json::Value;
 
 fn scenario(b: &Backend) -> Scenario {
@@ -53,13 +53,6 @@ fn publish(
         &opts,
         None,
     )
-}
-
-fn published(r: &PublishReport) -> (GenerationId, u64) {
-    match r.outcome {
-        PublishOutcome::Published { generation, seq } => (generation, seq),
-        ref other => panic!("expected a new generation, got {other:?}"),
-    }
 }
 
 fn install(s: &Scenario, root: &Path, trust: TrustPolicy) -> InstallReport {

@@ -8,9 +8,10 @@ use std::time::Duration;
 use jitship::catalog::KeyLayout;
 use jitship::facts::Facts;
 use jitship::generation::Producer;
+use jitship::generation::{CompatId, GenerationId};
 use jitship::install::{InstallOptions, InstallReport};
 use jitship::policy::native::NativeRules;
-use jitship::publish::{PublishError, PublishOptions, PublishReport};
+use jitship::publish::{PublishError, PublishOptions, PublishOutcome, PublishReport};
 use jitship::store::Store;
 
 pub struct Scenario {
@@ -33,6 +34,13 @@ impl Scenario {
             facts,
             pack_size: 1 << 20,
         }
+    }
+
+    /// The compat id this scenario's facts give under its policy.
+    pub fn compat_id(&self) -> CompatId {
+        use jitship::policy::CachePolicy;
+        let key = self.policy.compat_key(&self.facts).expect("compat key");
+        CompatId::new(&self.policy.info().cache_kind, &key)
     }
 
     pub fn publish_opts(&self, pod: &str) -> PublishOptions {
@@ -78,5 +86,13 @@ impl Scenario {
             &self.facts,
             &opts,
         )
+    }
+}
+
+/// The generation and head seq of a publish that wrote one (panics on any other outcome).
+pub fn published(r: &PublishReport) -> (GenerationId, u64) {
+    match r.outcome {
+        PublishOutcome::Published { generation, seq } => (generation, seq),
+        ref other => panic!("expected a new generation, got {other:?}"),
     }
 }
