@@ -549,9 +549,10 @@ impl Job {
         (
             InstallOutcome::Miss,
             format!(
-                "no usable generation for compat id {} in the store (evicted, removed or \
-                 unusable): {passed}",
-                self.compat
+                "no usable generation for compat id {}: the {} newest head(s) tried are \
+                 incomplete in the store (evicted or removed) or unusable: {passed}",
+                self.compat,
+                self.report.passed_over.len()
             ),
         )
     }
