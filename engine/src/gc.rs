@@ -356,11 +356,7 @@ pub fn collect(
     for compat in catalog::compat_ids(store, layout)? {
         if let Some(head) = catalog::newest_head(store, layout, &compat)?
             && !plan.known.contains(&head.generation)
-            && (opts.trust.mode() != crate::config::TrustMode::Required
-                || matches!(
-                    opts.trust.judge(layout.namespace(), &head),
-                    Signer::Trusted { .. }
-                ))
+            && counts_signer(opts, &opts.trust.judge(layout.namespace(), &head))
         {
             match catalog::read_manifest(store, layout, &head.generation)? {
                 ManifestRead::Present(m) => spared.extend(m.packs.iter().map(|p| p.id)),
@@ -549,10 +545,13 @@ fn decide_compat(
 /// Whether `g` counts for retention: under `required`, only if a trusted key signed one of its
 /// heads (what installs here take); otherwise every generation counts.
 fn counts(opts: &GcOptions, g: &inspect::GenerationView) -> bool {
+    g.signatures.iter().any(|s| counts_signer(opts, &s.signer))
+}
+
+/// Whether a head signed by `signer` counts (see `counts`).
+fn counts_signer(opts: &GcOptions, signer: &Signer) -> bool {
     opts.trust.mode() != crate::config::TrustMode::Required
-        || g.signatures
-            .iter()
-            .any(|s| matches!(s.signer, Signer::Trusted { .. }))
+        || matches!(signer, Signer::Trusted { .. })
 }
 
 /// A generation no trusted key signed, under `required`: installs here never take it, so it
