@@ -60,18 +60,27 @@ pub fn has_gpu(facts: &Facts) -> bool {
 
 /// The Inductor key (shared with the `inductor-pch` kind, whose headers key on the same toolchain).
 pub fn inductor_key(kind: &str, facts: &Facts) -> Result<String, PolicyError> {
-    let mut key = KeyBuilder::new(kind, 2)
+    inductor_key_builder(kind, 2, facts)?.build()
+}
+
+/// What every key of compiled Inductor code holds (the [`inductor_key`] facts), for a kind that
+/// keys on more (vLLM's compile cache adds `pkg.vllm`).
+pub fn inductor_key_builder(
+    kind: &str,
+    schema: u32,
+    facts: &Facts,
+) -> Result<KeyBuilder, PolicyError> {
+    let key = KeyBuilder::new(kind, schema)
         .require_all(facts, KEY_FACTS)?
         // Not installed is a value (a venv with Triton keys differently, research run L3); the
         // required pkg.torch above proves site-packages were read.
         .factor("pkg.triton", facts.get("pkg.triton").unwrap_or("none"));
-    key = if has_gpu(facts) {
+    Ok(if has_gpu(facts) {
         key.require_all(facts, GPU_KEY_FACTS)?
             .factor("device", "gpu")
     } else {
         key.factor("device", "cpu")
-    };
-    key.build()
+    })
 }
 
 /// Decides the undecided entries among `candidates` (indices into `entries`) under `base` ("" or

