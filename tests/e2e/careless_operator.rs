@@ -1,6 +1,6 @@
 //! Issue 24: a store anyone can write to, and a careless operator. What an install keeps beside
 //! its root (the lock, the record) is never followed through a link or waited on when it is a
-//! FIFO; installs into sibling roots (`P/cache`, `P/cache-foo`) never take each other's staging;
+//! FIFO; `audit` sees a compiled file renamed over an installed one; installs into sibling roots (`P/cache`, `P/cache-foo`) never take each other's staging;
 //! installed modes honour the umask and never grant group or other write; a Triton group file
 //! naming anything outside the root is refused, whatever the manifest says of it; and the
 //! read-only commands never create a local store.
@@ -174,6 +174,64 @@ fn a_fifo_beside_the_root_gives_an_error_naming_it_never_a_wait() {
     assert!(
         shown.contains(&record.display().to_string()) && shown.contains("FIFO"),
         "{shown}"
+    );
+}
+
+/// What install put is recorded with its inode and mtime: `audit` of a root the engine only read
+/// is warm (exit 0); an engine that writes its compiled model again, to a temp file renamed over
+/// the installed one with the same size (vLLM's AOT artifact), compiled anyway (exit 3), and the
+/// output names the file.
+#[test]
+fn audit_sees_a_compiled_file_renamed_over_an_installed_one() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let model = "torch_aot_compile/0f3a9c/rank_0_0/model";
+    for (rel, len) in [(model, 300), ("k/cex.main.so", 200), ("k/other.txt", 50)] {
+        let p = src.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, bytes(len as u64, len)).unwrap();
+    }
+    let s = Scenario::new(local(t.path()), "kernels");
+    s.publish(&src).unwrap();
+    let root = t.path().join("p/cache");
+    assert_eq!(s.install(&root).outcome, InstallOutcome::Installed);
+    let flag = format!("kernels:native={}", root.display());
+    let audit = |json: bool| {
+        let mut c = jitship();
+        c.args(["audit", "--cache", &flag]);
+        if json {
+            c.arg("--json");
+        }
+        c.output().unwrap()
+    };
+    for p in [model, "k/cex.main.so"] {
+        fs::read(root.join(p)).unwrap();
+    }
+    let out = audit(false);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("warm"), "{}", text(&out));
+
+    let tmp = root.join(format!("{model}.4242.tmp"));
+    fs::write(&tmp, bytes(7, 300)).unwrap();
+    fs::rename(&tmp, root.join(model)).unwrap();
+    let out = audit(false);
+    let shown = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{shown}");
+    assert!(
+        shown.contains("compiled anyway") && shown.contains(model) && !shown.contains("warm"),
+        "{shown}"
+    );
+    let out = audit(true);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &doc["results"][0];
+    assert_eq!(r["warm"], false, "{r}");
+    assert_eq!(r["verdict"], "compiled anyway", "{r}");
+    assert_eq!(r["compiled_anyway"], 1, "{r}");
+    assert_eq!(
+        r["compiled_anyway_files"][0],
+        serde_json::json!({"path": model, "class": "aot-artifact", "change": "rewritten"}),
+        "{r}"
     );
 }
 

@@ -14,7 +14,7 @@ pub const ERROR: i32 = 1;
 pub const USAGE: i32 = 2;
 /// `verify` found a problem (named on the output).
 pub const PROBLEM_FOUND: i32 = 3;
-/// `audit`: the engine compiled anyway (what it added is counted on the output).
+/// `audit`: the engine compiled anyway (the files it added or rewrote are on the output).
 pub const COMPILED_ANYWAY: i32 = 3;
 /// A second SIGTERM/SIGINT cut `watch`'s final publish short (128 + SIGINT); `install` and
 /// `publish` stopped by SIGINT.
@@ -83,7 +83,7 @@ Exit codes:
   0   the engine compiled nothing anyway: it ran from the installed cache
   1   error: no install record beside a root, configuration
   2   usage error
-  3   the engine compiled anyway (counts on the output)";
+  3   the engine compiled anyway: added or rewrote compiled files (listed on the output)";
 
 pub const GC_HELP: &str = "\
 Exit codes:

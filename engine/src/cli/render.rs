@@ -228,27 +228,68 @@ pub(crate) fn print_install(r: &InstallReport) {
 }
 
 pub(crate) fn print_audit(r: &AuditReport) {
+    audit_lines(r).iter().for_each(|l| println!("{l}"));
+}
+
+/// The audit of one root for a person: the verdict, the figures, and every compiled-anyway file
+/// the report lists, by class.
+pub(crate) fn audit_lines(r: &AuditReport) -> Vec<String> {
     let verdict = if r.warm {
-        "warm: the engine ran from the installed cache"
+        "warm: the engine ran from the installed cache".to_string()
     } else {
-        "the engine compiled anyway"
+        format!(
+            "compiled anyway: the engine added or rewrote {} compiled file(s) after the install",
+            r.compiled_anyway
+        )
     };
-    println!("{} {}: {verdict}", r.cache_kind, r.root.display());
-    println!(
-        "  generation {} installed {} files: {} kept, {} rewritten, {} removed",
-        short(&r.generation),
-        r.files_installed,
-        r.files_kept,
-        r.files_rewritten,
-        r.files_removed
-    );
+    let mut lines = vec![
+        format!("{} {}: {verdict}", r.cache_kind, r.root.display()),
+        format!(
+            "  generation {} installed {} files: {} kept, {} rewritten, {} removed",
+            short(&r.generation),
+            r.files_installed,
+            r.files_kept,
+            r.files_rewritten,
+            r.files_removed
+        ),
+    ];
+    if r.files_compared_by_size_only > 0 {
+        lines.push(format!(
+            "  {} files compared by size only: their record (from an older jitship) has no inode \
+             or mtime, so a rewrite of the same size goes unseen; install again to record them",
+            r.files_compared_by_size_only
+        ));
+    }
     let added: Vec<String> = r.added.iter().map(|(k, n)| format!("{n} {k}")).collect();
     if !added.is_empty() {
-        println!("  added since the install: {}", added.join(", "));
+        lines.push(format!("  added since the install: {}", added.join(", ")));
     }
-    for p in &r.examples {
-        println!("    {p}");
+    let rewritten: Vec<String> = r
+        .rewritten
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect();
+    if !rewritten.is_empty() {
+        lines.push(format!(
+            "  rewritten since the install: {}",
+            rewritten.join(", ")
+        ));
     }
+    for (class, n) in &r.compiled_anyway_by_class {
+        lines.push(format!("  compiled anyway, {class}: {n}"));
+        for f in r.compiled_anyway_files.iter().filter(|f| f.class == class) {
+            let change = match f.change {
+                crate::audit::Change::Added => "added",
+                crate::audit::Change::Rewritten => "rewritten",
+            };
+            lines.push(format!("    {change:<9} {}", f.path));
+        }
+    }
+    let unlisted = r.compiled_anyway - r.compiled_anyway_files.len() as u64;
+    if unlisted > 0 {
+        lines.push(format!("    ... and {unlisted} more not listed"));
+    }
+    lines
 }
 
 /// `kind: what: why` on stderr, for a cache whose work failed.

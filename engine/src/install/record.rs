@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::confined::{self, Confined};
+use crate::confined::{self, Confined, Kind};
 use crate::generation::{GenerationId, Manifest};
 use crate::scan::{RECORD_SUFFIX, STAGING_PREFIX};
 
-/// What one install put into a root.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// What one install put into a root, as install hands it to [`write_record_in`], which stamps
+/// each file with its identity in the root before writing the [`StoredRecord`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstallRecord {
     pub cache_kind: String,
     pub generation: String,
@@ -38,6 +38,92 @@ impl InstallRecord {
                 .collect(),
         }
     }
+
+    /// The record as written: each file stamped with the inode and mtime it has in `root` now
+    /// (right after the commit, under the install lock: the bytes install put there; a rename
+    /// keeps both, so a file renamed in from staging has those of the staged file). A file that
+    /// is not there as a regular file of the recorded size keeps its size only.
+    pub fn stamped(&self, root: Option<&Confined>) -> StoredRecord {
+        let files = self
+            .files
+            .iter()
+            .map(|(path, &size)| {
+                let entry = root.and_then(|r| r.entry(path).ok().flatten());
+                let installed = match entry {
+                    Some(e) if e.kind == Kind::File && e.size == size => {
+                        Installed::Stamped(Stamp {
+                            size,
+                            ino: e.ino,
+                            mtime_ns: mtime_ns(e.mtime_s, e.mtime_ns),
+                        })
+                    }
+                    _ => Installed::Size(size),
+                };
+                (path.clone(), installed)
+            })
+            .collect();
+        StoredRecord {
+            cache_kind: self.cache_kind.clone(),
+            generation: self.generation.clone(),
+            installed_at: self.installed_at,
+            files,
+        }
+    }
+}
+
+/// The record on disk: what identifies the bytes install put at each path.
+///
+/// ```json
+/// {"cache_kind": "inductor", "generation": "<id>", "installed_at": 1796280000,
+///  "files": {"ex/cex.main.so": {"size": 6, "ino": 1234, "mtime_ns": 1796280000123456789}}}
+/// ```
+///
+/// Records of older versions held a size per path (`"ex/cex.main.so": 6`); they are still read
+/// ([`Installed::Size`]), and audit compares their files by size only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredRecord {
+    pub cache_kind: String,
+    pub generation: String,
+    /// Seconds since the Unix epoch.
+    pub installed_at: u64,
+    pub files: BTreeMap<String, Installed>,
+}
+
+/// One installed file in a [`StoredRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Installed {
+    /// Its size, inode and mtime right after the install.
+    Stamped(Stamp),
+    /// Its size only (a record of an older version, or a file that could not be looked at).
+    Size(u64),
+}
+
+impl Installed {
+    pub fn size(&self) -> u64 {
+        match self {
+            Installed::Stamped(s) => s.size,
+            Installed::Size(size) => *size,
+        }
+    }
+}
+
+/// What identifies a file's bytes without reading them: a rewrite in place changes the mtime, a
+/// write to a temp file renamed over it changes the inode (whatever the size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stamp {
+    pub size: u64,
+    pub ino: u64,
+    /// Nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+}
+
+/// An mtime (seconds, and nanoseconds within the second) as nanoseconds since the epoch
+/// (saturating: far beyond any file's).
+pub fn mtime_ns(secs: i64, nanos: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
 /// The record's name in the directory holding a root named `root_name`.
@@ -93,14 +179,17 @@ pub fn read_record(root: &Path) -> std::io::Result<Vec<u8>> {
 
 /// Writes the record of the root `root_name` into `parent` (the open directory holding the root)
 /// atomically: a temp file with a staging name (scans skip it) created there without following a
-/// link, then renamed over the record. The caller holds the root's install lock, so the temp
-/// name is its own; one left by a crash is replaced.
+/// link, then renamed over the record. Each file is stamped ([`InstallRecord::stamped`]) from the
+/// root as it is now. The caller holds the root's install lock, so the temp name is its own; one
+/// left by a crash is replaced.
 pub fn write_record_in(
     parent: &Confined,
     root_name: &str,
     record: &InstallRecord,
 ) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    let root = parent.open_dir(root_name).ok();
+    let bytes =
+        serde_json::to_vec(&record.stamped(root.as_ref())).map_err(std::io::Error::other)?;
     let tmp = format!("{STAGING_PREFIX}{root_name}.record");
     match parent.remove_file(&tmp) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
