@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
-pub use crate::facts::GatherConfig;
+pub use crate::facts::{FactOverrides, GatherConfig, ScopedFacts};
 pub use crate::policy::host::PolicyConfig;
 pub use crate::store::settings::{
     Backend, InvalidSetting, LocalStoreConfig, MOONCAKE_LIBRARY_ENV, MooncakeConfig,
@@ -51,7 +51,8 @@ pub struct Config {
     /// One entry per cache root.
     #[serde(rename = "cache")]
     pub caches: Vec<CacheConfig>,
-    /// Facts that override (or add to) what jitship gathers.
+    /// Facts that override (or add to) what jitship gathers, for every cache (a `[[cache]]`'s own
+    /// `facts` win over these for that cache).
     pub facts: BTreeMap<String, String>,
     /// Where and how jitship gathers facts (the `[facts]` table stays a plain overrides map).
     pub gather: GatherConfig,
@@ -61,6 +62,11 @@ pub struct Config {
     pub watch: WatchConfig,
     pub retention: RetentionConfig,
     pub trust: TrustConfig,
+    /// The command line's fact overrides (`--fact [KIND:]NAME=VALUE`, or `JITSHIP_FACTS`), set by
+    /// the CLI; never read from the file. They win over `[facts]` and every `[[cache]]`'s `facts`
+    /// (see [`Config::fact_overrides`]).
+    #[serde(skip)]
+    pub flag_facts: ScopedFacts,
 }
 
 /// Quotas handed to the retention policy, per compat key, and gc's safety margin.
@@ -121,6 +127,11 @@ pub struct CacheConfig {
     /// built-in one for this kind, or [`NATIVE_POLICY`] for jitship's generic native rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PathBuf>,
+    /// Fact overrides for this cache only, e.g. `facts = { "model.id" = "Qwen/Qwen3-8B" }`: they
+    /// win over `[facts]` for this cache's key, and lose to `--fact` (see
+    /// [`crate::facts::FactOverrides::layers`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub facts: BTreeMap<String, String>,
 }
 
 /// `policy = "native"`: the operator's explicit choice of jitship's generic rules (skip temp,
@@ -366,6 +377,15 @@ impl Config {
                 });
             }
         }
+        for name in self.facts.keys() {
+            check_fact_name("[facts] entry", name)?;
+        }
+        for c in &self.caches {
+            for name in c.facts.keys() {
+                check_fact_name("[[cache]] facts entry", name)?;
+            }
+        }
+        self.check_flag_facts()?;
         let mut kinds = std::collections::HashSet::new();
         for c in &self.caches {
             parse_kind(&c.kind)?;
@@ -382,6 +402,75 @@ impl Config {
         }
         Ok(())
     }
+}
+
+impl Config {
+    /// Every fact override, by level (see [`FactOverrides::layers`] for their precedence): the
+    /// file's `[facts]` and `[[cache]] facts`, and the command line's [`Config::flag_facts`].
+    pub fn fact_overrides(&self) -> FactOverrides {
+        FactOverrides {
+            config: ScopedFacts {
+                global: self.facts.clone(),
+                per_cache: self
+                    .caches
+                    .iter()
+                    .filter(|c| !c.facts.is_empty())
+                    .map(|c| (c.kind.clone(), c.facts.clone()))
+                    .collect(),
+            },
+            flags: self.flag_facts.clone(),
+        }
+    }
+
+    /// Every name of the command line's facts is valid, and each `KIND:` names a cache of this
+    /// command.
+    fn check_flag_facts(&self) -> Result<(), ConfigError> {
+        for name in self.flag_facts.global.keys() {
+            check_fact_name("--fact", name)?;
+        }
+        for (kind, facts) in &self.flag_facts.per_cache {
+            for name in facts.keys() {
+                check_fact_name("--fact", name)?;
+            }
+            if facts.is_empty() || self.caches.iter().any(|c| &c.kind == kind) {
+                continue;
+            }
+            let kinds: Vec<&str> = self.caches.iter().map(|c| c.kind.as_str()).collect();
+            let configured = if kinds.is_empty() {
+                "no cache is configured (--cache or [[cache]])".to_owned()
+            } else {
+                format!("the configured cache kinds are: {}", kinds.join(", "))
+            };
+            return Err(ConfigError::Invalid {
+                what: "--fact",
+                value: format!(
+                    "{kind}:{}",
+                    facts.keys().next().map(String::as_str).unwrap_or("")
+                ),
+                hint: format!(
+                    "{kind:?} is not a cache of this command; KIND:NAME=VALUE applies to the cache \
+                     of that kind only, and {configured}"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A fact name: not empty, and no `:` (it separates a cache kind: `--fact KIND:NAME=VALUE`), `=`,
+/// `;` (the separators of `JITSHIP_FACTS`), whitespace or control characters.
+fn check_fact_name(what: &'static str, name: &str) -> Result<(), ConfigError> {
+    let bad = |c: char| matches!(c, ':' | '=' | ';') || c.is_whitespace() || c.is_control();
+    if name.is_empty() || name.contains(bad) {
+        return Err(ConfigError::Invalid {
+            what,
+            value: name.into(),
+            hint: "a fact name is not empty and holds no ':', '=', ';' or whitespace, e.g. \
+                   model.id or pkg.torch"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 fn parse_kind(kind: &str) -> Result<(), ConfigError> {
@@ -465,6 +554,7 @@ pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
         kind: kind.into(),
         root,
         policy,
+        facts: BTreeMap::new(),
     })
 }
 
@@ -488,25 +578,68 @@ pub fn apply_cache_args(config: &mut Config, args: &[String]) -> Result<(), Conf
     Ok(())
 }
 
-/// `K=V`, as given to `--fact`.
+/// `NAME=VALUE`, a fact for every cache (`jitship policy test --fact`): the value is everything
+/// after the first `=`.
 pub fn parse_fact_arg(s: &str) -> Result<(String, String), ConfigError> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.into(), v.into())),
-        _ => Err(ConfigError::Invalid {
+    match parse_scoped_fact_arg(s)? {
+        (None, name, value) => Ok((name, value)),
+        (Some(_), ..) => Err(ConfigError::Invalid {
             what: "--fact",
             value: s.into(),
-            hint: "expected NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B".into(),
+            hint: "expected NAME=VALUE (a fact name holds no ':'), e.g. model.id=Qwen/Qwen3-8B"
+                .into(),
         }),
     }
 }
 
-/// Parses `k=v;k=v` (the form of `JITSHIP_FACTS`); empty items are ignored.
-pub fn parse_fact_list(s: &str) -> Result<BTreeMap<String, String>, ConfigError> {
-    s.split(';')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(parse_fact_arg)
-        .collect()
+/// `[KIND:]NAME=VALUE`, as given to `--fact` of the commands that key caches: with `KIND:` the
+/// fact is for the cache of that kind only. The value is everything after the first `=`; the
+/// name holds no `:` (so `KIND:` is never part of it). Whether KIND is a cache of the command is
+/// checked by [`Config::validate`].
+pub fn parse_scoped_fact_arg(s: &str) -> Result<(Option<String>, String, String), ConfigError> {
+    let invalid = |hint: &str| ConfigError::Invalid {
+        what: "--fact",
+        value: s.into(),
+        hint: hint.into(),
+    };
+    let Some((lhs, value)) = s.split_once('=') else {
+        return Err(invalid(
+            "expected NAME=VALUE or KIND:NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B or \
+             vllm-compile:model.id=Qwen/Qwen3-8B",
+        ));
+    };
+    let (kind, name) = match lhs.split_once(':') {
+        Some((kind, name)) => {
+            parse_kind(kind).map_err(|_| {
+                invalid(
+                    "expected KIND:NAME=VALUE with KIND a cache kind (lowercase letters, digits, \
+                     - and _), e.g. vllm-compile:model.id=Qwen/Qwen3-8B",
+                )
+            })?;
+            (Some(kind), name)
+        }
+        None => (None, lhs),
+    };
+    if name.is_empty() {
+        return Err(invalid(
+            "the fact name is empty; expected NAME=VALUE or KIND:NAME=VALUE, e.g. model.id=Qwen/Qwen3-8B",
+        ));
+    }
+    check_fact_name("--fact", name).map_err(|_| {
+        invalid("a fact name holds no ':', '=', ';' or whitespace (NAME=VALUE or KIND:NAME=VALUE)")
+    })?;
+    Ok((kind.map(str::to_owned), name.into(), value.into()))
+}
+
+/// Parses `[KIND:]NAME=VALUE;[KIND:]NAME=VALUE` (the form of `JITSHIP_FACTS`); empty items are
+/// ignored, a later item wins.
+pub fn parse_fact_list(s: &str) -> Result<ScopedFacts, ConfigError> {
+    let mut facts = ScopedFacts::default();
+    for item in s.split(';').map(str::trim).filter(|item| !item.is_empty()) {
+        let (kind, name, value) = parse_scoped_fact_arg(item)?;
+        facts.insert(kind.as_deref(), name, value);
+    }
+    Ok(facts)
 }
 
 /// `local:DIR`, `mooncake` (the `[store.mooncake]` settings) or `mooncake:HOST:PORT` (those

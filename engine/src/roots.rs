@@ -457,6 +457,7 @@ mod tests {
                     kind: k.into(),
                     root: PathBuf::new(),
                     policy: None,
+                    facts: Default::default(),
                 })
                 .collect(),
             policy: crate::config::PolicyConfig {
@@ -528,6 +529,7 @@ mod tests {
             kind: "kernels".into(),
             root: PathBuf::new(),
             policy: Some(crate::config::NATIVE_POLICY.into()),
+            facts: Default::default(),
         }];
         let set = PolicySet::from_policies([(
             "kernels".to_string(),

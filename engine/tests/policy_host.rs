@@ -563,6 +563,7 @@ fn a_failing_policy_disables_its_kind_and_nothing_else() {
         kind: kind.into(),
         root: root.clone(),
         policy,
+        facts: Default::default(),
     };
     let set = PolicySet::load(
         &engine,

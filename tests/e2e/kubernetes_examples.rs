@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use clap::{CommandFactory, Parser};
 use jitship::cli::{Cli, Command, SettingsArgs};
 use jitship::config::Config;
-use jitship::facts::{Facts, FactsConfig, Gathered, Provenance, Source};
+use jitship::facts::{Facts, Gathered, Provenance, Source};
 use jitship::policies::{PolicySet, PolicySource};
 use jitship::policy::CachePolicy;
 use jitship::roots::{self, ProcessEnv, RootOrigin};
@@ -215,7 +215,8 @@ fn command(c: &Container, files: &BTreeMap<String, PathBuf>) -> Command {
 struct Rendered {
     config: Config,
     policies: PolicySet,
-    facts: Facts,
+    /// Each cache's own facts, by kind (its overrides apply to it only).
+    facts: BTreeMap<String, Facts>,
     roots: BTreeMap<String, (PathBuf, RootOrigin)>,
 }
 
@@ -234,26 +235,33 @@ fn render(c: &Container, files: &BTreeMap<String, PathBuf>, worker: &Gathered) -
         .zip(origins)
         .map(|(cache, origin)| (cache.kind.clone(), (cache.root.clone(), origin)))
         .collect();
-    // As `jitship install` and `jitship watch` do: gathered facts, then the config's [facts] with
-    // the --fact / JITSHIP_FACTS values resolved into it.
-    let mut gathered = worker.clone();
-    gathered.apply_overrides_and_derive(
-        &FactsConfig::from_process(&config.gather, &config.facts, &Default::default()).overrides,
-    );
+    // As `jitship install` and `jitship watch` do: gathered facts, then for each cache the
+    // config's [facts], its [[cache]] facts, --fact / JITSHIP_FACTS and its --fact KIND: values.
+    let overrides = config.fact_overrides();
+    let facts = config
+        .caches
+        .iter()
+        .map(|cache| {
+            let layers = overrides.layers(Some(&cache.kind));
+            (cache.kind.clone(), worker.with_overrides(&layers).facts)
+        })
+        .collect();
     Rendered {
         config,
         policies,
-        facts: gathered.facts,
+        facts,
         roots,
     }
 }
 
-fn keys(r: &Rendered, facts: &Facts) -> BTreeMap<String, Result<String, String>> {
+/// Each cache's key from its own facts, as `edit` leaves them.
+fn keys(r: &Rendered, edit: impl Fn(&Facts) -> Facts) -> BTreeMap<String, Result<String, String>> {
     r.config
         .caches
         .iter()
         .map(|cache| {
-            let key = r.policies.policy(&cache.kind).compat_key(facts);
+            let facts = edit(&r.facts[&cache.kind]);
+            let key = r.policies.policy(&cache.kind).compat_key(&facts);
             (cache.kind.clone(), key.map_err(|e| e.to_string()))
         })
         .collect()
@@ -379,7 +387,7 @@ fn check_example(file: &str) {
     );
 
     // Keys: computed (no missing fact) and identical for every cache.
-    let (init_keys, side_keys) = (keys(&init, &init.facts), keys(&side, &side.facts));
+    let (init_keys, side_keys) = (keys(&init, Facts::clone), keys(&side, Facts::clone));
     for (kind, key) in &init_keys {
         assert!(key.is_ok(), "{file}: install cannot key {kind}: {key:?}");
     }
@@ -390,15 +398,20 @@ fn check_example(file: &str) {
 
     // Every fact JITSHIP_FACTS gives is read by some policy: without it a key changes or is refused.
     let given = jitship::config::parse_fact_list(&watch.env["JITSHIP_FACTS"]).unwrap();
-    for name in given.keys() {
-        let without: Facts = side
-            .facts
-            .iter()
-            .filter(|(k, _)| *k != name.as_str())
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+    let names = given
+        .global
+        .keys()
+        .chain(given.per_cache.values().flat_map(|f| f.keys()));
+    for name in names {
+        let without = |facts: &Facts| -> Facts {
+            facts
+                .iter()
+                .filter(|(k, _)| *k != name.as_str())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
         assert_ne!(
-            keys(&side, &without),
+            keys(&side, without),
             side_keys,
             "{file}: no policy reads the fact {name} given in JITSHIP_FACTS"
         );
@@ -424,7 +437,7 @@ fn check_example(file: &str) {
     drifted.facts.set("pkg.torch", "2.16.0");
     let drifted = render(watch, &files, &drifted);
     assert_ne!(
-        keys(&drifted, &drifted.facts),
+        keys(&drifted, Facts::clone),
         init_keys,
         "{file}: a torch upgrade did not change any key"
     );

@@ -4,7 +4,6 @@
 //! Size: declarations, nearly all of it: the clap definitions of every command and option group,
 //! with their help text; the logic is the short resolution of flags, env and file at the end.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use super::exit;
-use crate::config::{self, Config};
+use crate::config::{self, Config, ScopedFacts};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -99,8 +98,10 @@ pub enum Command {
     ///
     /// GPU and driver come from NVML (or nvidia-smi, or /proc/driver/nvidia/version), Python and
     /// package versions from a bare interpreter and site-packages metadata (no import of torch).
-    /// Overrides win: the config's [facts], then --fact / JITSHIP_FACTS. A policy that needs a
-    /// missing fact refuses to produce a key: give it with --fact NAME=VALUE.
+    /// Overrides win, lowest first: the config's [facts], its [[cache]] facts, --fact NAME=VALUE /
+    /// JITSHIP_FACTS, --fact KIND:NAME=VALUE; each cache's own overrides are shown in a section of
+    /// their own. A policy that needs a missing fact refuses to produce a key: give it with
+    /// --fact NAME=VALUE.
     #[command(after_help = exit::SIMPLE_HELP)]
     Facts(FactsArgs),
     /// List compat keys and their generations: sizes, file counts, ages, pins.
@@ -465,12 +466,14 @@ pub struct SettingsArgs {
     )]
     pub caches: Vec<String>,
 
-    /// A fact as NAME=VALUE (repeatable): the value is everything after the first '=', ';' and
-    /// '=' included. Overrides gathered facts. Without --fact: env JITSHIP_FACTS, a
-    /// semicolon-separated NAME=VALUE list (there a value cannot hold ';').
+    /// A fact as NAME=VALUE, or KIND:NAME=VALUE for the cache of that kind only (repeatable): the
+    /// value is everything after the first '=', ';' and '=' included. Precedence, lowest first:
+    /// gathered, the config's [facts], its [[cache]] facts, NAME=VALUE, KIND:NAME=VALUE. Without
+    /// --fact: env JITSHIP_FACTS, a semicolon-separated list of the same forms (there a value
+    /// cannot hold ';').
     #[arg(
         long = "fact",
-        value_name = "NAME=VALUE",
+        value_name = "[KIND:]NAME=VALUE",
         help_heading = "Caches and facts"
     )]
     pub facts: Vec<String>,
@@ -589,10 +592,12 @@ pub struct FactsArgs {
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// A fact as NAME=VALUE (repeatable): the value is everything after the first '=', ';' and
-    /// '=' included. Overrides gathered facts. Without --fact: env JITSHIP_FACTS, a
-    /// semicolon-separated NAME=VALUE list (there a value cannot hold ';').
-    #[arg(long = "fact", value_name = "NAME=VALUE")]
+    /// A fact as NAME=VALUE, or KIND:NAME=VALUE for the cache of that kind only (repeatable): the
+    /// value is everything after the first '=', ';' and '=' included. Precedence, lowest first:
+    /// gathered, the config's [facts], its [[cache]] facts, NAME=VALUE, KIND:NAME=VALUE. Without
+    /// --fact: env JITSHIP_FACTS, a semicolon-separated list of the same forms (there a value
+    /// cannot hold ';').
+    #[arg(long = "fact", value_name = "[KIND:]NAME=VALUE")]
     pub facts: Vec<String>,
 
     /// `JITSHIP_FACTS`, read only when no `--fact` is given (see [`fact_overrides`]).
@@ -660,9 +665,7 @@ impl SettingsArgs {
         if let Some(python) = &self.python {
             config.gather.python = Some(python.clone());
         }
-        config
-            .facts
-            .extend(fact_overrides(&self.facts, self.fact_list.as_deref())?);
+        config.flag_facts = fact_overrides(&self.facts, self.fact_list.as_deref())?;
         if let Some(path) = &self.signing_key {
             config.trust.signing_key_file = Some(path.clone());
         }
@@ -673,28 +676,29 @@ impl SettingsArgs {
 
 impl FactsArgs {
     /// The `--fact` / `JITSHIP_FACTS` overrides (see [`fact_overrides`]).
-    pub fn fact_overrides(&self) -> Result<BTreeMap<String, String>> {
+    pub fn fact_overrides(&self) -> Result<ScopedFacts> {
         fact_overrides(&self.facts, self.fact_list.as_deref())
     }
 }
 
-/// The facts given on the command line: every `--fact NAME=VALUE` kept whole (only the first `=`
-/// separates; a value may hold `;` and `=`, so one flag is always exactly one fact), or, when no
-/// `--fact` is given, `JITSHIP_FACTS` parsed as a `NAME=VALUE;NAME=VALUE` list
+/// The facts given on the command line: every `--fact [KIND:]NAME=VALUE` kept whole (only the
+/// first `=` separates; a value may hold `;` and `=`, so one flag is always exactly one fact),
+/// or, when no `--fact` is given, `JITSHIP_FACTS` parsed as a `[KIND:]NAME=VALUE;...` list
 /// (`config::parse_fact_list`: a value there cannot hold `;`; give such a fact with `--fact` or
-/// in the config's `[facts]`). The flags win over the variable as a whole, as clap's flags win
-/// over their variables.
-pub fn fact_overrides(
-    flags: &[String],
-    env_list: Option<&str>,
-) -> Result<BTreeMap<String, String>> {
+/// in the config). With `KIND:` a fact is for the cache of that kind only
+/// (`config::parse_scoped_fact_arg`; `Config::validate` refuses a kind the command has no cache
+/// of). The flags win over the variable as a whole, as clap's flags win over their variables;
+/// among flags, a later one of the same name and scope wins.
+pub fn fact_overrides(flags: &[String], env_list: Option<&str>) -> Result<ScopedFacts> {
     if flags.is_empty() {
         return Ok(config::parse_fact_list(env_list.unwrap_or(""))?);
     }
-    flags
-        .iter()
-        .map(|arg| Ok(config::parse_fact_arg(arg)?))
-        .collect()
+    let mut facts = ScopedFacts::default();
+    for arg in flags {
+        let (kind, name, value) = config::parse_scoped_fact_arg(arg)?;
+        facts.insert(kind.as_deref(), name, value);
+    }
+    Ok(facts)
 }
 
 impl AuditArgs {

@@ -1,5 +1,6 @@
 //! The store, key layout, facts and per-cache policies one command works with.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use super::args::{PolicySandboxArgs, SettingsArgs, StoreArgs};
 use super::output::{self, ErrorRecord, Stage};
 use crate::catalog::KeyLayout;
 use crate::config::{Backend, CacheConfig, Config, StoreConfig};
-use crate::facts::{Facts, FactsConfig};
+use crate::facts::{AppliedOverride, Facts, FactsConfig};
 use crate::generation::Producer;
 use crate::policies::PolicySet;
 use crate::policy::CachePolicy;
@@ -18,6 +19,15 @@ use crate::roots::{ProcessEnv, RootOrigin};
 use crate::store::Store;
 use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 
+/// The facts one cache's key is built from (the command-wide overrides and its own on top of
+/// what was gathered, `FactOverrides::layers`), and the facts its own overrides decide, with the
+/// layer that set each, for its report (`FactOverrides::own`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CacheFacts {
+    pub(crate) facts: Facts,
+    pub(crate) own_overrides: BTreeMap<String, AppliedOverride>,
+}
+
 /// What working on one cache needs: the store and the kind's policy.
 pub(crate) type StoreAndPolicy = (Arc<dyn Store>, Arc<dyn CachePolicy>);
 /// The store, key layout, facts and per-cache policies one command works with.
@@ -25,7 +35,10 @@ pub(crate) struct Session {
     pub(crate) config: Config,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) layout: KeyLayout,
+    /// The command-wide facts (no cache's own overrides).
     pub(crate) facts: Facts,
+    /// Each configured cache's own facts, by kind (empty for the store commands).
+    pub(crate) cache_facts: BTreeMap<String, CacheFacts>,
     pub(crate) policies: Arc<PolicySet>,
     pub(crate) trust: Arc<TrustPolicy>,
     /// Where each of `config.caches`' roots came from (same order); empty for the store commands.
@@ -56,7 +69,10 @@ impl SharedFailure {
 pub(crate) struct CacheSession {
     pub(crate) config: Config,
     pub(crate) layout: KeyLayout,
+    /// The command-wide facts (no cache's own overrides).
     pub(crate) facts: Facts,
+    /// Each configured cache's own facts, by kind: the ones its key is built from.
+    pub(crate) cache_facts: BTreeMap<String, CacheFacts>,
     pub(crate) store: Result<Arc<dyn Store>, SharedFailure>,
     pub(crate) policies: Result<Arc<PolicySet>, SharedFailure>,
     pub(crate) trust: Arc<TrustPolicy>,
@@ -108,15 +124,15 @@ impl CacheSession {
         }
         let layout = KeyLayout::new(&config.store.namespace)?;
         let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
-        // Keys are built from gathered facts (GPU, driver, Python, packages) with the config's
-        // [facts] and the --fact flags (already merged into it) on top. Gathering runs probes
-        // (python, nvidia-smi) that take about as long as connecting to Mooncake: side by side.
-        let facts_config =
-            FactsConfig::from_process(&config.gather, &config.facts, &Default::default());
+        // Keys are built from gathered facts (GPU, driver, Python, packages) with the overrides
+        // on top, each cache's own set (FactOverrides::layers). Gathering runs probes (python,
+        // nvidia-smi) that take about as long as connecting to Mooncake: side by side.
+        let overrides = config.fact_overrides();
+        let facts_config = FactsConfig::from_process(&config.gather, &overrides);
         let (gathered, store, policies) = std::thread::scope(|s| {
             let gathering = s.spawn(|| {
                 let t = std::time::Instant::now();
-                let gathered = crate::facts::gather(&facts_config);
+                let gathered = crate::facts::probe(&facts_config);
                 tracing::debug!(ms = t.elapsed().as_millis() as u64, "facts gathered");
                 gathered
             });
@@ -149,14 +165,17 @@ impl CacheSession {
             )?,
             Err(_) => Vec::new(),
         };
-        let gathered = gathered.map_err(|_| anyhow::anyhow!("gathering facts panicked"))?;
+        let probed = gathered.map_err(|_| anyhow::anyhow!("gathering facts panicked"))?;
+        let gathered = probed.with_overrides(&facts_config.overrides);
         for (name, why) in &gathered.missing {
             tracing::debug!(fact = %name, why = %why, "fact missing");
         }
+        let cache_facts = cache_facts(&config, &probed);
         Ok(Self {
             config,
             layout,
             facts: gathered.facts,
+            cache_facts,
             store,
             policies,
             trust,
@@ -195,9 +214,15 @@ impl CacheSession {
             config: self.config,
             layout: self.layout,
             facts: self.facts,
+            cache_facts: self.cache_facts,
             trust: self.trust,
             root_origins: self.root_origins,
         })
+    }
+
+    /// The facts `cache`'s key is built from, and the overrides among them.
+    pub(crate) fn facts_of(&self, cache: &CacheConfig) -> &CacheFacts {
+        facts_of(&self.cache_facts, cache)
     }
 
     /// Where `cache`'s root came from when `open` resolved it from the environment (`None` for a
@@ -255,6 +280,7 @@ impl Session {
             store,
             layout,
             facts,
+            cache_facts: BTreeMap::new(),
             policies,
             trust,
             root_origins: Vec::new(),
@@ -264,6 +290,11 @@ impl Session {
     /// Where `cache`'s root came from, as `CacheSession::open` resolved it.
     pub(crate) fn root_origin(&self, cache: &CacheConfig) -> String {
         root_origin(&self.config, &self.root_origins, cache)
+    }
+
+    /// The facts `cache`'s key is built from, and the overrides among them.
+    pub(crate) fn facts_of(&self, cache: &CacheConfig) -> &CacheFacts {
+        facts_of(&self.cache_facts, cache)
     }
 
     pub(crate) fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
@@ -284,6 +315,7 @@ impl Session {
             kind: kind.to_owned(),
             root: PathBuf::new(),
             policy: (!builtin).then(|| crate::config::NATIVE_POLICY.into()),
+            facts: BTreeMap::new(),
         }];
         match PolicySet::from_config(&config) {
             Ok(set) => set.policy(kind),
@@ -300,6 +332,35 @@ impl Session {
     ) -> Result<PublishOptions> {
         publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)
     }
+}
+
+/// Each configured cache's facts: `probed` (what the machine says) with the overrides that apply
+/// to that cache layered on it, so that one cache's overrides never reach another's key.
+fn cache_facts(config: &Config, probed: &crate::facts::Gathered) -> BTreeMap<String, CacheFacts> {
+    let overrides = config.fact_overrides();
+    config
+        .caches
+        .iter()
+        .map(|cache| {
+            let kind = Some(cache.kind.as_str());
+            let facts = CacheFacts {
+                facts: probed.with_overrides(&overrides.layers(kind)).facts,
+                own_overrides: overrides.own(&cache.kind),
+            };
+            (cache.kind.clone(), facts)
+        })
+        .collect()
+}
+
+/// `cache`'s entry of `cache_facts`: every cache of the session's config has one (built with
+/// the session, whose caches never change kind afterwards).
+fn facts_of<'a>(
+    cache_facts: &'a BTreeMap<String, CacheFacts>,
+    cache: &CacheConfig,
+) -> &'a CacheFacts {
+    cache_facts
+        .get(&cache.kind)
+        .expect("every configured cache has its facts")
 }
 
 /// The signing key (if configured) and the trust a publisher builds with.

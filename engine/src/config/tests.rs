@@ -4,14 +4,188 @@ use super::*;
 fn fact_lists_parse_like_the_env_variable() {
     let parsed = parse_fact_list("model.id=Qwen/Qwen3-8B; gpu.cc=9.0;;").unwrap();
     assert_eq!(
-        parsed,
+        parsed.global,
         BTreeMap::from([
             ("gpu.cc".into(), "9.0".into()),
             ("model.id".into(), "Qwen/Qwen3-8B".into())
         ])
     );
+    assert!(parsed.per_cache.is_empty());
     assert!(parse_fact_list("model.id").is_err());
     assert!(parse_fact_list("").unwrap().is_empty());
+    // KIND:NAME=VALUE items are for that cache only; a later item wins.
+    let parsed =
+        parse_fact_list("gpu.name=G;vllm-compile:gpu.name=V=1;vllm-compile:gpu.name=V;x.y=")
+            .unwrap();
+    assert_eq!(
+        parsed.global,
+        BTreeMap::from([
+            ("gpu.name".into(), "G".into()),
+            ("x.y".into(), String::new())
+        ])
+    );
+    assert_eq!(
+        parsed.per_cache,
+        BTreeMap::from([(
+            "vllm-compile".into(),
+            BTreeMap::from([("gpu.name".into(), "V".into())])
+        )])
+    );
+}
+
+#[test]
+fn scoped_fact_args_parse_and_bad_ones_are_refused_with_the_form() {
+    let parse = parse_scoped_fact_arg;
+    assert_eq!(
+        parse("model.id=a:b=c;d").unwrap(),
+        (None, "model.id".into(), "a:b=c;d".into())
+    );
+    assert_eq!(
+        parse("vllm-compile:gpu.name=NVIDIA H100").unwrap(),
+        (
+            Some("vllm-compile".into()),
+            "gpu.name".into(),
+            "NVIDIA H100".into()
+        )
+    );
+    assert_eq!(
+        parse("inductor:gpu.name=").unwrap(),
+        (Some("inductor".into()), "gpu.name".into(), String::new())
+    );
+    let refused = |s: &str, wants: &str| {
+        let err = parse(s).unwrap_err().to_string();
+        assert!(err.contains(wants), "{s}: {err}");
+    };
+    // A bad KIND: not a cache kind's spelling, or empty.
+    refused("VLLM:gpu.name=x", "KIND:NAME=VALUE");
+    refused(":gpu.name=x", "KIND:NAME=VALUE");
+    refused("vllm compile:gpu.name=x", "KIND:NAME=VALUE");
+    // An empty name, plain or after KIND:.
+    refused("=x", "the fact name is empty");
+    refused("inductor:=x", "the fact name is empty");
+    // No '=' at all.
+    refused(
+        "inductor:gpu.name",
+        "expected NAME=VALUE or KIND:NAME=VALUE",
+    );
+    // A name never holds ':' (so KIND: is never part of one), nor whitespace.
+    refused("a:b:c=x", "holds no ':'");
+    refused("gpu name=x", "holds no ':'");
+    // `policy test --fact` takes plain facts only.
+    assert!(parse_fact_arg("inductor:gpu.name=x").is_err());
+    assert_eq!(
+        parse_fact_arg("gpu.name=x").unwrap(),
+        ("gpu.name".into(), "x".into())
+    );
+}
+
+#[test]
+fn per_cache_facts_parse_from_the_config_and_layer_by_precedence() {
+    let text = r#"
+[facts]
+"model.id" = "global"
+"gpu.cc" = "8.0"
+
+[[cache]]
+kind = "vllm-compile"
+root = "/v"
+facts = { "model.id" = "vllm-model", "gpu.name" = "placeholder" }
+
+[[cache]]
+kind = "inductor"
+root = "/i"
+"#;
+    let mut config = Config::parse(text, Path::new("x.toml")).unwrap();
+    assert_eq!(config.caches[0].facts["gpu.name"], "placeholder");
+    assert!(config.caches[1].facts.is_empty());
+    config.flag_facts = parse_fact_list("gpu.cc=9.0;vllm-compile:model.id=flag-model").unwrap();
+    config.validate().unwrap();
+    let overrides = config.fact_overrides();
+    let set = |kind: Option<&str>| -> BTreeMap<String, String> {
+        overrides
+            .applied(kind)
+            .into_iter()
+            .map(|(k, o)| (k, o.value))
+            .collect()
+    };
+    // gathered < [facts] < [[cache]] facts < --fact NAME=VALUE < --fact KIND:NAME=VALUE.
+    assert_eq!(
+        set(Some("vllm-compile")),
+        BTreeMap::from([
+            ("gpu.cc".into(), "9.0".into()),
+            ("gpu.name".into(), "placeholder".into()),
+            ("model.id".into(), "flag-model".into()),
+        ])
+    );
+    // The other cache sees none of vllm-compile's own overrides.
+    assert_eq!(
+        set(Some("inductor")),
+        BTreeMap::from([
+            ("gpu.cc".into(), "9.0".into()),
+            ("model.id".into(), "global".into()),
+        ])
+    );
+    assert_eq!(set(None), set(Some("inductor")));
+    // Its report names only what its own overrides decided, and where they came from.
+    let own = overrides.own("vllm-compile");
+    assert_eq!(own.keys().collect::<Vec<_>>(), ["gpu.name", "model.id"]);
+    assert_eq!(
+        own["gpu.name"].origin,
+        "config [[cache]] vllm-compile facts"
+    );
+    assert_eq!(
+        own["model.id"].origin,
+        "--fact vllm-compile:NAME / JITSHIP_FACTS"
+    );
+    assert!(overrides.own("inductor").is_empty());
+    // A global --fact beats a [[cache]] fact: then it is no override of the cache's own.
+    config.flag_facts = parse_fact_list("gpu.name=global-flag").unwrap();
+    let overrides = config.fact_overrides();
+    assert_eq!(
+        overrides.applied(Some("vllm-compile"))["gpu.name"].value,
+        "global-flag"
+    );
+    assert!(!overrides.own("vllm-compile").contains_key("gpu.name"));
+}
+
+#[test]
+fn per_cache_facts_are_refused_for_a_kind_not_configured_or_a_bad_name() {
+    let mut config = Config::parse(
+        "[[cache]]\nkind = \"inductor\"\n[[cache]]\nkind = \"triton\"\n",
+        Path::new("x.toml"),
+    )
+    .unwrap();
+    config.flag_facts = parse_fact_list("vllm-compile:gpu.name=x").unwrap();
+    let err = config.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("\"vllm-compile\" is not a cache of this command"),
+        "{err}"
+    );
+    assert!(err.contains("inductor, triton"), "{err}");
+    config.caches.clear();
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("no cache is configured"), "{err}");
+
+    // In the file: names are checked like the command line's; unknown fields stay refused.
+    let err = Config::parse(
+        "[[cache]]\nkind = \"inductor\"\nfacts = { \"a:b\" = \"x\" }\n",
+        Path::new("x.toml"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("[[cache]] facts entry"), "{err}");
+    let err = Config::parse("[facts]\n\"\" = \"x\"\n", Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("[facts] entry"), "{err}");
+    let err = Config::parse(
+        "[[cache]]\nkind = \"inductor\"\nfact = { \"a\" = \"x\" }\n",
+        Path::new("x.toml"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("fact"), "{err}");
+    assert!(err.contains("unknown field"), "{err}");
 }
 
 #[test]

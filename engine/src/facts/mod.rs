@@ -31,12 +31,18 @@
 //! | `os.arch` | CPU architecture jitship was built for, e.g. `x86_64`, `aarch64` | the build target |
 //! | `host.name` | host name (for records and per-host policies; never part of a shared key) | `gethostname` |
 //!
-//! Every fact can be overridden, in increasing precedence: the config's `[facts]` table, then
-//! `JITSHIP_FACTS="k=v;k=v"` / `--fact k=v` (one flag is one fact, its value everything after the
-//! first `=`, `;` included; the variable is a `;`-separated list, so a value there cannot hold
-//! `;`, and counts only when no flag is given). An overridden fact is reported with source
-//! `override`; an empty value (`--fact gpu.name=`) makes the fact missing. The derived facts `gpu.arch` and `driver.major` follow the final `gpu.cc` and
-//! `driver.version` (overridden or not) unless they are overridden themselves.
+//! Every fact can be overridden, for the whole command or for one cache kind only. In increasing
+//! precedence ([`FactOverrides::layers`]): what was gathered, the config's `[facts]` table, the
+//! cache's own `facts` in its `[[cache]]`, then `JITSHIP_FACTS="k=v;k=v"` / `--fact k=v` (one flag
+//! is one fact, its value everything after the first `=`, `;` included; the variable is a
+//! `;`-separated list, so a value there cannot hold `;`, and counts only when no flag is given),
+//! then `--fact KIND:k=v` (the same form inside `JITSHIP_FACTS`), which applies to the cache of
+//! that kind only. Each cache's key is built from its own set: one cache's override never changes
+//! another's key. Fact names hold no `:` (nor `=`, `;`, whitespace). An overridden fact is reported
+//! with source `override` and the layer that set it (`--fact vllm-compile:NAME / JITSHIP_FACTS`);
+//! an empty value (`--fact gpu.name=`) makes the fact missing. The derived facts `gpu.arch` and
+//! `driver.major` follow the final `gpu.cc` and `driver.version` of each set (overridden or not)
+//! unless they are overridden themselves.
 //!
 //! GPU facts describe the node as the driver lists it (NVML index 0, all GPUs, whatever
 //! `CUDA_VISIBLE_DEVICES` says); on a node with mixed GPU models, override `gpu.*` per worker.
@@ -197,6 +203,118 @@ pub struct OverrideLayer {
     pub facts: BTreeMap<String, String>,
 }
 
+/// Fact overrides given for the whole command (`global`) and for single caches (`per_cache`, by
+/// cache kind): one level of [`FactOverrides`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScopedFacts {
+    pub global: BTreeMap<String, String>,
+    pub per_cache: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl ScopedFacts {
+    /// Sets `name` for the cache of `kind`, or for every cache when `kind` is `None`.
+    pub fn insert(&mut self, kind: Option<&str>, name: String, value: String) {
+        match kind {
+            Some(kind) => self.per_cache.entry(kind.to_owned()).or_default(),
+            None => &mut self.global,
+        }
+        .insert(name, value);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.global.is_empty() && self.per_cache.values().all(BTreeMap::is_empty)
+    }
+}
+
+/// Every fact override of one command, by level: the config file's (`[facts]`, each `[[cache]]`'s
+/// `facts`) and the command line's (`--fact NAME=VALUE`, `--fact KIND:NAME=VALUE`, or
+/// `JITSHIP_FACTS` when no `--fact` is given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FactOverrides {
+    pub config: ScopedFacts,
+    pub flags: ScopedFacts,
+}
+
+/// One overridden fact of a cache's set: its value (empty: the fact was made missing) and the
+/// layer that set it (the `origin` of an [`OverrideLayer`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AppliedOverride {
+    pub value: String,
+    pub origin: String,
+}
+
+impl FactOverrides {
+    /// The layers the facts of the cache of `kind` are built with (`None`: the command-wide set,
+    /// no cache's own overrides), lowest precedence first: `[facts]`, the `[[cache]]`'s `facts`,
+    /// `--fact NAME=VALUE` / `JITSHIP_FACTS`, `--fact KIND:NAME=VALUE`. Empty layers are left out.
+    pub fn layers(&self, kind: Option<&str>) -> Vec<OverrideLayer> {
+        let own = |level: &ScopedFacts| {
+            kind.and_then(|k| level.per_cache.get(k))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let mut layers = vec![
+            OverrideLayer {
+                origin: "config [facts]".into(),
+                facts: self.config.global.clone(),
+            },
+            OverrideLayer {
+                origin: format!("config [[cache]] {} facts", kind.unwrap_or_default()),
+                facts: own(&self.config),
+            },
+            OverrideLayer {
+                origin: format!("--fact / {FACTS_ENV}"),
+                facts: self.flags.global.clone(),
+            },
+            OverrideLayer {
+                origin: format!("--fact {}:NAME / {FACTS_ENV}", kind.unwrap_or_default()),
+                facts: own(&self.flags),
+            },
+        ];
+        layers.retain(|l| !l.facts.is_empty());
+        layers
+    }
+
+    /// The kinds given overrides of their own (in the config or on the command line).
+    pub fn cache_kinds(&self) -> std::collections::BTreeSet<&str> {
+        [&self.config, &self.flags]
+            .into_iter()
+            .flat_map(|level| level.per_cache.iter())
+            .filter(|(_, facts)| !facts.is_empty())
+            .map(|(kind, _)| kind.as_str())
+            .collect()
+    }
+
+    /// Every fact overridden in the set of the cache of `kind` (`None`: the command-wide set):
+    /// the winning value and the layer it came from.
+    pub fn applied(&self, kind: Option<&str>) -> BTreeMap<String, AppliedOverride> {
+        let mut out = BTreeMap::new();
+        for layer in self.layers(kind) {
+            for (name, value) in layer.facts {
+                out.insert(
+                    name,
+                    AppliedOverride {
+                        value,
+                        origin: layer.origin.clone(),
+                    },
+                );
+            }
+        }
+        out
+    }
+
+    /// The overridden facts of the cache of `kind` that its own overrides (`[[cache]] facts`,
+    /// `--fact KIND:NAME=VALUE`) decide: those of [`applied`](Self::applied) that differ from the
+    /// command-wide set's.
+    pub fn own(&self, kind: &str) -> BTreeMap<String, AppliedOverride> {
+        let common = self.applied(None);
+        self.applied(Some(kind))
+            .into_iter()
+            .filter(|(name, o)| common.get(name) != Some(o))
+            .collect()
+    }
+}
+
 /// `[gather]`: the settings of fact gathering (see the `facts` module for the facts themselves).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -251,14 +369,10 @@ pub struct FactsConfig {
 }
 
 impl FactsConfig {
-    /// The `[gather]` settings, this process's PATH and CUDA variables, the config's `[facts]`
-    /// (`config_facts`) and then `flag_facts` (the `--fact` flags, or `JITSHIP_FACTS` when no
-    /// flag is given).
-    pub fn from_process(
-        settings: &GatherConfig,
-        config_facts: &BTreeMap<String, String>,
-        flag_facts: &BTreeMap<String, String>,
-    ) -> Self {
+    /// The `[gather]` settings, this process's PATH and CUDA variables, and the command-wide
+    /// layers of `overrides` (`[facts]`, then the `--fact` flags or `JITSHIP_FACTS`); a cache's
+    /// own overrides are layered on [`probe`]'s result with [`Gathered::with_overrides`].
+    pub fn from_process(settings: &GatherConfig, overrides: &FactOverrides) -> Self {
         let env: BTreeMap<String, String> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, v)| consulted_env(k) && !v.is_empty())
@@ -273,16 +387,7 @@ impl FactsConfig {
             default_cuda_home: PathBuf::from("/usr/local/cuda"),
             cpuinfo: PathBuf::from("/proc/cpuinfo"),
             affinity_cpus: cpu::affinity_cpus(),
-            overrides: vec![
-                OverrideLayer {
-                    origin: "config [facts]".into(),
-                    facts: config_facts.clone(),
-                },
-                OverrideLayer {
-                    origin: format!("--fact / {FACTS_ENV}"),
-                    facts: flag_facts.clone(),
-                },
-            ],
+            overrides: overrides.layers(None),
         }
     }
 }
@@ -299,6 +404,12 @@ pub fn consulted_env(name: &str) -> bool {
 /// hangs: each external program and NVML are bounded by `settings.timeout`, and whatever cannot
 /// be determined ends up in `missing` with the reason.
 pub fn gather(cfg: &FactsConfig) -> Gathered {
+    probe(cfg).with_overrides(&cfg.overrides)
+}
+
+/// [`gather`] without `cfg.overrides`: what the machine says (derived facts included), for
+/// callers that layer each cache's overrides on it ([`Gathered::with_overrides`]).
+pub fn probe(cfg: &FactsConfig) -> Gathered {
     let mut g = Gathered::default();
     // The GPU probe (NVML, nvidia-smi) and the Python probe are independent: run them side by side.
     let (gpu_facts, site_dirs) = std::thread::scope(|s| {
@@ -330,7 +441,7 @@ pub fn gather(cfg: &FactsConfig) -> Gathered {
         Ok(_) => g.lack("host.name", "gethostname(2) returned an empty name"),
         Err(raw) => g.lack("host.name", format!("the host name {raw:?} is not UTF-8")),
     }
-    g.apply_overrides_and_derive(&cfg.overrides);
+    g.derive();
     g
 }
 
@@ -388,6 +499,36 @@ impl Gathered {
             self.apply_overrides(layer);
         }
         self.derive();
+    }
+
+    /// A copy with `layers` applied and the derived facts following them (see
+    /// [`apply_overrides_and_derive`](Self::apply_overrides_and_derive)).
+    pub fn with_overrides(&self, layers: &[OverrideLayer]) -> Gathered {
+        let mut g = self.clone();
+        g.apply_overrides_and_derive(layers);
+        g
+    }
+
+    /// What differs in `self` from `base`: the facts whose value or source differ, and the facts
+    /// missing here but not there (with their reasons). `jitship facts` shows a cache's own set
+    /// this way, as what its overrides change in the command-wide set.
+    pub fn changed_from(&self, base: &Gathered) -> Gathered {
+        let mut out = Gathered::default();
+        for (name, value) in self.facts.iter() {
+            let source = self.sources.get(name);
+            if base.facts.get(name) != Some(value) || base.sources.get(name) != source {
+                out.facts.set(name, value);
+                if let Some(p) = source {
+                    out.sources.insert(name.to_string(), p.clone());
+                }
+            }
+        }
+        for (name, why) in &self.missing {
+            if base.missing.get(name) != Some(why) {
+                out.missing.insert(name.clone(), why.clone());
+            }
+        }
+        out
     }
 
     /// `gpu.arch` from `gpu.cc` and `driver.major` from `driver.version`, unless overridden.

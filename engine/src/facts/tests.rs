@@ -339,8 +339,7 @@ fn no_gpu_gives_explicit_missing_facts_with_every_sources_reason() {
 fn this_machines_defaults_never_fail_and_account_for_every_fact() {
     // Whatever this machine has (no GPU on CI), gathering with real defaults must answer,
     // quickly, with each fact either found or missing with a reason.
-    let cfg =
-        FactsConfig::from_process(&GatherConfig::default(), &BTreeMap::new(), &BTreeMap::new());
+    let cfg = FactsConfig::from_process(&GatherConfig::default(), &Default::default());
     let g = gather(&cfg);
     every_expected_fact_is_accounted_for(&g, &[]);
     assert!(g.missing.values().all(|why| !why.is_empty()), "{g:#?}");
@@ -519,4 +518,66 @@ fn json_has_facts_sources_and_missing() {
     assert_eq!(v["sources"]["model.id"]["source"], "override");
     assert_eq!(v["sources"]["os.arch"]["source"], "target");
     assert!(v["missing"]["gpu.name"].is_string());
+}
+
+#[test]
+fn each_cache_gets_its_own_overrides_on_the_probe_and_derived_facts_follow_them() {
+    let m = FakeMachine::new();
+    m.script(
+        "bin/nvidia-smi",
+        "echo 'NVIDIA H100 80GB HBM3, 9.0, 550.54.15'",
+    );
+    let overrides = FactOverrides {
+        config: ScopedFacts {
+            global: BTreeMap::from([("model.id".into(), "config".into())]),
+            per_cache: BTreeMap::from([(
+                "a".into(),
+                BTreeMap::from([
+                    ("model.id".into(), "config-a".into()),
+                    ("gpu.cc".into(), "8.0".into()),
+                ]),
+            )]),
+        },
+        flags: ScopedFacts {
+            global: BTreeMap::from([("pkg.torch".into(), "2.9.0".into())]),
+            per_cache: BTreeMap::from([(
+                "a".into(),
+                BTreeMap::from([("gpu.name".into(), String::new())]),
+            )]),
+        },
+    };
+    let mut cfg = m.config();
+    cfg.overrides = overrides.layers(None);
+    let probed = probe(&cfg);
+    // The probe applies no override; gather applies the command-wide ones.
+    assert_eq!(probed.facts.get("model.id"), None);
+    let common = gather(&cfg);
+    assert_eq!(common, probed.with_overrides(&cfg.overrides));
+    assert_eq!(common.facts.get("model.id"), Some("config"));
+    assert_eq!(common.facts.get("gpu.arch"), Some("sm_90"));
+
+    let a = probed.with_overrides(&overrides.layers(Some("a")));
+    assert_eq!(a.facts.get("model.id"), Some("config-a"));
+    assert_eq!(a.sources["model.id"].detail, "config [[cache]] a facts");
+    assert_eq!(a.facts.get("pkg.torch"), Some("2.9.0"));
+    // Derived from a's own capability.
+    assert_eq!(a.facts.get("gpu.arch"), Some("sm_80"));
+    assert_eq!(
+        a.missing["gpu.name"],
+        "set empty by --fact a:NAME / JITSHIP_FACTS"
+    );
+    // Another kind gets the command-wide set.
+    assert_eq!(probed.with_overrides(&overrides.layers(Some("b"))), common);
+
+    // What `jitship facts` shows for a: only what its own overrides change.
+    let changed = a.changed_from(&common);
+    assert_eq!(
+        changed.facts.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        ["gpu.arch", "gpu.cc", "model.id"]
+    );
+    assert_eq!(changed.missing.keys().collect::<Vec<_>>(), ["gpu.name"]);
+    assert_eq!(
+        overrides.cache_kinds().into_iter().collect::<Vec<_>>(),
+        ["a"]
+    );
 }

@@ -57,6 +57,9 @@ pub struct WatchedRoot {
     pub kind: String,
     pub root: PathBuf,
     pub policy: std::sync::Arc<dyn CachePolicy>,
+    /// The facts this root's key is built from, instead of `WatchOptions::publish`'s (the CLI
+    /// gives each cache its own set: its own overrides apply to it only).
+    pub facts: Option<crate::facts::Facts>,
 }
 
 pub struct WatchOptions {
@@ -142,6 +145,8 @@ struct Slot {
     listing: Option<blake3::Hash>,
     /// The root itself existed at the last watch sync.
     root_existed: bool,
+    /// The facts its key is built from (`WatchedRoot::facts`).
+    facts: Option<crate::facts::Facts>,
 }
 
 type CycleResult = Result<PublishReport, (&'static str, String)>;
@@ -226,6 +231,7 @@ pub async fn run_with_metrics(
                     hashes: HashCache::default(),
                 }),
                 listing: None,
+                facts: r.facts,
             }
         })
         .collect();
@@ -478,7 +484,10 @@ impl Loop {
         let root = slot.root.clone();
         let store = self.store.clone();
         let layout = self.layout.clone();
-        let opts = self.opts.publish.clone();
+        let mut opts = self.opts.publish.clone();
+        if let Some(facts) = &slot.facts {
+            opts.facts = facts.clone();
+        }
         tracing::debug!(cache = %slot.kind, root = %root.display(), "publish cycle");
         tokio::task::spawn_blocking(move || {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {

@@ -79,11 +79,13 @@ async fn a_failing_root_is_counted_and_retried_while_the_others_publish() {
             kind: "bad".into(),
             root: bad,
             policy: std::sync::Arc::new(Broken(NativeRules::new("bad").info().clone())),
+            facts: None,
         },
         WatchedRoot {
             kind: "good".into(),
             root: good.clone(),
             policy: std::sync::Arc::new(NativeRules::new("good")),
+            facts: None,
         },
     ];
     let metrics = Arc::new(Metrics::new());
@@ -156,6 +158,7 @@ async fn the_rescan_alone_finds_changes_when_no_event_comes() {
             kind: "k".into(),
             root: root.clone(),
             policy: std::sync::Arc::new(NativeRules::new("k")),
+            facts: None,
         }],
         opts,
         rx,

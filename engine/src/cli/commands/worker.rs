@@ -1,5 +1,6 @@
 //! The worker commands: publish, install, watch (the sidecar) and facts.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -12,7 +13,7 @@ use crate::cli::output::{self, Envelope, ErrorRecord, Stage};
 use crate::cli::render::{self, Progress};
 use crate::cli::session::CacheSession;
 use crate::config::{self, Config};
-use crate::facts::FactsConfig;
+use crate::facts::{AppliedOverride, FactsConfig, Gathered};
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::interrupt::Interrupt;
 use crate::policies::PolicySet;
@@ -27,6 +28,44 @@ use crate::roots::{ProcessEnv, RootOrigin};
 pub(crate) enum PublishResult {
     Done(PublishReport),
     Failed(FailedCache),
+}
+
+/// The facts a cache's own overrides (`[[cache]] facts`, `--fact KIND:NAME=VALUE`) set for its
+/// key, one line each under its summary: they apply to this cache only.
+fn print_own_facts(own: &BTreeMap<String, AppliedOverride>) {
+    for (name, o) in own {
+        let value = if o.value.is_empty() {
+            "(made missing)".to_owned()
+        } else {
+            format!("= {}", o.value)
+        };
+        println!("  fact {name} {value} (this cache only: {})", o.origin);
+    }
+}
+
+/// One cache's result in a JSON envelope, with the facts its own overrides (`[[cache]] facts`,
+/// `--fact KIND:NAME=VALUE`) set for its key: name -> value and layer; absent when none did.
+#[derive(Debug, Serialize)]
+struct WithOwnFacts<'a, R> {
+    #[serde(flatten)]
+    result: &'a R,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    fact_overrides: &'a BTreeMap<String, AppliedOverride>,
+}
+
+/// Each result beside its cache's own overrides (same order).
+fn with_own_facts<'a, R>(
+    results: &'a [R],
+    own: &'a [BTreeMap<String, AppliedOverride>],
+) -> Vec<WithOwnFacts<'a, R>> {
+    results
+        .iter()
+        .zip(own)
+        .map(|(result, fact_overrides)| WithOwnFacts {
+            result,
+            fact_overrides,
+        })
+        .collect()
 }
 
 /// A cache whose work failed (`outcome` is always "failed"); the error is also under `errors`.
@@ -45,6 +84,7 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
     // Each cache's result, with where its root came from when the environment decided it.
     let mut results: Vec<PublishResult> = Vec::new();
     let mut origins: Vec<Option<String>> = Vec::new();
+    let mut own_facts: Vec<BTreeMap<String, AppliedOverride>> = Vec::new();
     let opened = CacheSession::open(&args.settings).and_then(|session| {
         let opts = PublishOptions {
             interrupt: interrupt.clone(),
@@ -65,6 +105,13 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
         Ok((session, opts)) => {
             for cache in &session.config.caches {
                 origins.push(session.resolved_origin(cache));
+                let facts = session.facts_of(cache);
+                own_facts.push(facts.own_overrides.clone());
+                // This cache's own facts: another cache's overrides never reach its key.
+                let opts = PublishOptions {
+                    facts: facts.facts.clone(),
+                    ..opts.clone()
+                };
                 let failed = |record: ErrorRecord| FailedCache {
                     cache_kind: cache.kind.clone(),
                     root: cache.root.clone(),
@@ -132,9 +179,10 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
         exit::ERROR
     };
     if args.json {
+        let results = with_own_facts(&results, &own_facts);
         print!("{}", output::to_text(&envelope.finish(&results, code)));
     } else {
-        for (r, origin) in results.iter().zip(&origins) {
+        for ((r, origin), own) in results.iter().zip(&origins).zip(&own_facts) {
             match r {
                 PublishResult::Done(report) => render::print_publish(report),
                 PublishResult::Failed(f) => {
@@ -146,6 +194,7 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
                 PublishResult::Failed(f) => &f.root,
             };
             render::print_root(root, origin.as_deref());
+            print_own_facts(own);
         }
     }
     Ok(code)
@@ -214,10 +263,17 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
         .caches
         .iter()
         .inspect(|c| tracing::info!(cache = %c.kind, root = %c.root.display(), origin = %session.root_origin(c), "watching"))
-        .map(|c| WatchedRoot {
-            kind: c.kind.clone(),
-            root: c.root.clone(),
-            policy: session.policy(c),
+        .map(|c| {
+            let facts = session.facts_of(c);
+            for (name, o) in &facts.own_overrides {
+                tracing::info!(cache = %c.kind, fact = %name, value = %o.value, origin = %o.origin, "fact of this cache only");
+            }
+            WatchedRoot {
+                kind: c.kind.clone(),
+                root: c.root.clone(),
+                policy: session.policy(c),
+                facts: Some(facts.facts.clone()),
+            }
         })
         .collect();
     let store = session.store.clone();
@@ -275,6 +331,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     let mut envelope = Envelope::start("install");
     let mut reports: Vec<InstallReport> = Vec::new();
     let mut origins: Vec<Option<String>> = Vec::new();
+    let mut own_facts: Vec<BTreeMap<String, AppliedOverride>> = Vec::new();
     match CacheSession::open(&args.settings) {
         // Even a configuration error must not block an init container: with --best-effort,
         // --report or --json it becomes the report's error, and the exit code follows.
@@ -298,6 +355,8 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
             let ready = session.ready_each();
             for (cache, ready) in session.config.caches.iter().zip(ready) {
                 origins.push(session.resolved_origin(cache));
+                let facts = session.facts_of(cache);
+                own_facts.push(facts.own_overrides.clone());
                 let (report, stage) = match ready {
                     Ok((store, policy)) => {
                         let progress = Progress::start(format!(
@@ -310,7 +369,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
                             &session.layout,
                             policy,
                             &cache.root,
-                            &session.facts,
+                            &facts.facts,
                             &opts,
                         );
                         progress.finish();
@@ -345,7 +404,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     } else {
         exit::install(reports.iter().map(|r| r.outcome), false)
     };
-    let mut doc = envelope.finish(&reports, code);
+    let mut doc = envelope.finish(with_own_facts(&reports, &own_facts), code);
     if let Some(path) = &args.report
         && let Err(e) = write_report(path, &output::to_text(&doc))
     {
@@ -354,14 +413,15 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
             .errors
             .push(ErrorRecord::new(None, Stage::Report, &e));
         code = code.max(exit::ERROR);
-        doc = envelope.finish(&reports, code);
+        doc = envelope.finish(with_own_facts(&reports, &own_facts), code);
     }
     if args.json {
         print!("{}", output::to_text(&doc));
     } else {
-        for (report, origin) in reports.iter().zip(&origins) {
+        for ((report, origin), own) in reports.iter().zip(&origins).zip(&own_facts) {
             render::print_install(report);
             render::print_root(&report.root, origin.as_deref());
+            print_own_facts(own);
         }
     }
     // A stopped install says so even with --best-effort: it is no outcome of the install.
@@ -397,29 +457,59 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
     if let Some(python) = &args.python {
         config.gather.python = Some(python.clone());
     }
-    let flag_facts = args.fact_overrides()?;
-    let gathered = crate::facts::gather(&FactsConfig::from_process(
-        &config.gather,
-        &config.facts,
-        &flag_facts,
-    ));
+    config.flag_facts = args.fact_overrides()?;
     config::apply_cache_args(&mut config, &args.caches)?;
     config.validate()?;
+    let overrides = config.fact_overrides();
+    let facts_config = FactsConfig::from_process(&config.gather, &overrides);
+    let probed = crate::facts::probe(&facts_config);
+    let gathered = probed.with_overrides(&facts_config.overrides);
+    // Each cache with overrides of its own: what they change in the command-wide set.
+    let caches: BTreeMap<&str, Gathered> = overrides
+        .cache_kinds()
+        .into_iter()
+        .map(|kind| {
+            let own = probed.with_overrides(&overrides.layers(Some(kind)));
+            (kind, own.changed_from(&gathered))
+        })
+        .collect();
     let roots = resolved_roots(&config)?;
     if args.json {
         #[derive(serde::Serialize)]
         struct Output<'a> {
             #[serde(flatten)]
-            gathered: &'a crate::facts::Gathered,
+            gathered: &'a Gathered,
+            /// By cache kind: the facts of that cache's own set that differ from the above.
+            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+            caches: &'a BTreeMap<&'a str, Gathered>,
             roots: &'a [ResolvedRoot],
         }
         let out = Output {
             gathered: &gathered,
+            caches: &caches,
             roots: &roots,
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", gathered.render_table());
+        for (kind, own) in &caches {
+            println!(
+                "\nfacts of the {kind} cache only (its own overrides change these for its key):"
+            );
+            let table = own.render_table();
+            print!(
+                "{}",
+                if own.facts.iter().next().is_none() {
+                    // Only missing facts: render_table's header row would stand alone.
+                    table
+                        .split_once('\n')
+                        .map_or("", |(_, rest)| rest)
+                        .trim_start_matches('\n')
+                } else {
+                    &table
+                }
+            );
+        }
         if !roots.is_empty() {
             println!("\ncache roots (as publish, install and watch resolve them):");
             for r in &roots {
