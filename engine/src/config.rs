@@ -62,6 +62,14 @@ pub struct Config {
     pub watch: WatchConfig,
     pub retention: RetentionConfig,
     pub trust: TrustConfig,
+    /// `engine = "vllm"` (or `--engine`): the caches that engine reads, without naming each kind;
+    /// an explicit `[[cache]]`/`--cache` of one of its kinds wins (`crate::engines`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Engine>,
+    /// The kinds [`Config::add_engine_candidates`] added (not configured by the operator): the
+    /// session keeps those the engine reads once the facts are known.
+    #[serde(skip)]
+    pub engine_candidates: Vec<String>,
     /// The command line's fact overrides (`--fact [KIND:]NAME=VALUE`, or `JITSHIP_FACTS`), set by
     /// the CLI; never read from the file. They win over `[facts]` and every `[[cache]]`'s `facts`
     /// (see [`Config::fact_overrides`]).
@@ -132,6 +140,44 @@ pub struct CacheConfig {
     /// [`crate::facts::FactOverrides::layers`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub facts: BTreeMap<String, String>,
+}
+
+/// An inference engine whose caches `--engine` / `engine =` names at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// vLLM: its compile cache, or the Inductor cache and precompiled header it uses instead,
+    /// by compile mode and machine (docs/vllm.md).
+    Vllm,
+}
+
+impl Engine {
+    /// Every kind the engine may read, whatever its mode and machine: configured (policies
+    /// loaded, roots resolved) before the facts are known; `crate::engines` keeps those it reads.
+    pub fn candidate_kinds(self) -> &'static [&'static str] {
+        match self {
+            Engine::Vllm => &["vllm-compile", "inductor", "inductor-pch"],
+        }
+    }
+}
+
+impl Config {
+    /// Adds the engine's candidate caches that are not configured already (an explicit one of
+    /// the same kind wins), their roots left for `crate::roots`, and remembers which it added.
+    pub fn add_engine_candidates(&mut self) {
+        let Some(engine) = self.engine else { return };
+        for kind in engine.candidate_kinds() {
+            if !self.caches.iter().any(|c| c.kind == *kind) {
+                self.caches.push(CacheConfig {
+                    kind: (*kind).to_string(),
+                    root: PathBuf::new(),
+                    policy: None,
+                    facts: BTreeMap::new(),
+                });
+                self.engine_candidates.push((*kind).to_string());
+            }
+        }
+    }
 }
 
 /// `policy = "native"`: the operator's explicit choice of jitship's generic rules (skip temp,

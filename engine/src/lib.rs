@@ -7,6 +7,7 @@ pub mod author;
 pub mod cli;
 pub mod config;
 pub mod confined;
+pub mod engines;
 pub mod facts;
 pub mod gc;
 pub mod inspect;

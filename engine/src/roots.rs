@@ -117,7 +117,7 @@ impl ProcessEnv {
     }
 
     /// A variable's value; an empty one counts as unset.
-    fn var(&self, name: &str) -> Option<&str> {
+    pub(crate) fn var(&self, name: &str) -> Option<&str> {
         self.vars
             .get(name)
             .map(String::as_str)

@@ -31,7 +31,7 @@ LAYERS = [
     {"config"},
     {"scan", "policies"},
     {"publish", "install", "inspect", "author", "roots"},
-    {"gc", "audit", "watch"},
+    {"gc", "audit", "watch", "engines"},
     {"cli"},
 ]
 LAYER_OF = {m: i for i, layer in enumerate(LAYERS) for m in layer}

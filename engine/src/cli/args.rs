@@ -316,6 +316,11 @@ pub struct AuditArgs {
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// The engine whose caches to audit, as install resolved them (`vllm`): each of its roots
+    /// that holds an install record.
+    #[arg(long, env = "JITSHIP_ENGINE", value_name = "ENGINE")]
+    pub engine: Option<config::Engine>,
+
     /// A cache to audit as KIND[:POLICY][=ROOT] (repeatable; env: comma-separated), resolved as
     /// install resolves it (without =ROOT: the engine's own root from this environment).
     #[arg(
@@ -465,6 +470,18 @@ pub struct SettingsArgs {
         help_heading = "Caches and facts"
     )]
     pub caches: Vec<String>,
+
+    /// The inference engine whose caches to work on, all at once: `vllm` (its compile cache, or
+    /// the Inductor cache and precompiled header, by VLLM_USE_AOT_COMPILE and the machine; roots
+    /// from VLLM_CACHE_ROOT, TMPDIR, TORCHINDUCTOR_CACHE_DIR as vLLM resolves them). A --cache of
+    /// one of its kinds wins.
+    #[arg(
+        long,
+        env = "JITSHIP_ENGINE",
+        value_name = "ENGINE",
+        help_heading = "Caches and facts"
+    )]
+    pub engine: Option<config::Engine>,
 
     /// A fact as NAME=VALUE, or KIND:NAME=VALUE for the cache of that kind only (repeatable): the
     /// value is everything after the first '=', ';' and '=' included. Precedence, lowest first:
@@ -662,6 +679,10 @@ impl SettingsArgs {
     pub fn resolve(&self) -> Result<Config> {
         let mut config = self.store.load()?;
         config::apply_cache_args(&mut config, &self.caches)?;
+        if self.engine.is_some() {
+            config.engine = self.engine;
+        }
+        config.add_engine_candidates();
         if let Some(python) = &self.python {
             config.gather.python = Some(python.clone());
         }
@@ -709,6 +730,10 @@ impl AuditArgs {
             None => Config::default(),
         };
         config::apply_cache_args(&mut config, &self.caches)?;
+        if self.engine.is_some() {
+            config.engine = self.engine;
+        }
+        config.add_engine_candidates();
         config.validate()?;
         Ok(config)
     }

@@ -157,16 +157,19 @@ impl CacheSession {
             tracing::debug!(ms = t.elapsed().as_millis() as u64, "policies loaded");
             (gathering.join(), store, policies)
         });
-        let root_origins = match &policies {
-            Ok(policies) => crate::roots::resolve_cache_roots(
-                &mut config.caches,
-                policies,
-                &ProcessEnv::from_process(),
-            )?,
+        let env = ProcessEnv::from_process();
+        let mut root_origins = match &policies {
+            Ok(policies) => crate::roots::resolve_cache_roots(&mut config.caches, policies, &env)?,
             Err(_) => Vec::new(),
         };
         let probed = gathered.map_err(|_| anyhow::anyhow!("gathering facts panicked"))?;
         let gathered = probed.with_overrides(&facts_config.overrides);
+        // --engine: of its candidate caches, those it reads on this machine in this environment.
+        if let Some(chosen) =
+            crate::engines::keep_read_caches(&mut config, &mut root_origins, &env, &gathered.facts)
+        {
+            tracing::info!("--engine {}", chosen.why);
+        }
         for (name, why) in &gathered.missing {
             tracing::debug!(fact = %name, why = %why, "fact missing");
         }

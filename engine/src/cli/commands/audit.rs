@@ -19,7 +19,25 @@ pub(crate) fn run_audit(args: AuditArgs) -> Result<i32> {
     crate::roots::resolve_cache_roots(&mut config.caches, &policies, &ProcessEnv::from_process())?;
     let mut reports = Vec::new();
     for cache in &config.caches {
+        // --engine: its candidate roots that install wrote into (install chose them by the same
+        // environment and facts; audit has no facts, so the install record says which).
+        if config.engine_candidates.contains(&cache.kind)
+            && !crate::audit::record_path(&cache.root).exists()
+        {
+            continue;
+        }
         reports.push(crate::audit::audit(&cache.kind, &cache.root)?);
+    }
+    if reports.is_empty() {
+        let roots: Vec<String> = config
+            .caches
+            .iter()
+            .map(|c| format!("{} {}", c.kind, c.root.display()))
+            .collect();
+        bail!(
+            "nothing to audit: none of the engine's roots holds an install record ({}); run `jitship install` first",
+            roots.join(", ")
+        );
     }
     let code = if reports.iter().all(|r| r.warm) {
         exit::OK

