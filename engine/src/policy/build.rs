@@ -310,7 +310,12 @@ pub fn write_component(out: &Path, bytes: &[u8]) -> Result<(), BuildError> {
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(&dir).map_err(io_err(&dir))?;
+    // 0644 less the umask, like any file a build writes: the module is meant to be read (copied
+    // into images, served, checked by others), not private as a temp file's 0600 would make it.
+    let mut tmp = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(&dir)
+        .map_err(io_err(&dir))?;
     std::io::Write::write_all(&mut tmp, bytes).map_err(io_err(out))?;
     tmp.persist(out).map_err(|e| BuildError::Io {
         path: out.to_path_buf(),
@@ -424,6 +429,28 @@ mod tests {
         // A valid core module with no component-type section: not a policy.
         let err = componentize(&CORE_PREAMBLE).unwrap_err();
         assert!(matches!(err, BuildError::Componentize(_)), "{err}");
+    }
+
+    #[test]
+    fn the_written_module_is_readable_by_others_less_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("sub/p.wasm");
+        write_component(&out, b"module").unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"module");
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        // The umask of this process, read without changing it.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let umask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .map(|u| u32::from_str_radix(u.trim(), 8).unwrap())
+            .unwrap_or(0o022);
+        assert_eq!(mode, 0o644 & !umask, "mode {mode:o}, umask {umask:o}");
+        // Rewriting keeps it so (the temp file is renamed over the old module).
+        write_component(&out, b"again").unwrap();
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644 & !umask);
     }
 
     #[test]
