@@ -1,4 +1,4 @@
-//! Relocation with the real engine: Triton 3.9 from PyPI (`tests/engines/venv.sh`, honouring
+//! Relocation with the real engine: Triton from PyPI (the engines venv, `tests/engines/venv.sh`, honouring
 //! `JITSHIP_ENGINES_VENV`) compiles kernels into cache roots at different absolute paths (a CUDA
 //! target needs no GPU; `tests/engines/triton_cache.py`), the real `jitship` CLI with the embedded
 //! `triton` policy publishes and installs them, and Triton itself judges the result:
