@@ -4,7 +4,21 @@
 //! Deciding (per compat id, from the heads and manifests: `inspect::survey`):
 //! - the newest generation (the head installs read) is never dropped;
 //! - a pinned generation (`{ns}/pin/{id}` exists) is never dropped, whatever the policy says;
-//! - the policy's `retain` names the others to drop, given the operator's quotas;
+//! - the policy's `retain` names the others to drop, given the operator's quotas. The policy is
+//!   the one that governs the compat id: the one its newest generation (that counts, with a
+//!   readable manifest) was published with (`Manifest.policy`), found by digest among the
+//!   built-in modules, the modules of the configured caches (`[[cache]] policy`, `gc --cache
+//!   KIND:x.wasm`) and the modules directory (`[policy] modules_dir`, `gc --policy-dir`); digest
+//!   `native` is the native rules (`PolicyIndex`). Never the rule of whatever this gc happens to
+//!   configure for the kind: a compat id whose policy gc does not have is kept whole and the
+//!   report says which module to give it;
+//! - a built-in upgraded since the publish (its recorded digest is an older built-in's) is decided
+//!   by today's built-in of that name, reported as "built-in X (published with version V)", but
+//!   only when all of these hold: the recorded digest is found nowhere (above), the recorded name
+//!   equals the name of the built-in policy of the compat id's kind, and the operator configured
+//!   no module of their own for that kind. A third-party module may call itself `inductor`: where
+//!   the operator runs one for the kind, an unknown digest under that name is theirs, not an old
+//!   built-in, and the key is kept whole;
 //! - a generation the policy drops is kept while it was superseded less than `grace` ago: an install
 //!   that read the previous head just before a publish may still be fetching its packs. `grace`
 //!   must exceed the install deadline plus clock skew between hosts (default 1 h);
@@ -49,11 +63,15 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+mod governing;
+
+pub use governing::{Governing, PolicyFinder, PolicyIndex, PolicyOrigin, UsedPolicy};
+
 use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError, ManifestRead};
-use crate::generation::{CompatId, ContentHash, GenerationId};
+use crate::generation::{CompatId, ContentHash, GenerationId, PolicyRef};
 use crate::inspect::{self, CompatView, InspectError, ManifestState};
-use crate::policy::{CachePolicy, GenerationSummary, RetentionLimits};
+use crate::policy::{GenerationSummary, RetentionLimits};
 use crate::store::{Store, StoreError};
 use crate::trust::{Signer, TrustPolicy};
 
@@ -110,10 +128,26 @@ pub struct Decision {
     pub size_bytes: u64,
 }
 
+/// Which policy decided one compat id, or why none did (the compat id was kept whole).
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyPolicy {
+    pub compat_id: CompatId,
+    pub cache_kind: Option<String>,
+    /// The policy its newest generation that counts (with a readable manifest) was published with.
+    pub published_with: Option<PolicyRef>,
+    /// The policy whose `retain` decided, and where gc found it.
+    pub decided_by: Option<UsedPolicy>,
+    /// Why no policy decided: every generation of the compat id was kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_whole: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GcReport {
     pub dry_run: bool,
     pub decisions: Vec<Decision>,
+    /// Per compat id with a readable manifest: the policy that decided, or why it was kept whole.
+    pub policies: Vec<KeyPolicy>,
     /// Policies that failed: their compat ids keep everything this run.
     pub policy_errors: Vec<String>,
     /// Head records that are no usable head (corrupt, oversized, another place's): reported,
@@ -154,12 +188,13 @@ struct Plan {
     known: HashSet<GenerationId>,
 }
 
-/// Decides and (unless `dry_run`) removes. `policy_for(cache_kind)` gives the policy whose
-/// `retain` decides for that kind.
+/// Decides and (unless `dry_run`) removes. `policies` finds the policy that governs each compat
+/// id (`PolicyIndex`: the one it was published with; a closure `Fn(&str) -> Arc<dyn CachePolicy>`:
+/// the caller's own choice per kind).
 pub fn collect(
     store: &dyn Store,
     layout: &KeyLayout,
-    policy_for: &dyn Fn(&str) -> std::sync::Arc<dyn CachePolicy>,
+    policies: &dyn PolicyFinder,
     opts: &GcOptions,
 ) -> Result<GcReport, GcError> {
     let mut report = GcReport {
@@ -197,7 +232,7 @@ pub fn collect(
     for compat in &survey.compats {
         decide_compat(
             compat,
-            policy_for,
+            policies,
             opts,
             &mut plan,
             &mut dropped_packs,
@@ -407,7 +442,7 @@ pub fn collect(
 
 fn decide_compat(
     compat: &CompatView,
-    policy_for: &dyn Fn(&str) -> std::sync::Arc<dyn CachePolicy>,
+    policies: &dyn PolicyFinder,
     opts: &GcOptions,
     plan: &mut Plan,
     dropped_packs: &mut HashMap<ContentHash, u64>,
@@ -438,24 +473,57 @@ fn decide_compat(
             })
         })
         .collect();
-    let policy_drops: Option<HashSet<GenerationId>> = match &compat.cache_kind {
-        Some(kind) => {
-            let policy = policy_for(kind);
-            match policy.retain(&summaries, opts.now, &opts.limits) {
-                Ok(ids) => Some(ids.into_iter().collect()),
-                Err(e) => {
-                    report.policy_errors.push(format!(
-                        "{kind} (compat id {}): policy {} failed in retain: {e}; keeping every generation of it",
-                        compat.compat_id,
-                        policy.info().name
-                    ));
-                    None
+    // The policy that governs the compat id: the one its newest readable generation that counts
+    // was published with.
+    let published_with: Option<PolicyRef> = compat
+        .generations
+        .iter()
+        .filter(|g| counts(opts, g))
+        .find_map(|g| g.summary())
+        .map(|s| s.policy.clone());
+    let mut key = KeyPolicy {
+        compat_id: compat.compat_id,
+        cache_kind: compat.cache_kind.clone(),
+        published_with: published_with.clone(),
+        decided_by: None,
+        kept_whole: None,
+    };
+    // `Err`: why every generation is kept.
+    let policy_drops: Result<HashSet<GenerationId>, &str> = match (
+        &compat.cache_kind,
+        &published_with,
+    ) {
+        (Some(kind), Some(recorded)) => match policies.governing(kind, recorded) {
+            Governing::Found { policy, used } => {
+                key.decided_by = Some(used);
+                match policy.retain(&summaries, opts.now, &opts.limits) {
+                    Ok(ids) => Ok(ids.into_iter().collect()),
+                    Err(e) => {
+                        let msg = format!(
+                            "{kind} (compat id {}): policy {} failed in retain: {e}; keeping every generation of it",
+                            compat.compat_id,
+                            policy.info().name
+                        );
+                        key.kept_whole = Some(msg.clone());
+                        report.policy_errors.push(msg);
+                        Err("policy failed; keeping")
+                    }
                 }
             }
-        }
+            Governing::Missing { reason } => {
+                tracing::warn!(kind = %kind, compat_id = %compat.compat_id, "gc: {reason}");
+                key.kept_whole = Some(reason);
+                Err(
+                    "kept whole: the policy it was published with is not here (see its policy line)",
+                )
+            }
+        },
         // No readable manifest at all: only dead heads, nothing for a policy to weigh.
-        None => Some(HashSet::new()),
+        _ => Ok(HashSet::new()),
     };
+    if published_with.is_some() {
+        report.policies.push(key);
+    }
     let mut kept_seqs: Vec<u64> = Vec::new();
     let mut dropped_seqs: Vec<u64> = Vec::new();
     for g in &compat.generations {
@@ -485,8 +553,8 @@ fn decide_compat(
             }
         } else {
             match &policy_drops {
-                None => (Verdict::Keep, "policy failed; keeping".to_owned()),
-                Some(drops) if drops.contains(&g.id) => {
+                Err(why) => (Verdict::Keep, (*why).to_owned()),
+                Ok(drops) if drops.contains(&g.id) => {
                     if past_grace {
                         (Verdict::Drop, "dropped by the retention policy".to_owned())
                     } else {
@@ -500,7 +568,7 @@ fn decide_compat(
                         )
                     }
                 }
-                Some(_) => (Verdict::Keep, "retained by the policy".to_owned()),
+                Ok(_) => (Verdict::Keep, "retained by the policy".to_owned()),
             }
         };
         match verdict {

@@ -730,3 +730,167 @@ fn removed_orphan_packs_are_reported_with_their_bytes() {
         assert!(!has(&b, &b.layout.pack(&orphan)));
     }
 }
+
+/// The example third-party policy (examples/retention-policy: `golden-retention`, kind triton,
+/// keeps 5 by default), built as `jitship policy build` builds it.
+fn golden_retention_module() -> Vec<u8> {
+    use jitship::policy::build::{BuildOptions, build_policy_crate};
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf();
+    let opts = BuildOptions {
+        target_dir: Some(ws.join("target/policy-example")),
+        quiet: true,
+        locked: true,
+    };
+    build_policy_crate(&ws.join("examples/retention-policy"), &opts)
+        .unwrap_or_else(|e| {
+            panic!("building examples/retention-policy: {e} (is wasm32-unknown-unknown installed?)")
+        })
+        .component
+}
+
+/// A key published with a third-party policy is decided by that policy or kept whole: gc never
+/// runs another rule on it (the native keep-3 would drop 4 of 7).
+#[test]
+fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
+    use jitship::policy::host::{PolicyConfig, PolicyEngine};
+    use std::process::Command;
+
+    let b = jitship_tests::backends::local("gc-third-party", false);
+    let tmp = tempfile::tempdir().unwrap();
+    let module = golden_retention_module();
+    let engine = PolicyEngine::new(&PolicyConfig {
+        compile_cache: false,
+        ..PolicyConfig::default()
+    })
+    .unwrap();
+    let policy = engine.load(&module, "golden-retention.wasm").unwrap();
+    let digest = policy.digest().to_owned();
+    let mut facts = flow::facts("third-party");
+    for (k, v) in [
+        ("pkg.triton", "3.9.0"),
+        ("gpu.arch", "sm_90"),
+        ("driver.major", "550"),
+        ("os.arch", "x86_64"),
+    ] {
+        facts.set(k, v);
+    }
+    let root = tmp.path().join("root");
+    let mut gens = Vec::new();
+    for k in 1..=7 {
+        triton_tree(&root, k, 9);
+        let r = jitship::publish::publish(
+            b.store.as_ref(),
+            &b.layout,
+            &policy,
+            &root,
+            &flow::options(&facts, PACK),
+            None,
+        )
+        .unwrap();
+        let PublishOutcome::Published { generation, .. } = r.outcome else {
+            panic!("publish: {:?}", r.outcome)
+        };
+        gens.push(generation);
+    }
+    let live = |b: &Backend| {
+        gens.iter()
+            .filter(|g| has(b, &b.layout.generation(g)))
+            .count()
+    };
+
+    let config = tmp.path().join("jitship.toml");
+    std::fs::write(
+        &config,
+        "[[cache]]\nkind = \"inductor\"\n\n[[cache]]\nkind = \"my-kind\"\npolicy = \"native\"\n\n\
+         [policy]\ncompile_cache = false\n",
+    )
+    .unwrap();
+    let gc = |extra: &[&str]| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"))
+            .arg("gc")
+            .args(b.cli.as_ref().unwrap())
+            .args(["--grace", "0s", "--json"])
+            .args(extra)
+            .env("RUST_LOG", "error")
+            .env_remove("JITSHIP_CONFIG")
+            .env_remove("JITSHIP_CACHES")
+            .env_remove("JITSHIP_POLICY_DIR")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "gc {extra:?}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        doc["results"][0].clone()
+    };
+    let kept_whole = |r: &serde_json::Value| {
+        let keys = r["policies"].as_array().unwrap();
+        assert_eq!(keys.len(), 1, "{r:#}");
+        assert_eq!(keys[0]["published_with"]["name"], "golden-retention");
+        assert!(keys[0]["decided_by"].is_null(), "{r:#}");
+        let why = keys[0]["kept_whole"].as_str().unwrap().to_owned();
+        assert!(
+            why.contains("golden-retention@0.1.0") && why.contains("--policy-dir"),
+            "{why}"
+        );
+        assert!(r["manifests"].as_array().unwrap().is_empty(), "{r:#}");
+        assert!(r["heads"].as_array().unwrap().is_empty(), "{r:#}");
+    };
+
+    // The store alone: gc has no such policy; nothing is dropped and the report says why.
+    kept_whole(&gc(&[]));
+    assert_eq!(live(&b), 7);
+    // A config naming only other caches: the same.
+    kept_whole(&gc(&["--config", config.to_str().unwrap()]));
+    assert_eq!(live(&b), 7);
+
+    // With the module in a modules dir: its rule applies (keeps 5) and the report names it.
+    let dir = tmp.path().join("modules");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("golden.wasm"), &module).unwrap();
+    std::fs::write(dir.join("junk.wasm"), b"not a module").unwrap();
+    let with_dir = [
+        "--config",
+        config.to_str().unwrap(),
+        "--policy-dir",
+        dir.to_str().unwrap(),
+    ];
+    let dry = gc(&[&with_dir[..], &["--dry-run"]].concat());
+    let key = &dry["policies"][0];
+    assert_eq!(key["decided_by"]["name"], "golden-retention", "{dry:#}");
+    assert_eq!(key["decided_by"]["digest"], digest.as_str());
+    assert_eq!(key["decided_by"]["found"]["type"], "modules-dir");
+    assert!(key.get("kept_whole").is_none(), "{dry:#}");
+    assert_eq!(dry["manifests"].as_array().unwrap().len(), 2, "{dry:#}");
+    assert_eq!(live(&b), 7);
+    let r = gc(&with_dir);
+    assert_eq!(r["manifests"].as_array().unwrap().len(), 2, "{r:#}");
+    assert_eq!(live(&b), 5);
+    for g in &gens[2..] {
+        assert!(has(&b, &b.layout.generation(g)), "{g} dropped");
+    }
+
+    // The text report names the policy that decided.
+    let out = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"))
+        .arg("gc")
+        .args(b.cli.as_ref().unwrap())
+        .args(["--dry-run"])
+        .args(with_dir)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("DECIDED BY")
+            && text.contains("golden-retention@0.1.0")
+            && text.contains("modules dir"),
+        "{text}"
+    );
+}

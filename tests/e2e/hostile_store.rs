@@ -395,7 +395,13 @@ fn gc(s: &Scenario, trust: TrustPolicy, keep: u32) -> jitship::gc::GcReport {
         trust: Arc::new(trust),
     };
     let policy: Arc<dyn jitship::policy::CachePolicy> = s.policy.clone();
-    jitship::gc::collect(s.store.as_ref(), &s.layout, &|_| policy.clone(), &opts).unwrap()
+    jitship::gc::collect(
+        s.store.as_ref(),
+        &s.layout,
+        &|_: &str| policy.clone(),
+        &opts,
+    )
+    .unwrap()
 }
 
 /// Peak resident set of this process, KiB (`VmHWM`).

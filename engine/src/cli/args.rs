@@ -410,6 +410,22 @@ pub struct GcArgs {
     /// retention.grace). Keep it above the install deadline.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub grace: Option<Duration>,
+
+    /// A cache whose policy module gc may use, KIND[:POLICY][=ROOT] (repeatable; env:
+    /// comma-separated). Each compat key is decided by the policy it was published with, found by
+    /// digest among the built-ins, these modules and --policy-dir; never by another rule.
+    #[arg(
+        long = "cache",
+        env = "JITSHIP_CACHES",
+        value_name = "KIND[:POLICY][=ROOT]",
+        value_delimiter = ','
+    )]
+    pub caches: Vec<String>,
+
+    /// A directory of policy modules (*.wasm) for keys published with a third-party policy
+    /// (overrides [policy] modules_dir). A key whose policy gc does not have is kept whole.
+    #[arg(long, env = "JITSHIP_POLICY_DIR", value_name = "DIR")]
+    pub policy_dir: Option<PathBuf>,
 }
 
 /// Where the store is (and the config file that may say so).

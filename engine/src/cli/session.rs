@@ -1,7 +1,6 @@
 //! The store, key layout, facts and per-cache policies one command works with.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
@@ -302,30 +301,6 @@ impl Session {
 
     pub(crate) fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
         self.policies.policy(&cache.kind)
-    }
-
-    /// The policy for a cache kind found in the store (gc): the configured one, or the kind's
-    /// built-in policy when this host does not configure that kind.
-    pub(crate) fn policy_for_kind(&self, kind: &str) -> Arc<dyn CachePolicy> {
-        if self.config.caches.iter().any(|c| c.kind == kind) {
-            return self.policies.policy(kind);
-        }
-        let mut config = self.config.clone();
-        // A kind jitship has no built-in policy for was published under the native rules (or a
-        // module this host does not have): their retention is the generic default.
-        let builtin = crate::policy::builtin::kinds().any(|k| k == kind);
-        config.caches = vec![CacheConfig {
-            kind: kind.to_owned(),
-            root: PathBuf::new(),
-            policy: (!builtin).then(|| crate::config::NATIVE_POLICY.into()),
-            facts: BTreeMap::new(),
-        }];
-        match PolicySet::from_config(&config) {
-            Ok(set) => set.policy(kind),
-            // The set of the configured kinds answers with a disabled policy, whose retain fails:
-            // gc then keeps everything of that kind.
-            Err(_) => self.policies.policy(kind),
-        }
     }
 
     pub(crate) fn publish_options(

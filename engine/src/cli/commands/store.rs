@@ -358,7 +358,9 @@ fn emit_json(command: &'static str, results: impl serde::Serialize, code: i32) {
 }
 
 pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
-    let session = Session::open_store(&args.common.store)?;
+    let mut session = Session::open_store(&args.common.store)?;
+    crate::config::apply_cache_args(&mut session.config, &args.caches)?;
+    session.config.validate()?;
     let retention = &session.config.retention;
     let mut limits = retention.limits();
     if let Some(n) = args.keep {
@@ -382,8 +384,10 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         lease_rounds: crate::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
         trust: session.trust.clone(),
     };
-    let policy_for = |kind: &str| session.policy_for_kind(kind);
-    let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policy_for, &opts)
+    // Each compat id is decided by the policy it was published with (found by digest), never by
+    // the rule this host configures for its kind.
+    let policies = crate::gc::PolicyIndex::new(&session.config, args.policy_dir.clone());
+    let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policies, &opts)
         .with_context(|| format!("gc of {}", session.store.describe()))?;
     let code = if report.errors.is_empty() {
         exit::OK
@@ -411,6 +415,24 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
             .collect();
         if !rows.is_empty() {
             table(&["KIND", "GENERATION", "VERDICT", "SIZE", "WHY"], &rows);
+        }
+        let rows: Vec<Vec<String>> = report
+            .policies
+            .iter()
+            .map(|k| {
+                vec![
+                    k.cache_kind.clone().unwrap_or_else(|| "?".into()),
+                    k.compat_id.to_string().chars().take(12).collect(),
+                    match (&k.kept_whole, &k.decided_by) {
+                        (Some(why), _) => format!("kept whole: {why}"),
+                        (None, Some(used)) => used.to_string(),
+                        (None, None) => String::new(),
+                    },
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            table(&["KIND", "COMPAT ID", "DECIDED BY"], &rows);
         }
         for e in &report.policy_errors {
             println!("policy error: {e}");

@@ -30,6 +30,11 @@ pub struct PolicyConfig {
     /// Where compiled policies are kept (created 0700; only files jitship wrote there are loaded).
     /// If it cannot be created or trusted, jitship warns and compiles in memory.
     pub cache_dir: PathBuf,
+    /// A directory of policy modules (`*.wasm`) gc may need: a compat id's retention is decided by
+    /// the policy its newest generation was published with, found by digest here when it is
+    /// neither built in nor a configured cache's module (`jitship gc --policy-dir` overrides).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modules_dir: Option<PathBuf>,
 }
 
 impl Default for PolicyConfig {
@@ -41,6 +46,7 @@ impl Default for PolicyConfig {
             read_budget: ByteSize::mib(16),
             compile_cache: true,
             cache_dir: PathBuf::from("/var/cache/jitship/policy"),
+            modules_dir: None,
         }
     }
 }
