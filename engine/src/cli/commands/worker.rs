@@ -459,11 +459,16 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
     }
     config.flag_facts = args.fact_overrides()?;
     config::apply_cache_args(&mut config, &args.caches)?;
+    if args.engine.is_some() {
+        config.engine = args.engine;
+    }
+    config.add_engine_candidates();
     config.validate()?;
     let overrides = config.fact_overrides();
     let facts_config = FactsConfig::from_process(&config.gather, &overrides);
     let probed = crate::facts::probe(&facts_config);
     let gathered = probed.with_overrides(&facts_config.overrides);
+    let engine = engine_caches(&mut config, &gathered.facts)?;
     // Each cache with overrides of its own: what they change in the command-wide set.
     let caches: BTreeMap<&str, Gathered> = overrides
         .cache_kinds()
@@ -479,6 +484,9 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
         struct Output<'a> {
             #[serde(flatten)]
             gathered: &'a Gathered,
+            /// `--engine`: what it reads here and why.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            engine: Option<&'a str>,
             /// By cache kind: the facts of that cache's own set that differ from the above.
             #[serde(skip_serializing_if = "BTreeMap::is_empty")]
             caches: &'a BTreeMap<&'a str, Gathered>,
@@ -486,6 +494,7 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
         }
         let out = Output {
             gathered: &gathered,
+            engine: engine.as_ref().map(|e| e.why.as_str()),
             caches: &caches,
             roots: &roots,
         };
@@ -510,6 +519,9 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
                 }
             );
         }
+        if let Some(engine) = &engine {
+            println!("\nengine: {}", engine.why);
+        }
         if !roots.is_empty() {
             println!("\ncache roots (as publish, install and watch resolve them):");
             for r in &roots {
@@ -523,6 +535,26 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `--engine`: keeps the engine's candidate caches it reads here, decided on a copy whose roots
+/// are resolved (so `resolved_roots` still shows where each came from).
+fn engine_caches(
+    config: &mut Config,
+    facts: &crate::facts::Facts,
+) -> Result<Option<crate::engines::EngineCaches>> {
+    if config.engine.is_none() {
+        return Ok(None);
+    }
+    let env = ProcessEnv::from_process();
+    let mut resolved = config.clone();
+    let policies = PolicySet::from_config(&resolved)?;
+    let mut origins = crate::roots::resolve_cache_roots(&mut resolved.caches, &policies, &env)?;
+    let chosen = crate::engines::keep_read_caches(&mut resolved, &mut origins, &env, facts);
+    config
+        .caches
+        .retain(|c| resolved.caches.iter().any(|r| r.kind == c.kind));
+    Ok(chosen)
 }
 
 /// One row of the roots `jitship facts` shows.
