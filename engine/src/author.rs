@@ -14,6 +14,16 @@ use crate::policy::{
     Verdict,
 };
 
+/// Jitship's refusal of what the author handed `policy test` (a generations file, a root): the
+/// policy never saw it. Every message starts by saying so, then names the file, the entry and why.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("jitship rejected {path} (the policy never saw it): {why}")]
+    File { path: PathBuf, why: String },
+    #[error("jitship cannot scan the root {root} (the policy never saw it): {why}")]
+    Root { root: PathBuf, why: String },
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CheckReport {
     pub path: PathBuf,
@@ -182,8 +192,9 @@ pub struct TestInput {
 }
 
 /// Dry-runs `policy` on `input`: the key (or the refusal), the publish/skip list with reasons,
-/// retention decisions. Nothing is written anywhere. An error only if the root cannot be scanned.
-pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, PolicyError> {
+/// retention decisions. Nothing is written anywhere. An error only if the root cannot be scanned;
+/// what the policy answers, refusals included, is in the report.
+pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, InputError> {
     let compat_key = Call::from(policy.compat_key_traced(&input.facts), |k| k);
     let compat_id = compat_key
         .value
@@ -192,8 +203,9 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, Policy
     let select = match &input.root {
         None => None,
         Some(root) => {
-            let snap = crate::scan::snapshot(root).map_err(|e| {
-                PolicyError::InvalidInput(format!("cannot scan {}: {e}", root.display()))
+            let snap = crate::scan::snapshot(root).map_err(|e| InputError::Root {
+                root: root.clone(),
+                why: e.to_string(),
             })?;
             let entries: Vec<_> = snap.files.iter().map(|f| f.entry()).collect();
             let mut completeness = None;
@@ -265,15 +277,185 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, Policy
     })
 }
 
-/// Reads `--generations FILE.json`: a list of generation summaries, newest first.
-pub fn read_generations(path: &Path) -> Result<Vec<GenerationSummary>, PolicyError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| PolicyError::InvalidInput(format!("cannot read {}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| {
-        PolicyError::InvalidInput(format!(
-            "{} is not a JSON list of generations ({{\"id\", \"compat_key\", \"created_at\", \"size_bytes\", \
-             \"file_count\", \"pinned\"}}): {e}",
-            path.display()
-        ))
-    })
+/// What a generation id looks like, for the messages that refuse one.
+pub const GENERATION_ID_FORM: &str = "a generation id is 64 lowercase hex digits (the blake3 of \
+     its manifest, as `jitship ls` prints it); for a dry run any distinct 64-hex strings do, e.g. \
+     \"1111111111111111111111111111111111111111111111111111111111111111\"";
+
+/// Reads `--generations FILE.json`: a JSON list of generation summaries, newest first. Jitship
+/// checks it before any policy runs: each entry's fields and id form (ids are never padded or
+/// hashed, so the report names the ids the file holds), no id twice, newest first by
+/// `created_at`. A refusal names the file and the entry (counting from 1).
+pub fn read_generations(path: &Path) -> Result<Vec<GenerationSummary>, InputError> {
+    let refuse = |why: String| InputError::File {
+        path: path.to_path_buf(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| refuse(format!("cannot read it: {e}")))?;
+    const SHAPE: &str = "[{\"id\", \"compat_key\", \"created_at\", \"size_bytes\", \"file_count\", \"pinned\"}, ...], newest first";
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&text)
+        .map_err(|e| refuse(format!("not a JSON list of generations ({SHAPE}): {e}")))?;
+    let mut out: Vec<GenerationSummary> = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let n = i + 1;
+        if let Some(id) = entry.get("id").and_then(|v| v.as_str())
+            && id.parse::<GenerationId>().is_err()
+        {
+            return Err(refuse(format!(
+                "entry {n}: \"id\": {id:?} is not a generation id: {GENERATION_ID_FORM}"
+            )));
+        }
+        let g: GenerationSummary = serde_json::from_value(entry).map_err(|e| {
+            let hint = if e.to_string().contains("`id`") {
+                format!("; {GENERATION_ID_FORM}")
+            } else {
+                String::new()
+            };
+            refuse(format!("entry {n}: {e} (each entry is {SHAPE}){hint}"))
+        })?;
+        if let Some(j) = out.iter().position(|o| o.id == g.id) {
+            return Err(refuse(format!(
+                "entry {n} repeats the id of entry {}: {}",
+                j + 1,
+                g.id
+            )));
+        }
+        if let Some(prev) = out.last()
+            && g.created_at > prev.created_at
+        {
+            return Err(refuse(format!(
+                "entry {n} (created_at {}) is newer than entry {} (created_at {}): list \
+                 generations newest first, as gc hands them to retain",
+                g.created_at, i, prev.created_at
+            )));
+        }
+        out.push(g);
+    }
+    Ok(out)
+}
+
+/// `--now`: Unix seconds (`1700000000`) or an RFC 3339 time (`2024-05-01T12:00:00Z`), for
+/// retention dry runs at a chosen moment.
+pub fn parse_now(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(secs);
+    }
+    let refuse = |e: &dyn std::fmt::Display| {
+        format!(
+            "{s:?} is neither Unix seconds nor an RFC 3339 time (e.g. 2024-05-01T12:00:00Z or \
+             2024-05-01T14:00:00+02:00): {e}"
+        )
+    };
+    // humantime reads UTC (`Z`) only: a numeric offset `+HH:MM`/`-HH:MM` is taken off here.
+    let split = s.len().checked_sub(6).filter(|&i| s.is_char_boundary(i));
+    let (utc, offset_secs) = match split.map(|i| s.split_at(i)) {
+        Some((time, off))
+            if (off.starts_with('+') || off.starts_with('-')) && off.as_bytes()[3] == b':' =>
+        {
+            let (h, m) = (off[1..3].parse::<i64>(), off[4..6].parse::<i64>());
+            let (Ok(h), Ok(m)) = (h, m) else {
+                return Err(refuse(&"bad offset"));
+            };
+            let secs = (h * 3600 + m * 60) * if off.starts_with('-') { -1 } else { 1 };
+            (format!("{time}Z"), secs)
+        }
+        _ => (s.to_string(), 0),
+    };
+    let t = humantime::parse_rfc3339_weak(&utc).map_err(|e| refuse(&e))?;
+    let local = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{s:?} is before 1970"))?
+        .as_secs() as i64;
+    u64::try_from(local - offset_secs).map_err(|_| format!("{s:?} is before 1970"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen_file(body: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("generations.json");
+        std::fs::write(&path, body).unwrap();
+        (dir, path)
+    }
+
+    fn entry(id: &str, created_at: u64) -> String {
+        format!(
+            r#"{{"id": "{id}", "compat_key": "k", "created_at": {created_at}, "size_bytes": 1, "file_count": 1}}"#
+        )
+    }
+
+    #[test]
+    fn a_good_generations_file_reads_newest_first() {
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let (_d, path) = gen_file(&format!("[{}, {}]", entry(&a, 200), entry(&b, 100)));
+        let gens = read_generations(&path).unwrap();
+        assert_eq!(gens.len(), 2);
+        assert_eq!(gens[0].id.to_string(), a);
+        assert!(!gens[1].pinned);
+    }
+
+    #[test]
+    fn jitship_names_itself_the_file_the_entry_and_the_id_form_when_it_rejects() {
+        let a = "a".repeat(64);
+        let (_d, path) = gen_file(&format!("[{}, {}]", entry(&a, 200), entry("g2", 100)));
+        let err = read_generations(&path).unwrap_err().to_string();
+        assert!(err.starts_with("jitship rejected "), "{err}");
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("entry 2"), "{err}");
+        assert!(err.contains("\"g2\""), "{err}");
+        assert!(err.contains("64 lowercase hex digits"), "{err}");
+        assert!(!err.contains("policy rejected"), "{err}");
+
+        // A field missing, an id twice, oldest first, not a list: each named by entry.
+        let (_d, path) = gen_file(&format!(
+            r#"[{}, {{"id": "{}", "created_at": 1}}]"#,
+            entry(&a, 2),
+            "b".repeat(64)
+        ));
+        let err = read_generations(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("entry 2") && err.contains("compat_key"),
+            "{err}"
+        );
+        let (_d, path) = gen_file(&format!("[{}, {}]", entry(&a, 2), entry(&a, 1)));
+        let err = read_generations(&path).unwrap_err().to_string();
+        assert!(err.contains("entry 2 repeats the id of entry 1"), "{err}");
+        let (_d, path) = gen_file(&format!(
+            "[{}, {}]",
+            entry(&a, 1),
+            entry(&"b".repeat(64), 2)
+        ));
+        let err = read_generations(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("entry 2 (created_at 2) is newer than entry 1"),
+            "{err}"
+        );
+        let (_d, path) = gen_file("{}");
+        let err = read_generations(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with("jitship rejected ") && err.contains("JSON list"),
+            "{err}"
+        );
+        let err = read_generations(Path::new("/nonexistent/g.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("jitship rejected /nonexistent/g.json"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn now_takes_unix_seconds_or_rfc3339() {
+        assert_eq!(parse_now("500"), Ok(500));
+        assert_eq!(parse_now("1970-01-01T00:08:20Z"), Ok(500));
+        assert_eq!(parse_now("2024-05-01T12:00:00Z"), Ok(1_714_564_800));
+        assert_eq!(parse_now("2024-05-01T14:00:00+02:00"), Ok(1_714_564_800));
+        assert_eq!(parse_now("2024-05-01T10:30:00-01:30"), Ok(1_714_564_800));
+        let err = parse_now("yesterday").unwrap_err();
+        assert!(err.contains("RFC 3339"), "{err}");
+    }
 }

@@ -506,7 +506,7 @@ fn invalid_answers_are_refused() {
         .rewrite_traced(Rewrite::Canonicalize, root.path(), &echo, &huge)
         .unwrap();
     assert!(
-        matches!(&t.value, Err(PolicyError::InvalidInput(m)) if m.contains("at most")),
+        matches!(&t.value, Err(PolicyError::HostRefusedInput(m)) if m.contains("at most")),
         "{:?}",
         t.value.as_ref().err()
     );

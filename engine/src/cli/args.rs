@@ -262,13 +262,18 @@ pub struct PolicyTestArgs {
     #[arg(long = "fact", value_name = "NAME=VALUE")]
     pub facts: Vec<String>,
 
-    /// A JSON list of generations (newest first) to run retain on: [{"id", "compat_key",
-    /// "created_at", "size_bytes", "file_count", "pinned"}].
+    /// A JSON list of generations, newest first, to run retain on: [{"id", "compat_key",
+    /// "created_at", "size_bytes", "file_count", "pinned"}]. Each "id" is a generation id: 64
+    /// lowercase hex digits, as `jitship ls` prints them (for a dry run any distinct 64-hex strings
+    /// do; short ids are refused, never padded). "created_at" is Unix seconds, "pinned" optional.
+    /// Jitship checks the file before the policy sees it; its refusals say "jitship rejected FILE",
+    /// the entry and why, while the policy's own say "policy rejected its input".
     #[arg(long, value_name = "FILE.json")]
     pub generations: Option<PathBuf>,
 
-    /// "Now" for retain, seconds since the Unix epoch (default: the current time).
-    #[arg(long, value_name = "SECS")]
+    /// "Now" for retain, so ages need no faking: Unix seconds (1714564800) or an RFC 3339 time
+    /// (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00). Default: the current time.
+    #[arg(long, value_name = "SECS|RFC3339", value_parser = crate::author::parse_now)]
     pub now: Option<u64>,
 
     /// Retention quota handed to retain: at most this many generations.

@@ -107,7 +107,8 @@ Exit codes:
 pub const POLICY_TEST_HELP: &str = "\
 Exit codes:
   0   every call answered
-  1   a call failed or refused, or the module was refused
+  1   a call failed or refused, the module was refused, or jitship rejected an input
+      (--generations, --root)
   2   usage error";
 
 #[cfg(test)]

@@ -189,6 +189,10 @@ pub enum PolicyError {
     MissingFact(String),
     #[error("policy rejected its input: {0}")]
     InvalidInput(String),
+    /// Jitship, not the policy, refused what it was about to hand the policy (a root that is not
+    /// UTF-8, a file over the size a rewrite takes): the policy never ran.
+    #[error("jitship refused the input before the policy saw it: {0}")]
+    HostRefusedInput(String),
     #[error("policy failed: {0}")]
     Internal(String),
     #[error(
@@ -223,10 +227,14 @@ pub enum PolicyError {
 }
 
 impl PolicyError {
-    /// A refusal the policy chose to make (its contract allows it), as opposed to a policy that
-    /// misbehaved or could not run. Only misbehaviour disables a cache kind.
+    /// A refusal the policy chose to make (its contract allows it), or jitship's refusal of the
+    /// input before the policy ran, as opposed to a policy that misbehaved or could not run. Only
+    /// misbehaviour disables a cache kind.
     pub fn is_policy_answer(&self) -> bool {
-        matches!(self, Self::MissingFact(_) | Self::InvalidInput(_))
+        matches!(
+            self,
+            Self::MissingFact(_) | Self::InvalidInput(_) | Self::HostRefusedInput(_)
+        )
     }
 
     /// A failure caused by the node, not the policy (a wall-clock deadline on a loaded machine):

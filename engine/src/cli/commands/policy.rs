@@ -146,9 +146,14 @@ pub(crate) fn run_policy_test(args: PolicyTestArgs) -> Result<i32> {
         let (k, v) = config::parse_fact_arg(arg.trim())?;
         facts.set(k, v);
     }
-    let generations = match &args.generations {
-        Some(path) => Some(crate::author::read_generations(path)?),
+    let generations = match args
+        .generations
+        .as_deref()
+        .map(crate::author::read_generations)
+    {
         None => None,
+        Some(Ok(gens)) => Some(gens),
+        Some(Err(e)) => return Ok(input_refused(&args, &e)),
     };
     let now = args.now.unwrap_or_else(crate::catalog::now_secs);
     let input = crate::author::TestInput {
@@ -162,11 +167,28 @@ pub(crate) fn run_policy_test(args: PolicyTestArgs) -> Result<i32> {
             max_age_secs: args.max_age.map(|d| d.as_secs()),
         },
     };
-    let report = crate::author::test(&policy, &input)?;
+    let report = match crate::author::test(&policy, &input) {
+        Ok(r) => r,
+        Err(e) => return Ok(input_refused(&args, &e)),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_policy_test(&report);
     }
     Ok(if report.all_ok() { 0 } else { 1 })
+}
+
+/// Jitship refused an input of `policy test` before the policy ran: said as jitship's refusal
+/// (`"rejected_by": "jitship"` in JSON), exit 1.
+fn input_refused(args: &PolicyTestArgs, e: &crate::author::InputError) -> i32 {
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "path": args.file, "rejected_by": "jitship", "error": e.to_string() })
+        );
+    } else {
+        eprintln!("{e}");
+    }
+    1
 }

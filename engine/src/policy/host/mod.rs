@@ -569,7 +569,7 @@ impl WasmPolicy {
         let op = direction.export_name();
         if content.len() > MAX_REWRITE_BYTES {
             return Ok(Traced {
-                value: Err(PolicyError::InvalidInput(format!(
+                value: Err(PolicyError::HostRefusedInput(format!(
                     "{path} is {} bytes; jitship hands {op} files of at most {MAX_REWRITE_BYTES} bytes",
                     content.len()
                 ))),
@@ -852,10 +852,10 @@ impl Rewrite {
 /// The root as the policy sees it: absolute and UTF-8 (the contract passes strings).
 fn absolute_root(root: &Path) -> Result<String, PolicyError> {
     let abs = std::path::absolute(root).map_err(|e| {
-        PolicyError::InvalidInput(format!("cannot make {} absolute: {e}", root.display()))
+        PolicyError::HostRefusedInput(format!("cannot make {} absolute: {e}", root.display()))
     })?;
     abs.to_str().map(str::to_owned).ok_or_else(|| {
-        PolicyError::InvalidInput(format!(
+        PolicyError::HostRefusedInput(format!(
             "cache root {} is not valid UTF-8; policies receive roots as text, so move the cache to a UTF-8 path",
             abs.display()
         ))
