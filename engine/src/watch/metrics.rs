@@ -31,6 +31,13 @@ use crate::policies::KindStatus;
 use crate::policy::ReasonCategory;
 use crate::publish::{PublishOutcome, PublishReport};
 
+/// `/healthz`'s answer: 200 when `ok`, else 503; the body says why either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub ok: bool,
+    pub body: String,
+}
+
 /// Where the metrics learn which cache kinds have their policy disabled (the process's `PolicySet`).
 pub type PolicyStatusSource = Arc<dyn Fn() -> Vec<KindStatus> + Send + Sync>;
 
@@ -220,19 +227,44 @@ impl Metrics {
         status
     }
 
-    /// `/healthz`: the process answers; each disabled kind on its own line, with why.
-    pub fn health(&self) -> String {
-        let mut out = String::from("ok\n");
-        for s in self.policy_status() {
+    /// `/healthz`: 200 `ok` while some cache kind can run, each disabled kind on its own line
+    /// with why; 503 when none can: every kind's policy is disabled for the process (`load` or
+    /// `violation`), so the watcher would never publish again until restarted. A kind paused by
+    /// `backoff` runs again by itself, so it keeps the answer 200.
+    pub fn health(&self) -> Health {
+        use crate::policies::DisabledCause;
+        let status = self.policy_status();
+        let mut lines = String::new();
+        for s in &status {
             if let (Some(cause), Some(reason)) = (s.disabled_cause, &s.disabled) {
-                out.push_str(&format!(
+                lines.push_str(&format!(
                     "cache kind {} disabled ({}): {reason}\n",
                     s.kind,
                     cause.as_str()
                 ));
             }
         }
-        out
+        let none_can_run = !status.is_empty()
+            && status.iter().all(|s| {
+                matches!(
+                    s.disabled_cause,
+                    Some(DisabledCause::Load | DisabledCause::Violation)
+                )
+            });
+        if none_can_run {
+            Health {
+                ok: false,
+                body: format!(
+                    "unhealthy: no cache kind can run (all {} disabled until restart)\n{lines}",
+                    status.len()
+                ),
+            }
+        } else {
+            Health {
+                ok: true,
+                body: format!("ok\n{lines}"),
+            }
+        }
     }
 
     pub fn record_report(&self, r: &PublishReport) {
@@ -334,8 +366,9 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves `/metrics` and `/healthz` until the runtime stops. `/healthz` answers 200 while the
-/// watcher's runtime is alive (it serves from the same runtime as the event loop).
+/// Serves `/metrics` and `/healthz` until the runtime stops. `/healthz` answers while the
+/// watcher's runtime is alive (it serves from the same runtime as the event loop): 200, or 503
+/// when no cache kind can run ([`Metrics::health`]).
 ///
 /// Slow or idle clients cannot starve a health probe (issue 24: 64 loopback clients trickling one
 /// header line a second kept `/healthz` failing for 45 s). What guarantees it:
@@ -427,7 +460,15 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> 
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.encode(),
         ),
-        (&hyper::Method::GET, "/healthz") => (StatusCode::OK, "text/plain", metrics.health()),
+        (&hyper::Method::GET, "/healthz") => {
+            let health = metrics.health();
+            let status = if health.ok {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (status, "text/plain", health.body)
+        }
         (&hyper::Method::GET, _) => (
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -700,7 +741,13 @@ mod tests {
     fn disabled_policies_show_in_the_metric_and_healthz() {
         use crate::policies::{DisabledCause, PolicySource};
         let m = Metrics::new();
-        assert_eq!(m.health(), "ok\n");
+        assert_eq!(
+            m.health(),
+            Health {
+                ok: true,
+                body: "ok\n".into()
+            }
+        );
         let kind = |kind: &str, cause: Option<DisabledCause>| KindStatus {
             kind: kind.into(),
             source: PolicySource::Builtin,
@@ -715,7 +762,9 @@ mod tests {
             kind("deepgemm", Some(DisabledCause::Violation)),
         ];
         m.watch_policies(Arc::new(move || status.clone()));
-        let health = m.health();
+        let Health { ok, body: health } = m.health();
+        assert!(ok, "one kind still runs: {health}");
+        assert!(health.starts_with("ok\n"), "{health}");
         assert!(
             health.contains("cache kind triton disabled (backoff): backoff reason\n"),
             "{health}"
@@ -734,5 +783,97 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+    }
+
+    /// No kind can run (every one disabled until restart): 503 with each reason. A kind only
+    /// paused by backoff runs again by itself: still 200.
+    #[test]
+    fn healthz_is_unhealthy_only_when_no_cache_kind_can_run() {
+        use crate::policies::{DisabledCause, PolicySource};
+        let kind = |kind: &str, cause: Option<DisabledCause>| KindStatus {
+            kind: kind.into(),
+            source: PolicySource::Builtin,
+            policy: None,
+            digest: None,
+            disabled: cause.map(|c| format!("{} reason", c.as_str())),
+            disabled_cause: cause,
+        };
+        let health = |status: Vec<KindStatus>| {
+            let m = Metrics::new();
+            m.watch_policies(Arc::new(move || status.clone()));
+            m.health()
+        };
+        let all_down = health(vec![
+            kind("triton", Some(DisabledCause::Load)),
+            kind("deepgemm", Some(DisabledCause::Violation)),
+        ]);
+        assert!(!all_down.ok, "{}", all_down.body);
+        assert!(
+            all_down
+                .body
+                .starts_with("unhealthy: no cache kind can run"),
+            "{}",
+            all_down.body
+        );
+        assert!(
+            all_down
+                .body
+                .contains("cache kind triton disabled (load): load reason\n"),
+            "{}",
+            all_down.body
+        );
+        assert!(
+            all_down
+                .body
+                .contains("cache kind deepgemm disabled (violation): violation reason\n"),
+            "{}",
+            all_down.body
+        );
+        let paused = health(vec![
+            kind("triton", Some(DisabledCause::Load)),
+            kind("deepgemm", Some(DisabledCause::Backoff)),
+        ]);
+        assert!(paused.ok, "{}", paused.body);
+        assert!(
+            paused
+                .body
+                .contains("cache kind deepgemm disabled (backoff)"),
+            "{}",
+            paused.body
+        );
+        let one = health(vec![kind("triton", Some(DisabledCause::Violation))]);
+        assert!(!one.ok, "{}", one.body);
+    }
+
+    /// The endpoint answers the status `health` decides: 503 and the reasons over HTTP.
+    #[tokio::test]
+    async fn healthz_answers_503_over_http_when_no_kind_can_run() {
+        use crate::policies::{DisabledCause, PolicySource};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let m = Arc::new(Metrics::new());
+        m.watch_policies(Arc::new(|| {
+            vec![KindStatus {
+                kind: "triton".into(),
+                source: PolicySource::Builtin,
+                policy: None,
+                digest: None,
+                disabled: Some("cannot load".into()),
+                disabled_cause: Some(DisabledCause::Load),
+            }]
+        }));
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, m));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut resp = String::new();
+        c.read_to_string(&mut resp).await.unwrap();
+        assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+        assert!(
+            resp.contains("cache kind triton disabled (load): cannot load"),
+            "{resp}"
+        );
     }
 }
