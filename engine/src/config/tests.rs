@@ -477,3 +477,117 @@ fn mooncake_section_parses_validates_and_store_arg_selects_it() {
     assert!(apply_store_arg(&mut store, "mooncake:host").is_err());
     assert!(apply_store_arg(&mut store, "redis:host:1").is_err());
 }
+
+/// README.md's configuration table names each file setting as `[section] key` (or
+/// `[section] key = value`, or a bare `[section]` for a free-form table): every one of them must
+/// be a name the parser knows (`deny_unknown_fields` refuses the rest), and every value it shows
+/// must parse, so the table cannot drift from `Config` (it once put `path` under `[store]`).
+#[test]
+fn the_readme_configuration_table_names_only_settings_the_parser_takes() {
+    const README: &str = include_str!("../../../README.md");
+    let table: Vec<&str> = README
+        .split("\n## Configuration\n")
+        .nth(1)
+        .expect("README.md has a ## Configuration section")
+        .lines()
+        .skip_while(|l| !l.starts_with("| setting |"))
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert!(table.len() > 10, "configuration table not found: {table:?}");
+    let mut named = Vec::new();
+    for row in &table {
+        // Code spans: every odd piece between backticks.
+        for span in row.split('`').skip(1).step_by(2) {
+            let Some(rest) = span.strip_prefix('[') else {
+                continue;
+            };
+            let (section, rest) = match rest.strip_prefix('[') {
+                Some(r) => {
+                    let (s, rest) = r.split_once("]]").expect(span);
+                    (format!("[[{s}]]"), rest)
+                }
+                None => {
+                    let (s, rest) = rest.split_once(']').expect(span);
+                    (format!("[{s}]"), rest)
+                }
+            };
+            let (key, value) = match rest.trim().split_once(" = ") {
+                Some((k, v)) => (Some(k.trim()), Some(v.trim())),
+                None if rest.trim().is_empty() => (None, None),
+                None => (Some(rest.trim()), None),
+            };
+            // Only `[a.b] key` spans name settings (`[KIND:]NAME=VALUE` is a flag's syntax).
+            let name = section.trim_matches(['[', ']']);
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '.' || c == '_')
+            {
+                continue;
+            }
+            named.push((span, section, key, value));
+        }
+    }
+    // The settings the table is for, including the one it once got wrong.
+    for expected in [
+        "[store.local] path",
+        "[store] backend",
+        "[publish] pack_size",
+        "[install] deadline",
+        "[trust] mode",
+        "[[cache]] kind",
+    ] {
+        assert!(
+            named.iter().any(|(span, ..)| span.starts_with(expected)),
+            "the table no longer names {expected}: {named:#?}"
+        );
+    }
+    for (span, section, key, value) in &named {
+        let Some(key) = key else {
+            // A whole table (`[facts]`, `[[cache]]` entries): it exists (an entry may miss a
+            // required key, never be unknown).
+            let snippet = format!("{section}\n");
+            if let Err(e) = toml::from_str::<Config>(&snippet) {
+                let e = e.to_string();
+                assert!(
+                    !e.contains("unknown field"),
+                    "README names {span:?}, which the parser does not know: {e}"
+                );
+            }
+            continue;
+        };
+        assert!(
+            key.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+            "{span:?}: not a [section] key"
+        );
+        // Any value: a known key fails at worst on the value's type or a missing sibling; an
+        // unknown one fails as unknown whatever its value.
+        let snippet = format!("{section}\n{key} = {}\n", value.unwrap_or("0"));
+        if let Err(e) = toml::from_str::<Config>(&snippet) {
+            let e = e.to_string();
+            assert!(
+                !e.contains("unknown field") && !e.contains("unknown variant"),
+                "README names {span:?}, which the parser does not know:\n{snippet}\n{e}"
+            );
+            assert!(
+                value.is_none(),
+                "README shows {span:?}, whose value the parser refuses:\n{snippet}\n{e}"
+            );
+        }
+        // A value shown is the default: the file setting it gives what no setting gives.
+        if let Some(v) = value {
+            let parsed = Config::parse(&snippet, Path::new("README.md"))
+                .unwrap_or_else(|e| panic!("README shows {span:?}: {e}"));
+            let defaults = Config::parse("", Path::new("README.md")).unwrap();
+            assert!(
+                parsed == defaults,
+                "README shows {span:?} = {v} as the default, but it is not"
+            );
+        }
+    }
+    // The check itself catches the old mistake.
+    let e = toml::from_str::<Config>("[store]\npath = \"/x\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown field"), "{e}");
+}
