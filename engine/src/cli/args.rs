@@ -196,6 +196,30 @@ pub enum PolicyCommand {
     /// generations. Nothing is published. Exits 1 if any call failed or refused.
     #[command(after_help = exit::POLICY_TEST_HELP)]
     Test(PolicyTestArgs),
+    /// Start a new policy crate: Cargo.toml, src/lib.rs (key, select and retention for the kind,
+    /// with native tests), README.md, and the SDK of this jitship in sdk/ (a path dependency, so it
+    /// builds anywhere). Builds with `jitship policy build` as written.
+    #[command(after_help = exit::SIMPLE_HELP)]
+    New(PolicyNewArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyNewArgs {
+    /// The crate's name (and the policy's name): letters, digits, - and _.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// The cache kind the policy governs (default: NAME).
+    #[arg(long, value_name = "KIND")]
+    pub kind: Option<String>,
+
+    /// Where to write the crate (default: ./NAME); refused if it exists and is not empty.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// Print {dir, name, kind, crate_name, sdk_version, files} as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -275,7 +275,8 @@ pub fn build_policy_crate(
         .map(|(dir, name)| {
             format!(
                 "path dependency {name} ({}) lies outside the workspace {}: the module's bytes will depend on \
-                 the checkout path; depend on it through git or a registry, or make it a workspace member",
+                 the checkout path; make it a workspace member (as `jitship policy new` does with its sdk/), \
+                 or depend on it through git or a registry",
                 dir.display(),
                 roots.workspace.display()
             )

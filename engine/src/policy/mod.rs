@@ -6,6 +6,7 @@ pub mod build;
 pub mod builtin;
 pub mod host;
 pub mod native;
+pub mod scaffold;
 
 use std::path::Path;
 

@@ -14,6 +14,7 @@ pub(crate) fn run_policy(cmd: PolicyCommand) -> Result<i32> {
         PolicyCommand::Build(args) => run_policy_build(args),
         PolicyCommand::Check(args) => run_policy_check(args),
         PolicyCommand::Test(args) => run_policy_test(args),
+        PolicyCommand::New(args) => super::policy_new::run_policy_new(args),
     }
 }
 

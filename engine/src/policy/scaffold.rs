@@ -1,0 +1,473 @@
+//! `jitship policy new`: a new policy crate that builds with `jitship policy build` out of the box,
+//! anywhere, with no access to jitship's repository.
+//!
+//! The SDK has no published crate nor public git URL, so its source is embedded in the binary
+//! ([`SDK_FILES`], listed one by one; a test fails if `plugins-sdk/` gains a file the list lacks)
+//! and written beside the new crate as `sdk/`, a path dependency. Its Cargo.toml is made
+//! standalone: every `workspace = true` field resolved from jitship's workspace manifest. The SDK
+//! written is therefore the one of the jitship that wrote it, version included.
+//!
+//! The templates are files under `scaffold/` with `{{placeholders}}` ([`render`]).
+
+use std::path::{Path, PathBuf};
+
+/// The SDK's files as jitship embeds them: path under the SDK directory, contents. Every file of
+/// `plugins-sdk/` is here (`the_embedded_sdk_is_every_file_of_plugins_sdk`).
+pub const SDK_FILES: &[(&str, &str)] = &[
+    (
+        "Cargo.toml",
+        include_str!("../../../plugins-sdk/Cargo.toml"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../../plugins-sdk/src/lib.rs"),
+    ),
+    (
+        "src/facts.rs",
+        include_str!("../../../plugins-sdk/src/facts.rs"),
+    ),
+    (
+        "src/host.rs",
+        include_str!("../../../plugins-sdk/src/host.rs"),
+    ),
+    (
+        "src/key.rs",
+        include_str!("../../../plugins-sdk/src/key.rs"),
+    ),
+    (
+        "src/retention.rs",
+        include_str!("../../../plugins-sdk/src/retention.rs"),
+    ),
+    (
+        "src/rules.rs",
+        include_str!("../../../plugins-sdk/src/rules.rs"),
+    ),
+    (
+        "wit/policy.wit",
+        include_str!("../../../plugins-sdk/wit/policy.wit"),
+    ),
+];
+
+/// jitship's workspace manifest: where the SDK's `workspace = true` fields take their values.
+const WORKSPACE_MANIFEST: &str = include_str!("../../../Cargo.toml");
+
+const CARGO_TOML: &str = include_str!("scaffold/Cargo.toml.tmpl");
+const LIB_RS: &str = include_str!("scaffold/lib.rs.tmpl");
+const README_MD: &str = include_str!("scaffold/README.md.tmpl");
+const GITIGNORE: &str = include_str!("scaffold/gitignore.tmpl");
+
+/// The generations the scaffold's retention keeps (`KEEP` in its lib.rs; said in its README).
+const KEEP: u32 = 3;
+
+/// The version of the jitship writing the crate, and so of the SDK it writes.
+pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScaffoldError {
+    #[error(
+        "{0:?} is not a crate name: use ASCII letters, digits, - and _, starting with a letter"
+    )]
+    InvalidName(String),
+    #[error(
+        "{0:?} is not a cache kind: use lowercase letters, digits, - and _ (--kind KIND; it defaults to NAME)"
+    )]
+    InvalidKind(String),
+    #[error("{0} exists and is not empty; give another NAME or --dir (nothing was written)")]
+    NotEmpty(PathBuf),
+    #[error("{0} exists and is not a directory (nothing was written)")]
+    NotADirectory(PathBuf),
+    #[error("the embedded SDK manifest: {0}")]
+    SdkManifest(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What `jitship policy new` was asked for.
+#[derive(Debug, Clone)]
+pub struct NewPolicy {
+    /// The crate's name (and the policy's `info().name`).
+    pub name: String,
+    /// The cache kind it governs.
+    pub kind: String,
+    /// Where the crate goes: created if missing, else it must be empty.
+    pub dir: PathBuf,
+}
+
+/// What was written.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Scaffolded {
+    pub dir: PathBuf,
+    pub name: String,
+    pub kind: String,
+    /// The lib name: the module `policy build` writes is `<crate_name>.wasm`.
+    pub crate_name: String,
+    pub sdk_version: String,
+    /// Every file written, relative to `dir`, in the order written.
+    pub files: Vec<String>,
+}
+
+/// A crate name cargo accepts (and a policy name): an ASCII letter, then letters, digits, `-`, `_`.
+pub fn check_name(name: &str) -> Result<(), ScaffoldError> {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && name.len() <= 64;
+    if ok {
+        Ok(())
+    } else {
+        Err(ScaffoldError::InvalidName(name.into()))
+    }
+}
+
+/// A cache kind as the config accepts it: lowercase letters, digits, `-`, `_`.
+pub fn check_kind(kind: &str) -> Result<(), ScaffoldError> {
+    let ok = !kind.is_empty()
+        && kind.len() <= 64
+        && kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ScaffoldError::InvalidKind(kind.into()))
+    }
+}
+
+/// `my-cache` -> `MyCache` (the policy's type); a name starting with a digit part gets `Policy`
+/// in front.
+fn type_name(name: &str) -> String {
+    let mut out: String = name
+        .split(['-', '_'])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let mut c = p.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect();
+    if !out.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        out.insert_str(0, "Policy");
+    }
+    out
+}
+
+/// The files of a new crate for `name` and `kind`: path relative to its directory, contents.
+pub fn render(name: &str, kind: &str) -> Result<Vec<(String, String)>, ScaffoldError> {
+    check_name(name)?;
+    check_kind(kind)?;
+    let crate_name = name.replace('-', "_");
+    let root_env = format!("{}_CACHE_DIR", kind.to_ascii_uppercase().replace('-', "_"));
+    let fill = |template: &str| {
+        template
+            .replace("{{name}}", name)
+            .replace("{{kind}}", kind)
+            .replace("{{crate_name}}", &crate_name)
+            .replace("{{type_name}}", &type_name(name))
+            .replace("{{root_env}}", &root_env)
+            .replace("{{keep}}", &KEEP.to_string())
+            .replace("{{jitship_version}}", SDK_VERSION)
+    };
+    let mut files = vec![
+        ("Cargo.toml".to_string(), fill(CARGO_TOML)),
+        ("src/lib.rs".to_string(), fill(LIB_RS)),
+        ("README.md".to_string(), fill(README_MD)),
+        (".gitignore".to_string(), fill(GITIGNORE)),
+    ];
+    for (path, text) in SDK_FILES {
+        let text = if *path == "Cargo.toml" {
+            standalone_sdk_manifest()?
+        } else {
+            (*text).to_string()
+        };
+        files.push((format!("sdk/{path}"), text));
+    }
+    Ok(files)
+}
+
+/// The SDK's Cargo.toml with every `KEY.workspace = true` replaced by the workspace's value:
+/// `[package]` fields from `[workspace.package]`, dependencies from `[workspace.dependencies]`.
+/// Comments and layout are kept; anything still naming the workspace is an error.
+pub fn standalone_sdk_manifest() -> Result<String, ScaffoldError> {
+    let err = |m: String| ScaffoldError::SdkManifest(m);
+    let ws: toml::Table = WORKSPACE_MANIFEST
+        .parse()
+        .map_err(|e| err(format!("the workspace Cargo.toml: {e}")))?;
+    let section = |name: &str| {
+        ws.get("workspace")
+            .and_then(|w| w.get(name))
+            .and_then(toml::Value::as_table)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (package, dependencies) = (section("package"), section("dependencies"));
+    let sdk = SDK_FILES[0].1;
+    let mut out = String::with_capacity(sdk.len());
+    let mut current = String::new();
+    for line in sdk.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            current = trimmed.trim_matches(['[', ']']).to_string();
+        }
+        let resolved = match trimmed.split_once(".workspace") {
+            Some((key, rest))
+                if rest.trim_start().strip_prefix('=').map(str::trim) == Some("true") =>
+            {
+                let from = if current == "package" {
+                    &package
+                } else if current.ends_with("dependencies") {
+                    &dependencies
+                } else {
+                    return Err(err(format!("[{current}] {key}: workspace = true here")));
+                };
+                let value = from.get(key).ok_or_else(|| {
+                    err(format!(
+                        "{key}: the workspace Cargo.toml does not define it"
+                    ))
+                })?;
+                Some(format!("{key} = {}", inline(value)))
+            }
+            _ => None,
+        };
+        out.push_str(resolved.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    let parsed: toml::Table = out
+        .parse()
+        .map_err(|e| err(format!("the standalone manifest does not parse: {e}")))?;
+    if mentions_workspace(&toml::Value::Table(parsed)) {
+        return Err(err(
+            "a field still inherits from the workspace in a form not resolved here".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// A TOML value on one line (tables inline).
+fn inline(value: &toml::Value) -> String {
+    match value {
+        toml::Value::Table(t) => {
+            let fields: Vec<String> = t
+                .iter()
+                .map(|(k, v)| format!("{k} = {}", inline(v)))
+                .collect();
+            format!("{{ {} }}", fields.join(", "))
+        }
+        toml::Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(inline).collect();
+            format!("[{}]", items.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+fn mentions_workspace(value: &toml::Value) -> bool {
+    match value {
+        toml::Value::Table(t) => t
+            .iter()
+            .any(|(k, v)| k == "workspace" || mentions_workspace(v)),
+        toml::Value::Array(a) => a.iter().any(mentions_workspace),
+        _ => false,
+    }
+}
+
+/// Writes the crate: refuses a `dir` that exists and is not an empty directory, before writing
+/// anything.
+pub fn create(req: &NewPolicy) -> Result<Scaffolded, ScaffoldError> {
+    let files = render(&req.name, &req.kind)?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ScaffoldError::Io { path, source }
+    };
+    match std::fs::symlink_metadata(&req.dir) {
+        Ok(meta) if meta.is_dir() => {
+            if std::fs::read_dir(&req.dir)
+                .map_err(io(&req.dir))?
+                .next()
+                .is_some()
+            {
+                return Err(ScaffoldError::NotEmpty(req.dir.clone()));
+            }
+        }
+        Ok(_) => return Err(ScaffoldError::NotADirectory(req.dir.clone())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&req.dir).map_err(io(&req.dir))?;
+        }
+        Err(e) => return Err(io(&req.dir)(e)),
+    }
+    let mut written = Vec::with_capacity(files.len());
+    for (rel, text) in &files {
+        let path = req.dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        // create_new: nothing that appeared meanwhile is overwritten.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        std::io::Write::write_all(&mut f, text.as_bytes()).map_err(io(&path))?;
+        written.push(rel.clone());
+    }
+    Ok(Scaffolded {
+        dir: req.dir.clone(),
+        name: req.name.clone(),
+        kind: req.kind.clone(),
+        crate_name: req.name.replace('-', "_"),
+        sdk_version: SDK_VERSION.into(),
+        files: written,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Adding a file to plugins-sdk/ (a module, a build script, another .wit) without embedding it
+    /// would write a crate that does not build: every file there must be in `SDK_FILES`.
+    #[test]
+    fn the_embedded_sdk_is_every_file_of_plugins_sdk() {
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins-sdk");
+        let mut on_disk: Vec<String> = walkdir::WalkDir::new(&sdk)
+            .into_iter()
+            .filter_entry(|e| e.file_name() != "target")
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().is_file())
+            .map(|e| {
+                let rel = e.path().strip_prefix(&sdk).unwrap();
+                rel.to_str().unwrap().to_string()
+            })
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = SDK_FILES.iter().map(|(p, _)| p.to_string()).collect();
+        embedded.sort();
+        assert_eq!(
+            embedded, on_disk,
+            "engine/src/policy/scaffold.rs SDK_FILES must list every file of plugins-sdk/"
+        );
+        for (path, text) in SDK_FILES {
+            assert_eq!(
+                std::fs::read_to_string(sdk.join(path)).unwrap(),
+                *text,
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_sdk_manifest_is_standalone_with_the_workspace_values() {
+        let text = standalone_sdk_manifest().unwrap();
+        let m: toml::Table = text.parse().unwrap();
+        assert!(
+            !mentions_workspace(&toml::Value::Table(m.clone())),
+            "{text}"
+        );
+        let pkg = m["package"].as_table().unwrap();
+        assert_eq!(pkg["name"].as_str(), Some("jitship-policy-sdk"));
+        assert_eq!(pkg["version"].as_str(), Some(SDK_VERSION));
+        assert_eq!(pkg["edition"].as_str(), Some("2024"));
+        assert_eq!(
+            pkg["rust-version"].as_str(),
+            Some(env!("CARGO_PKG_RUST_VERSION"))
+        );
+        assert_eq!(pkg["license"].as_str(), Some(env!("CARGO_PKG_LICENSE")));
+        assert_eq!(m["dev-dependencies"]["tempfile"].as_str(), Some("3"));
+        assert!(
+            m["dependencies"]["wit-bindgen"]["version"]
+                .as_str()
+                .is_some()
+        );
+        // Comments are kept.
+        assert!(text.contains("# 0.60.0 generates with wit-component"));
+    }
+
+    #[test]
+    fn inline_tables_and_arrays_stay_on_one_line() {
+        let v: toml::Table = r#"x = { version = "1", features = ["a", "b"] }"#.parse().unwrap();
+        let line = format!("x = {}", inline(&v["x"]));
+        assert!(!line.contains('\n'));
+        let back: toml::Table = line.parse().unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn names_kinds_and_type_names() {
+        for ok in ["my-cache", "p", "A_b-9"] {
+            check_name(ok).unwrap();
+        }
+        let long = "x".repeat(65);
+        for bad in ["", "9x", "-x", "a b", "a/b", "é", long.as_str()] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        for ok in ["triton", "my-jit_2"] {
+            check_kind(ok).unwrap();
+        }
+        for bad in ["", "Triton", "a.b", "a b"] {
+            assert!(check_kind(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(type_name("my-cache"), "MyCache");
+        assert_eq!(
+            type_name("golden_retention-policy"),
+            "GoldenRetentionPolicy"
+        );
+        assert_eq!(type_name("x"), "X");
+    }
+
+    #[test]
+    fn render_fills_every_placeholder() {
+        let files = render("my-jit-policy", "my-jit").unwrap();
+        let paths: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+        assert!(paths.contains(&"Cargo.toml") && paths.contains(&"sdk/wit/policy.wit"));
+        for (path, text) in &files {
+            if !path.starts_with("sdk/") {
+                assert!(!text.contains("{{"), "{path} keeps a placeholder");
+            }
+        }
+        let lib = &files.iter().find(|(p, _)| p == "src/lib.rs").unwrap().1;
+        assert!(lib.contains("pub struct MyJitPolicy;"));
+        assert!(lib.contains(r#"pub const KIND: &str = "my-jit";"#));
+        assert!(lib.contains(&format!("pub const KEEP: u32 = {KEEP};")));
+        assert!(lib.contains("MY_JIT_CACHE_DIR"));
+        let manifest: toml::Table = files[0].1.parse().unwrap();
+        assert_eq!(manifest["package"]["name"].as_str(), Some("my-jit-policy"));
+        assert_eq!(
+            manifest["dependencies"]["jitship-policy-sdk"]["path"].as_str(),
+            Some("sdk")
+        );
+    }
+
+    #[test]
+    fn create_refuses_a_non_empty_directory_and_writes_into_an_empty_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let taken = tmp.path().join("taken");
+        std::fs::create_dir(&taken).unwrap();
+        std::fs::write(taken.join("keep.txt"), b"mine").unwrap();
+        let req = |dir: PathBuf| NewPolicy {
+            name: "p".into(),
+            kind: "k".into(),
+            dir,
+        };
+        let err = create(&req(taken.clone())).unwrap_err();
+        assert!(matches!(err, ScaffoldError::NotEmpty(_)), "{err}");
+        assert_eq!(std::fs::read_dir(&taken).unwrap().count(), 1);
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(
+            create(&req(file)).unwrap_err(),
+            ScaffoldError::NotADirectory(_)
+        ));
+
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let done = create(&req(empty.clone())).unwrap();
+        assert_eq!(done.files.len(), 4 + SDK_FILES.len());
+        assert!(empty.join("sdk/src/lib.rs").is_file());
+        let fresh = create(&req(tmp.path().join("a/b/new"))).unwrap();
+        assert_eq!(fresh.crate_name, "p");
+        assert!(tmp.path().join("a/b/new/src/lib.rs").is_file());
+    }
+}

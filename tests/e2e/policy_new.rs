@@ -1,0 +1,229 @@
+//! `jitship policy new` as a third party uses it: a crate written into a directory outside this
+//! repository (so nothing resolves through jitship's workspace), its native tests run with
+//! `cargo test`, built with `jitship policy build`, then loaded by `policy check` and dry-run by
+//! `policy test`. Needs `rustup target add wasm32-unknown-unknown` and the crates the SDK depends
+//! on (wit-bindgen, tempfile) from the registry or cargo's cache.
+//!
+//! The cargo target directory is shared between runs (under `CARGO_TARGET_TMPDIR`), so only the
+//! new crate and the SDK compile after the first run.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const EXE: &str = env!("CARGO_BIN_EXE_jitship-e2e");
+
+fn jitship(args: &[&str]) -> Output {
+    Command::new(EXE).args(args).output().expect("run jitship")
+}
+
+fn ok(what: &str, out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn write(root: &Path, path: &str, bytes: &[u8]) {
+    let path = root.join(path);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_new_policy_crate_outside_the_repository_tests_builds_checks_and_dry_runs() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(
+        !tmp.path().starts_with(repo),
+        "{} must lie outside the repository",
+        tmp.path().display()
+    );
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-new-target");
+    let dir = tmp.path().join("demo-policy");
+    let dir_s = dir.to_str().unwrap();
+
+    // Scaffold.
+    let out = ok(
+        "policy new",
+        jitship(&[
+            "policy",
+            "new",
+            "demo-policy",
+            "--kind",
+            "demo",
+            "--dir",
+            dir_s,
+            "--json",
+        ]),
+    );
+    let made = json(&out);
+    assert_eq!(made["kind"], "demo");
+    assert_eq!(made["crate_name"], "demo_policy");
+    assert_eq!(made["sdk_version"], env!("CARGO_PKG_VERSION"));
+    for f in [
+        "Cargo.toml",
+        "src/lib.rs",
+        "README.md",
+        "sdk/Cargo.toml",
+        "sdk/src/lib.rs",
+        "sdk/wit/policy.wit",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} not written");
+    }
+    let manifest = std::fs::read_to_string(dir.join("sdk/Cargo.toml")).unwrap();
+    assert!(
+        !manifest.contains(".workspace"),
+        "the SDK manifest inherits from a workspace:\n{manifest}"
+    );
+    // A second run into the same directory writes nothing.
+    let again = jitship(&["policy", "new", "demo-policy", "--dir", dir_s]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("not empty"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    // Its lock file from the crates this workspace already downloaded where cargo can (so the test
+    // runs without network where the workspace built), else from the registry.
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let lock = |offline: bool| {
+        let mut c = Command::new(&cargo);
+        c.args(["generate-lockfile", "--manifest-path"])
+            .arg(dir.join("Cargo.toml"));
+        if offline {
+            c.arg("--offline");
+        }
+        c.output().expect("run cargo")
+    };
+    if !lock(true).status.success() {
+        ok("cargo generate-lockfile", lock(false));
+    }
+
+    // Its native tests, with plain cargo.
+    ok(
+        "cargo test of the new crate",
+        Command::new(&cargo)
+            .args(["test", "--quiet", "--manifest-path"])
+            .arg(dir.join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTFLAGS")
+            .output()
+            .expect("run cargo"),
+    );
+
+    // Build, with no warning (the SDK lies inside the crate's own workspace).
+    let wasm = dir.join("target/demo_policy.wasm");
+    let out = ok(
+        "policy build",
+        jitship(&[
+            "policy",
+            "build",
+            dir_s,
+            "-o",
+            wasm.to_str().unwrap(),
+            "--target-dir",
+            target.to_str().unwrap(),
+            "--json",
+        ]),
+    );
+    let built = json(&out);
+    assert_eq!(built["name"], "demo_policy");
+    assert_eq!(built["warnings"], serde_json::json!([]), "{built}");
+    assert!(wasm.is_file());
+    let wasm_s = wasm.to_str().unwrap();
+
+    // Check: jitship loads it, for the kind asked for.
+    let out = ok(
+        "policy check",
+        jitship(&["policy", "check", wasm_s, "--no-compile-cache", "--json"]),
+    );
+    let check = json(&out);
+    assert_eq!(check["info"]["name"], "demo-policy");
+    assert_eq!(check["info"]["cache_kind"], "demo");
+    assert!(
+        check["contract"].as_str().unwrap().starts_with("2."),
+        "{check}"
+    );
+
+    // Dry run: key, selection over a sample tree, retention of five generations (keeps 3).
+    let root = tmp.path().join("root");
+    write(&root, "kernels/a.bin", b"kernel");
+    write(&root, "kernels/a.bin.lock", b"");
+    write(&root, "kernels/b.bin", b"");
+    write(&root, "kernels/tmp.pid_1_2/c.bin", b"partial");
+    let gens: Vec<serde_json::Value> = (1..=5u64)
+        .rev()
+        .map(|i| {
+            serde_json::json!({
+                "id": i.to_string().repeat(64), "compat_key": "k", "created_at": i * 100,
+                "size_bytes": 1024, "file_count": 1, "pinned": false
+            })
+        })
+        .collect();
+    let gens_file = tmp.path().join("generations.json");
+    std::fs::write(&gens_file, serde_json::to_vec(&gens).unwrap()).unwrap();
+    let out = ok(
+        "policy test",
+        jitship(&[
+            "policy",
+            "test",
+            wasm_s,
+            "--no-compile-cache",
+            "--root",
+            root.to_str().unwrap(),
+            "--generations",
+            gens_file.to_str().unwrap(),
+            "--now",
+            "600",
+            "--fact",
+            "os.arch=x86_64",
+            "--fact",
+            "gpu.arch=sm_90",
+            "--fact",
+            "driver.major=550",
+            "--json",
+        ]),
+    );
+    let r = json(&out);
+    assert_eq!(
+        r["compat_key"]["value"], "demo@1;driver.major=550;gpu.arch=sm_90;os.arch=x86_64",
+        "{r}"
+    );
+    let decisions: Vec<(String, String)> = r["select"]["call"]["value"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .iter()
+        .map(|d| {
+            (
+                d["path"].as_str().unwrap().to_string(),
+                d["category"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("kernels/a.bin", "complete"),
+        ("kernels/a.bin.lock", "lock"),
+        ("kernels/b.bin", "incomplete"),
+        ("kernels/tmp.pid_1_2/c.bin", "temporary"),
+    ];
+    assert_eq!(
+        decisions,
+        expected.map(|(p, c)| (p.to_string(), c.to_string())),
+        "{r}"
+    );
+    assert_eq!(
+        r["retain"]["call"]["value"],
+        serde_json::json!(["2".repeat(64), "1".repeat(64)]),
+        "{r}"
+    );
+}
