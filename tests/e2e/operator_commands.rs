@@ -165,6 +165,20 @@ fn run_for(b: &Backend) {
     };
     assert_eq!(verdict(&dry, g1).0, "drop");
     assert_eq!(verdict(&dry, g2), ("keep".into(), "pinned".into()));
+    // --now: a dry run as of 30 days from now, so age rules can be tried without waiting; a
+    // real gc always decides at the current time.
+    let by_age = ["gc", "--dry-run", "--max-age", "7d"];
+    assert_eq!(verdict(&cli.json(&by_age), g1).0, "keep");
+    let later = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 30 * 86_400)
+        .to_string();
+    let aged = cli.json(&[&by_age[..], &["--now", &later]].concat());
+    assert_eq!(verdict(&aged, g1).0, "drop", "{aged}");
+    assert_eq!(verdict(&aged, g2), ("keep".into(), "pinned".into()));
+    cli.expect(&["gc", "--max-age", "7d", "--now", &later], 2);
     assert_eq!(dry["heads"].as_array().unwrap().len(), 1);
     assert_eq!(
         generations(&cli.json(&["ls"])).len(),

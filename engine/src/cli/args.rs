@@ -423,6 +423,12 @@ pub struct GcArgs {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// "Now" for a dry run, so retention by age and grace can be tried without waiting: Unix
+    /// seconds or an RFC 3339 time (2024-05-01T12:00:00Z). Only with --dry-run: a real gc always
+    /// decides at the current time.
+    #[arg(long, value_name = "SECS|RFC3339", value_parser = crate::author::parse_now, requires = "dry_run")]
+    pub now: Option<u64>,
+
     /// Generations to keep per compat key (overrides retention.max_generations).
     #[arg(long, value_name = "N")]
     pub keep: Option<u32>,

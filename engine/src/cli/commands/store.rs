@@ -376,7 +376,7 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         limits.max_age_secs = Some(a.as_secs());
     }
     let opts = crate::gc::GcOptions {
-        now: now_secs(),
+        now: args.now.unwrap_or_else(now_secs),
         grace: args.grace.unwrap_or(retention.grace),
         limits,
         dry_run: args.dry_run,
