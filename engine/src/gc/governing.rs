@@ -84,6 +84,22 @@ pub enum Governing {
     },
 }
 
+impl Governing {
+    /// `policy`, found at `origin`, with what its reference says of it.
+    fn found(policy: Arc<dyn CachePolicy>, origin: PolicyOrigin) -> Governing {
+        let r = policy.policy_ref();
+        Governing::Found {
+            used: UsedPolicy {
+                name: r.name,
+                version: r.version,
+                digest: r.digest,
+                found: origin,
+            },
+            policy,
+        }
+    }
+}
+
 /// Finds the policy that governs a compat id of `kind` whose newest generation was published
 /// with `recorded`.
 pub trait PolicyFinder {
@@ -96,17 +112,7 @@ where
     F: Fn(&str) -> Arc<dyn CachePolicy>,
 {
     fn governing(&self, kind: &str, _recorded: &PolicyRef) -> Governing {
-        let policy = self(kind);
-        let r = policy.policy_ref();
-        Governing::Found {
-            used: UsedPolicy {
-                name: r.name,
-                version: r.version,
-                digest: r.digest,
-                found: PolicyOrigin::Given,
-            },
-            policy,
-        }
+        Governing::found(self(kind), PolicyOrigin::Given)
     }
 }
 
@@ -259,19 +265,6 @@ impl PolicyIndex {
         loaded.insert(digest.to_owned(), result.clone());
         result
     }
-
-    fn found(policy: Arc<dyn CachePolicy>, origin: PolicyOrigin) -> Governing {
-        let r = policy.policy_ref();
-        Governing::Found {
-            used: UsedPolicy {
-                name: r.name,
-                version: r.version,
-                digest: r.digest,
-                found: origin,
-            },
-            policy,
-        }
-    }
 }
 
 impl PolicyFinder for PolicyIndex {
@@ -279,11 +272,11 @@ impl PolicyFinder for PolicyIndex {
         let short: String = recorded.digest.chars().take(12).collect();
         let named = format!("{}@{} ({short})", recorded.name, recorded.version);
         if recorded.digest == "native" {
-            return Self::found(Arc::new(NativeRules::new(kind)), PolicyOrigin::Native);
+            return Governing::found(Arc::new(NativeRules::new(kind)), PolicyOrigin::Native);
         }
         if let Some(c) = self.digests().get(&recorded.digest) {
             return match self.load(&recorded.digest, c) {
-                Ok(policy) => Self::found(policy, c.origin.clone()),
+                Ok(policy) => Governing::found(policy, c.origin.clone()),
                 Err(e) => Governing::Missing {
                     reason: format!(
                         "its policy {named} is {}, but it does not load: {e}; keeping it whole",
@@ -306,7 +299,7 @@ impl PolicyFinder for PolicyIndex {
         if let Some(Ok(policy)) = &upgrade
             && policy.info().name == recorded.name
         {
-            return Self::found(
+            return Governing::found(
                 policy.clone(),
                 PolicyOrigin::BuiltinUpgraded {
                     published_version: recorded.version.clone(),
