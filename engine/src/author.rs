@@ -3,6 +3,7 @@
 //! every decision on a real root and real facts, with nothing published). Each returns a
 //! serializable report; the CLI only prints it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -10,8 +11,8 @@ use crate::facts::Facts;
 use crate::generation::{CompatId, GenerationId};
 use crate::policy::host::{LoadStats, LogLine, PolicyEngine, Traced, WasmPolicy};
 use crate::policy::{
-    CachePolicy, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory, RetentionLimits,
-    Verdict,
+    CachePolicy, GenerationSummary, PolicyError, PolicyInfo, PolicySettings, ReasonCategory,
+    RetentionDrop, RetentionLimits, Verdict,
 };
 
 /// Jitship's refusal of what the author handed `policy test` (a generations file, a root): the
@@ -30,10 +31,12 @@ pub struct CheckReport {
     pub size_bytes: u64,
     /// blake3 of the module, as recorded in manifests.
     pub digest: String,
-    /// The contract version it was built against, e.g. "2.0.0".
+    /// The contract version it was built against, e.g. "3.0.0".
     pub contract: String,
     pub info: PolicyInfo,
-    /// Every import, down to the function (`jitship:policy/host@2.0.0#read-file`).
+    /// The settings it would run with: the given ones read by their kinds, defaults for the rest.
+    pub settings: PolicySettings,
+    /// Every import, down to the function (`jitship:policy/host@3.0.0#read-file`).
     pub imports: Vec<String>,
     pub exports: Vec<String>,
     /// Whether it can read files under the cache root at all.
@@ -41,10 +44,15 @@ pub struct CheckReport {
     pub load: LoadStats,
 }
 
-/// Loads `path` the way jitship would (contract check, link, `info()`), and reports what it found.
-/// A module jitship would refuse is an error, with the reason.
-pub fn check(engine: &Arc<PolicyEngine>, path: &Path) -> Result<CheckReport, PolicyError> {
-    let policy = engine.load_file(path)?;
+/// Loads `path` the way jitship would (contract check, link, `info()`) and configures it with
+/// `settings` (checked against the declared kinds, then by the policy's `check-settings`), and
+/// reports what it found. A module or settings jitship would refuse are an error, with the reason.
+pub fn check(
+    engine: &Arc<PolicyEngine>,
+    path: &Path,
+    settings: &BTreeMap<String, String>,
+) -> Result<CheckReport, PolicyError> {
+    let policy = engine.load_file(path)?.configure(settings)?;
     let size_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     Ok(CheckReport {
         path: path.to_path_buf(),
@@ -52,6 +60,7 @@ pub fn check(engine: &Arc<PolicyEngine>, path: &Path) -> Result<CheckReport, Pol
         digest: policy.digest().to_string(),
         contract: policy.contract().version.clone(),
         info: policy.info().clone(),
+        settings: policy.settings().clone(),
         imports: policy.contract().imports.clone(),
         exports: policy.contract().exports.clone(),
         reads_files: policy.contract().uses_read_file(),
@@ -149,7 +158,7 @@ pub struct SelectReport {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RetainReport {
     pub generations: usize,
-    pub call: Call<Vec<GenerationId>>,
+    pub call: Call<Vec<RetentionDrop>>,
     /// The ids kept, newest first (everything not dropped).
     pub keep: Vec<GenerationId>,
 }
@@ -159,6 +168,8 @@ pub struct TestReport {
     pub policy: PolicyInfo,
     pub digest: String,
     pub contract: String,
+    /// What every call received.
+    pub settings: PolicySettings,
     pub compat_key: Call<String>,
     /// What jitship would publish under: blake3 of (cache kind, key).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -249,13 +260,13 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, InputE
     let retain = input.generations.as_ref().map(|gens| {
         let call = Call::from(
             policy.retain_traced(gens, input.now, &input.limits),
-            |ids| ids,
+            |drops| drops,
         );
         let dropped = call.value.clone().unwrap_or_default();
         let keep = if call.is_ok() {
             gens.iter()
                 .map(|g| g.id)
-                .filter(|id| !dropped.contains(id))
+                .filter(|id| !dropped.iter().any(|d| d.id == *id))
                 .collect()
         } else {
             vec![]
@@ -270,6 +281,7 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, InputE
         policy: policy.info().clone(),
         digest: policy.digest().to_string(),
         contract: policy.contract().version.clone(),
+        settings: policy.settings().clone(),
         compat_key,
         compat_id,
         select,

@@ -140,6 +140,42 @@ pub struct CacheConfig {
     /// [`crate::facts::FactOverrides::layers`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub facts: BTreeMap<String, String>,
+    /// The policy's settings for this cache, e.g. `settings = { keep = 2, max_age = "1h" }`:
+    /// only those the policy declares (`jitship policy check` lists them), read by their kinds
+    /// (`--setting KIND:NAME=VALUE` wins). Checked through the policy when it loads; a kind whose
+    /// settings it refuses is disabled with the reason.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, SettingValue>,
+}
+
+/// A setting's value as TOML gives it; the policy's declared kind decides how it is read
+/// (`crate::policy::settings`), so `keep = 2` and `keep = "2"` are the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SettingValue {
+    Boolean(bool),
+    Integer(i64),
+    Text(String),
+}
+
+impl std::fmt::Display for SettingValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Boolean(b) => write!(f, "{b}"),
+            Self::Integer(i) => write!(f, "{i}"),
+            Self::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+impl CacheConfig {
+    /// The operator's settings as text, for the policy's kinds to read.
+    pub fn settings_text(&self) -> BTreeMap<String, String> {
+        self.settings
+            .iter()
+            .map(|(n, v)| (n.clone(), v.to_string()))
+            .collect()
+    }
 }
 
 /// An inference engine whose caches `--engine` / `engine =` names at once.
@@ -173,6 +209,7 @@ impl Config {
                     root: PathBuf::new(),
                     policy: None,
                     facts: BTreeMap::new(),
+                    settings: BTreeMap::new(),
                 });
                 self.engine_candidates.push((*kind).to_string());
             }
@@ -601,6 +638,7 @@ pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
         root,
         policy,
         facts: BTreeMap::new(),
+        settings: BTreeMap::new(),
     })
 }
 
@@ -686,6 +724,54 @@ pub fn parse_fact_list(s: &str) -> Result<ScopedFacts, ConfigError> {
         facts.insert(kind.as_deref(), name, value);
     }
     Ok(facts)
+}
+
+/// `NAME=VALUE` (the form of `policy check --setting`): the value is everything after the first
+/// `=`, whose kind the policy's declaration decides.
+pub fn parse_setting_arg(s: &str) -> Result<(String, String), ConfigError> {
+    match s.split_once('=') {
+        Some((name, value)) if crate::policy::settings::valid_name(name.trim()) => {
+            Ok((name.trim().to_owned(), value.to_owned()))
+        }
+        _ => Err(ConfigError::Invalid {
+            what: "--setting",
+            value: s.into(),
+            hint:
+                "expected NAME=VALUE with NAME a setting the policy declares (a-z, 0-9, _ and -), \
+                   e.g. keep=2 or max_age=1h"
+                    .into(),
+        }),
+    }
+}
+
+/// `KIND:NAME=VALUE` (the form of `--setting` on the commands that key caches): sets the
+/// setting of the cache of kind KIND, which the command must have.
+pub fn apply_setting_arg(config: &mut Config, s: &str) -> Result<(), ConfigError> {
+    let invalid = |hint: String| ConfigError::Invalid {
+        what: "--setting",
+        value: s.into(),
+        hint,
+    };
+    let Some((kind, rest)) = s.split_once(':') else {
+        return Err(invalid(
+            "expected KIND:NAME=VALUE, e.g. my-cache:keep=2 (settings belong to one cache's policy)"
+                .into(),
+        ));
+    };
+    let (name, value) = parse_setting_arg(rest).map_err(|_| {
+        invalid(
+            "expected KIND:NAME=VALUE with NAME of a-z, 0-9, _ and -, e.g. my-cache:keep=2".into(),
+        )
+    })?;
+    let kinds: Vec<&str> = config.caches.iter().map(|c| c.kind.as_str()).collect();
+    let known = kinds.join(", ");
+    let Some(cache) = config.caches.iter_mut().find(|c| c.kind == kind) else {
+        return Err(invalid(format!(
+            "this command has no cache of kind {kind:?} (it has: {known}); add it with --cache or [[cache]]"
+        )));
+    };
+    cache.settings.insert(name, SettingValue::Text(value));
+    Ok(())
 }
 
 /// `local:DIR`, `mooncake` (the `[store.mooncake]` settings) or `mooncake:HOST:PORT` (those

@@ -174,6 +174,7 @@ mod tests {
                 root: "/given".into(),
                 policy: None,
                 facts: Default::default(),
+                settings: Default::default(),
             }],
             ..Config::default()
         };

@@ -71,7 +71,7 @@ use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError, ManifestRead};
 use crate::generation::{CompatId, ContentHash, GenerationId, PolicyRef};
 use crate::inspect::{self, CompatView, InspectError, ManifestState};
-use crate::policy::{GenerationSummary, RetentionLimits};
+use crate::policy::{GenerationSummary, RetentionDrop, RetentionLimits};
 use crate::store::{Store, StoreError};
 use crate::trust::{Signer, TrustPolicy};
 
@@ -489,7 +489,7 @@ fn decide_compat(
         kept_whole: None,
     };
     // `Err`: why every generation is kept.
-    let policy_drops: Result<HashSet<GenerationId>, &str> = match (
+    let policy_drops: Result<HashMap<GenerationId, RetentionDrop>, &str> = match (
         &compat.cache_kind,
         &published_with,
     ) {
@@ -497,7 +497,7 @@ fn decide_compat(
             Governing::Found { policy, used } => {
                 key.decided_by = Some(used);
                 match policy.retain(&summaries, opts.now, &opts.limits) {
-                    Ok(ids) => Ok(ids.into_iter().collect()),
+                    Ok(drops) => Ok(drops.into_iter().map(|d| (d.id, d)).collect()),
                     Err(e) => {
                         let msg = format!(
                             "{kind} (compat id {}): policy {} failed in retain: {e}; keeping every generation of it",
@@ -519,7 +519,7 @@ fn decide_compat(
             }
         },
         // No readable manifest at all: only dead heads, nothing for a policy to weigh.
-        _ => Ok(HashSet::new()),
+        _ => Ok(HashMap::new()),
     };
     if published_with.is_some() {
         report.policies.push(key);
@@ -554,14 +554,23 @@ fn decide_compat(
         } else {
             match &policy_drops {
                 Err(why) => (Verdict::Keep, (*why).to_owned()),
-                Ok(drops) if drops.contains(&g.id) => {
+                Ok(drops) if drops.contains_key(&g.id) => {
+                    let why = &drops[&g.id];
                     if past_grace {
-                        (Verdict::Drop, "dropped by the retention policy".to_owned())
+                        (
+                            Verdict::Drop,
+                            format!(
+                                "dropped by the retention policy ({}: {})",
+                                why.category, why.detail
+                            ),
+                        )
                     } else {
                         (
                             Verdict::Keep,
                             format!(
-                                "the policy drops it, but it was superseded {}s ago, within the {}s grace period (an install may still read it)",
+                                "the policy drops it ({}: {}), but it was superseded {}s ago, within the {}s grace period (an install may still read it)",
+                                why.category,
+                                why.detail,
                                 superseded_for.unwrap_or(0),
                                 grace
                             ),

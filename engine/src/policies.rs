@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use crate::config::{CacheConfig, Config};
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef, RelPath};
+use crate::generation::{PolicyRef, RelPath};
 use crate::policy::host::PolicyEngine;
 use crate::policy::native::NativeRules;
 use crate::policy::{
-    CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
-    builtin,
+    CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionDrop,
+    RetentionLimits, Selection, builtin,
 };
 
 /// Where a kind's policy came from.
@@ -220,7 +220,7 @@ impl CachePolicy for GuardedPolicy {
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError> {
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         self.guard("retain", || self.inner.retain(generations, now, limits))
     }
 }
@@ -289,6 +289,20 @@ impl PolicySet {
                     continue;
                 }
             };
+            // The operator's settings, checked through the policy now: a kind whose settings
+            // its policy refuses does not run, and says why.
+            let settings = cache.settings_text();
+            let loaded = loaded.map(|r| r.and_then(|p| p.configure(&settings)));
+            if loaded.is_none() && !settings.is_empty() {
+                let reason = format!(
+                    "cache kind {:?} runs jitship's native rules, which take no settings (given: {})",
+                    cache.kind,
+                    settings.keys().cloned().collect::<Vec<_>>().join(", ")
+                );
+                tracing::error!(kind = %cache.kind, "{reason}");
+                slots.insert(cache.kind.clone(), Slot::Failed { source, reason });
+                continue;
+            }
             let slot = match loaded {
                 None => Slot::Ready {
                     policy: Arc::new(GuardedPolicy::new(
@@ -330,7 +344,11 @@ impl PolicySet {
             c.policy_file().is_some()
                 || (!c.uses_native_policy() && builtin::lookup(&c.kind).is_some())
         });
-        if !needs_wasm && config.caches.iter().all(CacheConfig::uses_native_policy) {
+        let native_only = config
+            .caches
+            .iter()
+            .all(|c| c.uses_native_policy() && c.settings.is_empty());
+        if !needs_wasm && native_only {
             let native = config.caches.iter().map(|c| {
                 let p: Box<dyn CachePolicy> = Box::new(NativeRules::new(&c.kind));
                 (c.kind.clone(), p)
@@ -447,6 +465,7 @@ impl DisabledPolicy {
             default_root: String::new(),
             root_env: vec![],
             description: reason.clone(),
+            settings: vec![],
         };
         Self { info, reason }
     }
@@ -468,6 +487,7 @@ impl CachePolicy for DisabledPolicy {
             name: "disabled".into(),
             version: String::new(),
             digest: "disabled".into(),
+            settings: Default::default(),
         }
     }
     fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
@@ -487,7 +507,7 @@ impl CachePolicy for DisabledPolicy {
         _: &[GenerationSummary],
         _: u64,
         _: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError> {
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         self.err()
     }
 }

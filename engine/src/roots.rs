@@ -328,6 +328,7 @@ mod tests {
             default_root: default_root.into(),
             root_env: root_env.iter().map(|s| s.to_string()).collect(),
             description: String::new(),
+            settings: vec![],
         }
     }
 
@@ -458,6 +459,7 @@ mod tests {
                     root: PathBuf::new(),
                     policy: None,
                     facts: Default::default(),
+                    settings: Default::default(),
                 })
                 .collect(),
             policy: crate::config::PolicyConfig {
@@ -530,6 +532,7 @@ mod tests {
             root: PathBuf::new(),
             policy: Some(crate::config::NATIVE_POLICY.into()),
             facts: Default::default(),
+            settings: Default::default(),
         }];
         let set = PolicySet::from_policies([(
             "kernels".to_string(),

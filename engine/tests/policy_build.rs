@@ -29,7 +29,7 @@ fn builds_a_policy_crate_into_a_component() {
     assert_eq!(componentize(&core).unwrap(), bytes);
     // wasm32-unknown-unknown + componentize: no WASI import at all.
     let text = String::from_utf8_lossy(&bytes);
-    assert!(text.contains("jitship:policy/host@2.0.0"));
+    assert!(text.contains("jitship:policy/host@3.0.0"));
     assert!(!text.contains("wasi:"), "the component imports WASI");
 }
 

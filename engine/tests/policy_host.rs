@@ -3,6 +3,7 @@
 //! `policy::build` (wasm32-unknown-unknown + in-process componentize), into target/tmp, so the test
 //! exercises the same path `jitship policy build` takes; cargo caches the builds between runs.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -38,7 +39,7 @@ fn guests() -> &'static Path {
             quiet: true,
             locked: true,
         };
-        for name in ["good", "hostile", "v1", "v3"] {
+        for name in ["good", "hostile", "v1", "v4"] {
             build_policy_crate_to(
                 &guests_dir().join(name),
                 &out.join(format!("{name}.wasm")),
@@ -129,7 +130,7 @@ fn golden_round_trip_on_a_real_component() {
         ("good", "1.2.3", "test")
     );
     assert_eq!(info.root_env, vec!["TEST_CACHE_DIR".to_string()]);
-    assert_eq!(good.contract().version, "2.0.0");
+    assert_eq!(good.contract().version, "3.0.0");
     assert!(
         good.contract().uses_read_file(),
         "{:?}",
@@ -244,10 +245,18 @@ fn golden_round_trip_on_a_real_component() {
         generation(3, 80, false),
         generation(4, 70, false),
     ];
+    let ids = |drops: Vec<jitship::policy::RetentionDrop>| -> Vec<GenerationId> {
+        drops.into_iter().map(|d| d.id).collect()
+    };
     let dropped = good
         .retain(&gens, 1000, &RetentionLimits::default())
         .unwrap();
-    assert_eq!(dropped, vec![gen_id(3), gen_id(4)]);
+    assert_eq!(
+        dropped[0].category,
+        jitship::policy::RetentionCategory::Count
+    );
+    assert_eq!(dropped[0].detail, "beyond the newest 2");
+    assert_eq!(ids(dropped), vec![gen_id(3), gen_id(4)]);
     let dropped = good
         .retain(
             &gens,
@@ -259,9 +268,46 @@ fn golden_round_trip_on_a_real_component() {
         )
         .unwrap();
     assert_eq!(
-        dropped,
+        ids(dropped),
         vec![gen_id(3), gen_id(4)],
         "the pinned generation is kept whatever the policy says"
+    );
+
+    // Settings: the default is what every call gets and what a generation records; another
+    // value is read by its kind, checked by the policy, and changes its answers.
+    assert_eq!(good.policy_ref().settings["keep"], "2");
+    let keep3 = good
+        .configure(&BTreeMap::from([("keep".to_owned(), "3".to_owned())]))
+        .unwrap();
+    assert_eq!(keep3.policy_ref().settings["keep"], "3");
+    let dropped = keep3
+        .retain(&gens, 1000, &RetentionLimits::default())
+        .unwrap();
+    assert_eq!(ids(dropped), vec![gen_id(4)]);
+    let refused = |given: &[(&str, &str)]| {
+        let given = given
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        match good.configure(&given) {
+            Err(PolicyError::Settings(m)) => m,
+            other => panic!("expected a settings refusal, got {other:?}"),
+        }
+    };
+    let m = refused(&[("keep", "0")]);
+    assert!(
+        m.contains("policy good refused its settings keep=0") && m.contains("keep at least 1"),
+        "{m}"
+    );
+    let m = refused(&[("keep", "many")]);
+    assert!(
+        m.contains("setting keep is \"many\", not an integer"),
+        "{m}"
+    );
+    let m = refused(&[("kep", "2")]);
+    assert!(
+        m.contains("no setting \"kep\"") && m.contains("keep (integer, default \"2\")"),
+        "{m}"
     );
 
     // Fresh instances: the same input gives the same answer, and costs the same fuel.
@@ -287,6 +333,23 @@ fn infinite_loop_runs_out_of_fuel() {
     // The same policy still answers on a fresh instance: nothing of the trapped one survives.
     assert_eq!(hostile.compat_key(&Facts::new()).unwrap(), "hostile-key");
     host_still_works(&engine);
+}
+
+#[test]
+fn a_hostile_check_settings_is_bounded_and_its_refusal_is_a_settings_error() {
+    let engine = engine_with(limits());
+    let hostile = load(&engine, "hostile");
+    let given = |v: &str| BTreeMap::from([("evil".to_owned(), v.to_owned())]);
+    let err = hostile.configure(&given("loop")).unwrap_err();
+    assert_eq!(err, PolicyError::OutOfFuel { fuel: 200_000_000 });
+    let err = hostile.configure(&given("refuse")).unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::Settings(m) if m.contains("refused its settings evil=refuse")),
+        "{err:?}"
+    );
+    // Its defaults it accepts (it loaded), and the policy still answers.
+    assert!(hostile.configure(&given("")).is_ok());
+    assert_eq!(hostile.compat_key(&Facts::new()).unwrap(), "hostile-key");
 }
 
 #[test]
@@ -421,17 +484,17 @@ fn wrong_contract_version_is_refused_before_instantiation() {
         "{msg}"
     );
     assert!(
-        msg.contains("rebuild it against jitship-policy-sdk 2 (jitship policy build)"),
+        msg.contains("rebuild it against jitship-policy-sdk 3 (jitship policy build)"),
         "{msg}"
     );
     // One built for a future major is told it is newer.
-    let err = engine.load_file(&wasm("v3")).unwrap_err();
+    let err = engine.load_file(&wasm("v4")).unwrap_err();
     let PolicyError::Contract(msg) = &err else {
         panic!("expected Contract, got {err:?}")
     };
     assert!(
         msg.contains(
-            "speaks jitship:policy@3.0.0, a newer contract than this jitship's jitship:policy@2.0.0"
+            "speaks jitship:policy@4.0.0, a newer contract than this jitship's jitship:policy@3.0.0"
         ),
         "{msg}"
     );
@@ -564,13 +627,14 @@ fn a_failing_policy_disables_its_kind_and_nothing_else() {
         root: root.clone(),
         policy,
         facts: Default::default(),
+        settings: Default::default(),
     };
     let set = PolicySet::load(
         &engine,
         &[
             cache("hostile", Some(wasm("hostile"))),
             cache("test", Some(wasm("good"))),
-            cache("future", Some(wasm("v3"))),
+            cache("future", Some(wasm("v4"))),
             cache("past", Some(wasm("v1"))),
             cache("triton", Some(wasm("good"))),
             cache("plain", Some(jitship::config::NATIVE_POLICY.into())),
@@ -616,7 +680,7 @@ fn a_failing_policy_disables_its_kind_and_nothing_else() {
         row("future")
             .disabled
             .unwrap()
-            .contains("jitship:policy@2.0.0")
+            .contains("jitship:policy@3.0.0")
     );
     assert!(
         row("triton")
@@ -700,8 +764,8 @@ fn compiled_modules_are_cached_on_disk_and_only_trusted_files_are_loaded() {
 /// own workspace (like a third-party policy next to a plugins-sdk checkout).
 fn write_repro_crate(checkout: &Path, dep_in_workspace: bool) -> PathBuf {
     let lock = std::fs::read_to_string(guests_dir().join("Cargo.lock")).unwrap();
-    // Any WIT does for a build-reproducibility check; the v3 guest's is self-contained.
-    copy_tree(&guests_dir().join("wit-v3"), &checkout.join("wit"));
+    // Any WIT does for a build-reproducibility check; the v4 guest's is self-contained.
+    copy_tree(&guests_dir().join("wit-v4"), &checkout.join("wit"));
     write(
         &checkout.join("dep/Cargo.toml"),
         "[package]\nname = \"dep\"\nversion = \"0.1.0\"\nedition = \"2024\"\n",
@@ -730,9 +794,9 @@ fn write_repro_crate(checkout: &Path, dep_in_workspace: bool) -> PathBuf {
              wit-bindgen = {{ version = \"=0.60.0\", default-features = false, features = [\"macros\", \"realloc\"] }}\n"
         ),
     );
-    let source = std::fs::read_to_string(guests_dir().join("v3/src/lib.rs"))
+    let source = std::fs::read_to_string(guests_dir().join("v4/src/lib.rs"))
         .unwrap()
-        .replace("../wit-v3", "../wit")
+        .replace("../wit-v4", "../wit")
         .replace(
             "Err(PolicyError::Internal(format!(\"{} entries\", entries.len())))",
             "{ dep::check(entries.len()); Ok(vec![]) }",
@@ -863,7 +927,7 @@ fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables
         past["error"]
             .as_str()
             .unwrap()
-            .contains("rebuild it against jitship-policy-sdk 2"),
+            .contains("rebuild it against jitship-policy-sdk 3"),
         "{doc}"
     );
     assert_eq!(doc["errors"][0]["cache_kind"], "past", "{doc}");

@@ -97,7 +97,13 @@ fn now_as_rfc3339_or_unix_seconds_drives_retention_ages() {
         let (code, stdout, stderr) = jitship(&args);
         assert_eq!(code, 0, "{stdout}{stderr}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        v["retain"]["call"]["value"].clone()
+        let drops = v["retain"]["call"]["value"].as_array().unwrap().clone();
+        // Each drop says why: this one is over the age limit.
+        for d in &drops {
+            assert_eq!(d["category"], "age", "{d}");
+        }
+        let ids: Vec<serde_json::Value> = drops.iter().map(|d| d["id"].clone()).collect();
+        serde_json::Value::Array(ids)
     };
     let expected = serde_json::json!([old]);
     assert_eq!(dropped("1714564800"), expected);

@@ -3,7 +3,7 @@
 //! A jitship *policy* decides, for one cache kind, under which compatibility key a cache is
 //! published, which of its files are complete and publishable, and which stored generations to
 //! drop. Policies are WebAssembly components speaking the contract in `wit/policy.wit`
-//! (package `jitship:policy@2.0.0`, "policy contract 2"). This crate lets you write one as a plain Rust trait
+//! (package `jitship:policy@3.0.0`, "policy contract 3"). This crate lets you write one as a plain Rust trait
 //! implementation:
 //!
 //! * the contract's types as plain Rust types ([`PolicyInfo`], [`FileEntry`], [`Decision`],
@@ -17,6 +17,16 @@
 //!   categories),
 //!   [`Facts::require`] (refuse with `missing-fact` rather than key weakly), [`KeyBuilder`]
 //!   (canonical keys from named factors) and [`default_retain`] (limits and pins honoured).
+//!
+//! ## Settings
+//!
+//! A policy may take settings instead of rebuilding the module to change "keep 2" or "1 h":
+//! declare each in [`PolicyInfo::settings`] ([`SettingSpec::integer`], [`SettingSpec::duration`],
+//! ...), read them in [`Policy::configure`]. The operator sets them per cache
+//! (`[[cache]] settings = { keep = 2 }` or `--setting KIND:keep=2`); jitship checks each against
+//! its kind, fills in the defaults, calls `configure` (`jitship policy check --setting keep=2`
+//! shows the verdict) and records them with every generation, so gc retains a key with the
+//! settings it was published with.
 //!
 //! ## Decisions: a category, a detail, traits
 //!
@@ -40,11 +50,13 @@
 //! use jitship_policy_sdk::{
 //!     default_retain, export_policy, never_publish, Decision, Facts, FileEntry, GenerationSummary,
 //!     Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory, RetentionDefaults,
-//!     RetentionLimits,
+//!     RetentionDrop, RetentionLimits, SettingSpec, Settings,
 //! };
 //!
 //! #[derive(Default)]
-//! pub struct MyCache;
+//! pub struct MyCache {
+//!     keep: u32,
+//! }
 //!
 //! impl Policy for MyCache {
 //!     fn info(&self) -> PolicyInfo {
@@ -55,7 +67,16 @@
 //!             default_root: "~/.cache/my-cache".into(),
 //!             root_env: vec!["MY_CACHE_DIR".into()],
 //!             description: "kernels of my JIT: a .bin is complete once its .done marker exists".into(),
+//!             settings: vec![SettingSpec::integer("keep", 3, "generations kept per key")],
 //!         }
+//!     }
+//!
+//!     fn configure(self, settings: &Settings) -> Result<Self, PolicyError> {
+//!         let keep = settings.integer("keep")?;
+//!         let keep = u32::try_from(keep).ok().filter(|k| *k >= 1).ok_or_else(|| {
+//!             PolicyError::InvalidInput(format!("keep is {keep}; keep at least 1 generation"))
+//!         })?;
+//!         Ok(Self { keep })
 //!     }
 //!
 //!     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
@@ -86,8 +107,8 @@
 //!             .collect())
 //!     }
 //!
-//!     fn retain(&self, gens: &[GenerationSummary], now: u64, limits: &RetentionLimits) -> Result<Vec<String>, PolicyError> {
-//!         default_retain(gens, now, limits, &RetentionDefaults::keep(3))
+//!     fn retain(&self, gens: &[GenerationSummary], now: u64, limits: &RetentionLimits) -> Result<Vec<RetentionDrop>, PolicyError> {
+//!         default_retain(gens, now, limits, &RetentionDefaults::keep(self.keep))
 //!     }
 //! }
 //!
@@ -101,7 +122,8 @@
 //! std::fs::write(dir.path().join("b.bin"), b"x").unwrap();
 //! std::fs::write(dir.path().join("b.bin.lock"), b"").unwrap();
 //! let host = jitship_policy_sdk::DirHost::new(dir.path());
-//! let (entries, selection) = host.select(&MyCache).unwrap();
+//! let policy = MyCache::default().configure(&Settings::defaults(&MyCache::default().info())).unwrap();
+//! let (entries, selection) = host.select(&policy).unwrap();
 //! let published: Vec<_> = entries.iter().zip(&selection.decisions).filter(|(_, d)| d.is_publish()).map(|(e, _)| e.path.as_str()).collect();
 //! assert_eq!(published, ["a.bin", "a.done"]);
 //! let categories: Vec<_> = selection.decisions.iter().map(|d| d.category).collect();
@@ -109,9 +131,11 @@
 //! assert!(selection.decisions[1].is_marker() && selection.complete);
 //!
 //! let facts = Facts::from_pairs([("gpu.arch", "sm_90"), ("driver.major", "550"), ("pkg.my_jit", "2.1")]).unwrap();
-//! assert_eq!(MyCache.compat_key(&facts).unwrap(), "my-cache@1;driver.major=550;gpu.arch=sm_90;pkg.my_jit=2.1");
+//! assert_eq!(policy.compat_key(&facts).unwrap(), "my-cache@1;driver.major=550;gpu.arch=sm_90;pkg.my_jit=2.1");
 //! let weak = Facts::from_pairs([("gpu.arch", "sm_90")]).unwrap();
-//! assert_eq!(MyCache.compat_key(&weak), Err(PolicyError::MissingFact("driver.major".into())));
+//! assert_eq!(policy.compat_key(&weak), Err(PolicyError::MissingFact("driver.major".into())));
+//! let zero = Settings::defaults(&policy.info()).set("keep", "0");
+//! assert!(MyCache::default().configure(&zero).is_err());
 //! ```
 //!
 //! Build it to a component and try it on a cache directory:
@@ -126,12 +150,14 @@ mod host;
 mod key;
 mod retention;
 mod rules;
+mod settings;
 
 pub use facts::Facts;
 pub use host::{DirHost, Host, WasmHost, read_to_end};
 pub use key::{KeyBuilder, MAX_FACTOR_BYTES, PER_HOST_FACTS, encode_key_part};
 pub use retention::{RetentionDefaults, default_retain};
 pub use rules::{file_name, never_publish, parent_dir};
+pub use settings::Settings;
 
 /// What `canonicalize` puts where a file named its absolute root (and `materialize` replaces by
 /// the installing root). Chosen so that no real path contains it: `$` and braces are legal in
@@ -154,7 +180,8 @@ pub mod bindings {
 pub use bindings::jitship::policy::host::Level;
 pub use bindings::jitship::policy::types::{
     Decision, Fact, FileEntry, FileTraits, GenerationSummary, PolicyError, PolicyInfo,
-    ReasonCategory, RetentionLimits, Selection, Verdict,
+    ReasonCategory, RetentionCategory, RetentionDrop, RetentionLimits, Selection, Setting,
+    SettingKind, SettingSpec, Verdict,
 };
 
 /// Longest detail the SDK lets through (the host refuses details over 1 KiB as a policy failure;
@@ -255,11 +282,25 @@ impl PolicyError {
 
 /// A cache policy. Implement this, then `export_policy!(YourType)` (the type must be `Default`).
 ///
-/// The host calls each method on a fresh instance; a policy keeps no state between calls and
-/// sees no clock, randomness, network or filesystem beyond [`Host::read_file`] inside the root.
+/// The host calls each method on a fresh instance, `Default` then [`Policy::configure`]d with the
+/// call's settings; a policy keeps no state between calls and sees no clock, randomness, network
+/// or filesystem beyond [`Host::read_file`] inside the root.
 pub trait Policy {
-    /// Name, version, cache kind, default root and the environment variables that move it.
+    /// Name, version, cache kind, default root, the environment variables that move it and the
+    /// settings it takes.
     fn info(&self) -> PolicyInfo;
+
+    /// This policy with the operator's settings applied (every setting `info` declares, checked
+    /// against its kind, defaults filled in). Refuse settings that make no sense together with
+    /// `invalid-input`: jitship then refuses the configuration before any other call. The
+    /// default takes none.
+    fn configure(self, settings: &Settings) -> Result<Self, PolicyError>
+    where
+        Self: Sized,
+    {
+        let _ = settings;
+        Ok(self)
+    }
 
     /// The compatibility key for the worker these facts describe. Return
     /// `PolicyError::MissingFact(name)` for any fact the key depends on that is absent.
@@ -308,14 +349,15 @@ pub trait Policy {
         )))
     }
 
-    /// Ids of generations to drop (all share one key, newest first). Pinned generations are never
-    /// dropped by the host whatever this answers. The default keeps 3 and honours `limits`.
+    /// The generations to drop, each with why (all share one key, newest first). Pinned
+    /// generations are never dropped by the host whatever this answers. The default keeps 3 and
+    /// honours `limits`.
     fn retain(
         &self,
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Vec<String>, PolicyError> {
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         default_retain(generations, now, limits, &RetentionDefaults::keep(3))
     }
 }
@@ -326,6 +368,15 @@ pub trait Policy {
 /// export does.
 pub mod run {
     use super::*;
+
+    /// The policy a call runs: `P::default()` configured with the call's settings.
+    pub fn configured<P: Policy + Default>(settings: &[Setting]) -> Result<P, PolicyError> {
+        P::default().configure(&Settings::new(settings))
+    }
+
+    pub fn check_settings<P: Policy + Default>(settings: &[Setting]) -> Result<(), PolicyError> {
+        configured::<P>(settings).map(drop)
+    }
 
     pub fn compat_key<P: Policy>(p: &P, facts: &[Fact]) -> Result<String, PolicyError> {
         let facts = Facts::new(facts)?;
@@ -402,8 +453,14 @@ pub mod run {
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Vec<String>, PolicyError> {
-        p.retain(generations, now, limits)
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
+        let mut drops = p.retain(generations, now, limits)?;
+        for d in &mut drops {
+            if d.detail.len() > MAX_DETAIL_BYTES {
+                d.detail = truncate(std::mem::take(&mut d.detail), MAX_DETAIL_BYTES);
+            }
+        }
+        Ok(drops)
     }
 }
 
@@ -433,40 +490,53 @@ macro_rules! export_policy {
                     $crate::__install_panic_hook();
                     $crate::Policy::info(&<$ty as ::core::default::Default>::default())
                 }
-                fn compat_key(facts: ::std::vec::Vec<$crate::Fact>) -> ::core::result::Result<::std::string::String, $crate::PolicyError> {
+                fn check_settings(
+                    settings: ::std::vec::Vec<$crate::Setting>,
+                ) -> ::core::result::Result<(), $crate::PolicyError> {
                     $crate::__install_panic_hook();
-                    $crate::run::compat_key(&<$ty as ::core::default::Default>::default(), &facts)
+                    $crate::run::check_settings::<$ty>(&settings)
+                }
+                fn compat_key(
+                    facts: ::std::vec::Vec<$crate::Fact>,
+                    settings: ::std::vec::Vec<$crate::Setting>,
+                ) -> ::core::result::Result<::std::string::String, $crate::PolicyError> {
+                    $crate::__install_panic_hook();
+                    $crate::run::compat_key(&$crate::run::configured::<$ty>(&settings)?, &facts)
                 }
                 fn select(
                     root: ::std::string::String,
                     entries: ::std::vec::Vec<$crate::FileEntry>,
+                    settings: ::std::vec::Vec<$crate::Setting>,
                 ) -> ::core::result::Result<$crate::Selection, $crate::PolicyError> {
                     $crate::__install_panic_hook();
-                    $crate::run::select(&<$ty as ::core::default::Default>::default(), &$crate::WasmHost, &root, &entries)
+                    $crate::run::select(&$crate::run::configured::<$ty>(&settings)?, &$crate::WasmHost, &root, &entries)
                 }
                 fn canonicalize(
                     root: ::std::string::String,
                     path: ::std::string::String,
                     content: ::std::vec::Vec<u8>,
+                    settings: ::std::vec::Vec<$crate::Setting>,
                 ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::PolicyError> {
                     $crate::__install_panic_hook();
-                    $crate::run::canonicalize(&<$ty as ::core::default::Default>::default(), &root, &path, &content)
+                    $crate::run::canonicalize(&$crate::run::configured::<$ty>(&settings)?, &root, &path, &content)
                 }
                 fn materialize(
                     root: ::std::string::String,
                     path: ::std::string::String,
                     content: ::std::vec::Vec<u8>,
+                    settings: ::std::vec::Vec<$crate::Setting>,
                 ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::PolicyError> {
                     $crate::__install_panic_hook();
-                    $crate::run::materialize(&<$ty as ::core::default::Default>::default(), &root, &path, &content)
+                    $crate::run::materialize(&$crate::run::configured::<$ty>(&settings)?, &root, &path, &content)
                 }
                 fn retain(
                     generations: ::std::vec::Vec<$crate::GenerationSummary>,
                     now: u64,
                     limits: $crate::RetentionLimits,
-                ) -> ::core::result::Result<::std::vec::Vec<::std::string::String>, $crate::PolicyError> {
+                    settings: ::std::vec::Vec<$crate::Setting>,
+                ) -> ::core::result::Result<::std::vec::Vec<$crate::RetentionDrop>, $crate::PolicyError> {
                     $crate::__install_panic_hook();
-                    $crate::run::retain(&<$ty as ::core::default::Default>::default(), &generations, now, &limits)
+                    $crate::run::retain(&$crate::run::configured::<$ty>(&settings)?, &generations, now, &limits)
                 }
             }
 
@@ -492,6 +562,7 @@ mod contract_tests {
                 default_root: String::new(),
                 root_env: vec![],
                 description: String::new(),
+                settings: vec![],
             }
         }
         fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {

@@ -1,6 +1,6 @@
 use std::collections::BTreeSet;
 
-use crate::{GenerationSummary, PolicyError, RetentionLimits};
+use crate::{GenerationSummary, PolicyError, RetentionCategory, RetentionDrop, RetentionLimits};
 
 /// A policy's own retention defaults, used where the operator set no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,8 @@ impl RetentionDefaults {
 
 /// The default retention: walks generations newest first and drops a generation when keeping it
 /// would exceed the count of unpinned generations, the byte quota (bytes of every kept
-/// generation, pinned ones included) or the age limit. Operator `limits` override `defaults`.
+/// generation, pinned ones included) or the age limit, saying which (age first, then size, then
+/// count, when several apply). Operator `limits` override `defaults`.
 ///
 /// Never dropped: pinned generations, and the newest generation (installs read it; dropping it
 /// would leave the key with nothing or an older cache). Duplicate ids are `invalid-input`.
@@ -32,7 +33,7 @@ pub fn default_retain(
     now: u64,
     limits: &RetentionLimits,
     defaults: &RetentionDefaults,
-) -> Result<Vec<String>, PolicyError> {
+) -> Result<Vec<RetentionDrop>, PolicyError> {
     let mut seen = BTreeSet::new();
     for g in generations {
         if !seen.insert(g.id.as_str()) {
@@ -55,11 +56,35 @@ pub fn default_retain(
             kept_unpinned += u32::from(!g.pinned);
             continue;
         }
-        let too_many = kept_unpinned >= max_gens;
-        let too_big = max_bytes.is_some_and(|m| kept_bytes.saturating_add(g.size_bytes) > m);
-        let too_old = max_age.is_some_and(|a| now.saturating_sub(g.created_at) > a);
-        if too_many || too_big || too_old {
-            drop.push(g.id.clone());
+        let age = now.saturating_sub(g.created_at);
+        let why = if let Some(max_age) = max_age.filter(|a| age > *a) {
+            Some((
+                RetentionCategory::Age,
+                format!("published {age} s ago, over the age limit of {max_age} s"),
+            ))
+        } else if let Some(max) = max_bytes.filter(|m| kept_bytes.saturating_add(g.size_bytes) > *m)
+        {
+            Some((
+                RetentionCategory::Size,
+                format!(
+                    "its {} bytes would put the kept generations over the quota of {max} bytes",
+                    g.size_bytes
+                ),
+            ))
+        } else if kept_unpinned >= max_gens {
+            Some((
+                RetentionCategory::Count,
+                format!("beyond the newest {max_gens} unpinned generations kept"),
+            ))
+        } else {
+            None
+        };
+        if let Some((category, detail)) = why {
+            drop.push(RetentionDrop {
+                id: g.id.clone(),
+                category,
+                detail,
+            });
         } else {
             kept_unpinned += 1;
             kept_bytes = kept_bytes.saturating_add(g.size_bytes);
@@ -83,6 +108,38 @@ mod tests {
         }
     }
 
+    fn ids(drops: Result<Vec<RetentionDrop>, PolicyError>) -> Vec<String> {
+        drops.unwrap().into_iter().map(|d| d.id).collect()
+    }
+
+    #[test]
+    fn each_drop_says_why() {
+        let gens = [
+            g("a", 100, 10, false),
+            g("b", 90, 10, false),
+            g("c", 10, 10, false),
+        ];
+        let age = RetentionLimits {
+            max_generations: None,
+            max_bytes: None,
+            max_age_secs: Some(50),
+        };
+        let drops = default_retain(&gens, 100, &age, &RetentionDefaults::keep(1)).unwrap();
+        let why: Vec<_> = drops.iter().map(|d| (d.id.as_str(), d.category)).collect();
+        assert_eq!(
+            why,
+            [
+                ("b", RetentionCategory::Count),
+                ("c", RetentionCategory::Age)
+            ]
+        );
+        assert_eq!(
+            drops[0].detail,
+            "beyond the newest 1 unpinned generations kept"
+        );
+        assert!(drops[1].detail.contains("90 s ago"), "{}", drops[1].detail);
+    }
+
     #[test]
     fn count_bytes_age_and_pins() {
         let gens = [
@@ -99,7 +156,12 @@ mod tests {
         };
         // keep 2 unpinned: a, c; the pin b is extra.
         assert_eq!(
-            default_retain(&gens, 100, &none, &RetentionDefaults::keep(2)).unwrap(),
+            ids(default_retain(
+                &gens,
+                100,
+                &none,
+                &RetentionDefaults::keep(2)
+            )),
             ["d", "e"]
         );
         // operator limit overrides the default
@@ -108,7 +170,12 @@ mod tests {
             ..none
         };
         assert_eq!(
-            default_retain(&gens, 100, &one, &RetentionDefaults::keep(2)).unwrap(),
+            ids(default_retain(
+                &gens,
+                100,
+                &one,
+                &RetentionDefaults::keep(2)
+            )),
             ["c", "d", "e"]
         );
         // 25 bytes: a + pinned b = 20, c would make 30.
@@ -117,7 +184,12 @@ mod tests {
             ..none
         };
         assert_eq!(
-            default_retain(&gens, 100, &bytes, &RetentionDefaults::keep(9)).unwrap(),
+            ids(default_retain(
+                &gens,
+                100,
+                &bytes,
+                &RetentionDefaults::keep(9)
+            )),
             ["c", "d", "e"]
         );
         // age: older than 25 s at now=100 -> d, e (the newest and pins never).
@@ -126,7 +198,12 @@ mod tests {
             ..none
         };
         assert_eq!(
-            default_retain(&gens, 100, &age, &RetentionDefaults::keep(9)).unwrap(),
+            ids(default_retain(
+                &gens,
+                100,
+                &age,
+                &RetentionDefaults::keep(9)
+            )),
             ["d", "e"]
         );
         // newest kept even when everything is over quota
@@ -136,7 +213,12 @@ mod tests {
             max_age_secs: Some(0),
         };
         assert_eq!(
-            default_retain(&gens[..1], 1000, &zero, &RetentionDefaults::keep(0)).unwrap(),
+            ids(default_retain(
+                &gens[..1],
+                1000,
+                &zero,
+                &RetentionDefaults::keep(0)
+            )),
             Vec::<String>::new()
         );
         let dup = [g("a", 1, 1, false), g("a", 1, 1, false)];

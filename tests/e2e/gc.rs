@@ -516,11 +516,18 @@ impl jitship::policy::CachePolicy for Greedy {
         generations: &[jitship::policy::GenerationSummary],
         _now: u64,
         _limits: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, jitship::policy::PolicyError> {
+    ) -> Result<Vec<jitship::policy::RetentionDrop>, jitship::policy::PolicyError> {
         if self.fail {
             return Err(jitship::policy::PolicyError::Internal("boom".into()));
         }
-        Ok(generations.iter().map(|g| g.id).collect())
+        Ok(generations
+            .iter()
+            .map(|g| jitship::policy::RetentionDrop {
+                id: g.id,
+                category: jitship::policy::RetentionCategory::Rule,
+                detail: "drops everything".into(),
+            })
+            .collect())
     }
 }
 

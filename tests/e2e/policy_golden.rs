@@ -146,14 +146,15 @@ fn report(engine: &Arc<PolicyEngine>, kind: &str) -> String {
     let drop = policy
         .retain(&generations(), 1_700_000_000, &limits)
         .unwrap_or_else(|e| panic!("{kind}: retain: {e}"));
-    let drop: Vec<&str> = drop
+    let drop: Vec<String> = drop
         .iter()
-        .map(|g| {
-            GENERATIONS
+        .map(|d| {
+            let label = GENERATIONS
                 .iter()
                 .copied()
-                .find(|l| gen_id(l) == g.to_string())
-                .expect("a known generation")
+                .find(|l| gen_id(l) == d.id.to_string())
+                .expect("a known generation");
+            format!("{label} ({}: {})", d.category, d.detail)
         })
         .collect();
     writeln!(

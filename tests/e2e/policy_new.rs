@@ -1,7 +1,8 @@
 //! `jitship policy new` as a third party uses it: a crate written into a directory outside this
 //! repository (so nothing resolves through jitship's workspace), its native tests run with
-//! `cargo test`, built with `jitship policy build`, then loaded by `policy check` and dry-run by
-//! `policy test`. Needs `rustup target add wasm32-unknown-unknown` and the crates the SDK depends
+//! `cargo test`, built with `jitship policy build`, loaded by `policy check` and dry-run by
+//! `policy test`, then used to publish to a local store and to gc it, with its `keep` setting
+//! changed between two gc runs. Needs `rustup target add wasm32-unknown-unknown` and the crates the SDK depends
 //! on (wit-bindgen, tempfile) from the registry or cargo's cache.
 //!
 //! The cargo target directory is shared between runs (under `CARGO_TARGET_TMPDIR`), so only the
@@ -151,9 +152,43 @@ fn a_new_policy_crate_outside_the_repository_tests_builds_checks_and_dry_runs() 
     assert_eq!(check["info"]["name"], "demo-policy");
     assert_eq!(check["info"]["cache_kind"], "demo");
     assert!(
-        check["contract"].as_str().unwrap().starts_with("2."),
+        check["contract"].as_str().unwrap().starts_with("3."),
         "{check}"
     );
+    // Its setting: declared with its kind and default, set by name, refused when the policy
+    // says so or when it declares no such setting.
+    assert_eq!(check["info"]["settings"][0]["name"], "keep", "{check}");
+    assert_eq!(check["info"]["settings"][0]["kind"], "integer", "{check}");
+    assert_eq!(check["settings"]["keep"], "3", "{check}");
+    let out = ok(
+        "policy check --setting keep=1",
+        jitship(&[
+            "policy",
+            "check",
+            wasm_s,
+            "--no-compile-cache",
+            "--setting",
+            "keep=1",
+            "--json",
+        ]),
+    );
+    assert_eq!(json(&out)["settings"]["keep"], "1");
+    for (given, says) in [
+        ("keep=0", "keep at least 1"),
+        ("keeep=2", "no setting \"keeep\""),
+    ] {
+        let out = jitship(&[
+            "policy",
+            "check",
+            wasm_s,
+            "--no-compile-cache",
+            "--setting",
+            given,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{given}: {stderr}");
+        assert!(stderr.contains(says), "{given}: {stderr}");
+    }
 
     // Dry run: key, selection over a sample tree, retention of five generations (keeps 3).
     let root = tmp.path().join("root");
@@ -221,9 +256,150 @@ fn a_new_policy_crate_outside_the_repository_tests_builds_checks_and_dry_runs() 
         expected.map(|(p, c)| (p.to_string(), c.to_string())),
         "{r}"
     );
+    let dropped = |r: &serde_json::Value| -> Vec<String> {
+        r["retain"]["call"]["value"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"))
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(dropped(&r), ["2".repeat(64), "1".repeat(64)], "{r}");
+    assert_eq!(r["retain"]["call"]["value"][0]["category"], "count", "{r}");
+    assert_eq!(r["settings"]["keep"], "3", "{r}");
+    let out = ok(
+        "policy test --setting keep=1",
+        jitship(&[
+            "policy",
+            "test",
+            wasm_s,
+            "--no-compile-cache",
+            "--setting",
+            "keep=1",
+            "--generations",
+            gens_file.to_str().unwrap(),
+            "--now",
+            "600",
+            "--fact",
+            "os.arch=x86_64",
+            "--fact",
+            "gpu.arch=sm_90",
+            "--fact",
+            "driver.major=550",
+            "--json",
+        ]),
+    );
+    assert_eq!(dropped(&json(&out)).len(), 4);
+
+    // Publish with it to a local store, then gc, as an operator would: four generations under
+    // the default keep=3, then a fifth published with keep=1.
+    let store = format!("local:{}", tmp.path().join("store").display());
+    let config = tmp.path().join("jitship.toml");
+    std::fs::write(&config, "[policy]\ncompile_cache = false\n").unwrap();
+    let config_s = config.to_str().unwrap();
+    let cache = format!("demo:{wasm_s}={}", root.display());
+    let publish = |n: u32, extra: &[&str]| -> String {
+        write(
+            &root,
+            &format!("kernels/g{n}.bin"),
+            format!("kernel {n}").as_bytes(),
+        );
+        let out = ok(
+            "publish",
+            jitship(
+                &[
+                    &[
+                        "publish",
+                        "--config",
+                        config_s,
+                        "--store",
+                        &store,
+                        "--cache",
+                        &cache,
+                        "--fact",
+                        "os.arch=x86_64",
+                        "--fact",
+                        "gpu.arch=sm_90",
+                        "--fact",
+                        "driver.major=550",
+                        "--json",
+                    ][..],
+                    extra,
+                ]
+                .concat(),
+            ),
+        );
+        let doc = json(&out);
+        doc["results"][0]["generation"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{doc}"))
+            .to_owned()
+    };
+    let modules = wasm.parent().unwrap().to_str().unwrap().to_owned();
+    let gc = || -> serde_json::Value {
+        let out = ok(
+            "gc",
+            jitship(&[
+                "gc",
+                "--config",
+                config_s,
+                "--store",
+                &store,
+                "--policy-dir",
+                &modules,
+                "--grace",
+                "0s",
+                "--json",
+            ]),
+        );
+        json(&out)["results"][0].clone()
+    };
+    let dropped_by_gc = |r: &serde_json::Value| -> Vec<(String, String)> {
+        r["decisions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"))
+            .iter()
+            .filter(|d| d["verdict"] == "drop")
+            .map(|d| {
+                let reason = d["reason"].as_str().unwrap().to_owned();
+                (d["generation"].as_str().unwrap().to_owned(), reason)
+            })
+            .collect()
+    };
+    let first: Vec<String> = (1..=4).map(|n| publish(n, &[])).collect();
+    let r = gc();
+    assert_eq!(r["policies"][0]["decided_by"]["name"], "demo-policy", "{r}");
     assert_eq!(
-        r["retain"]["call"]["value"],
-        serde_json::json!(["2".repeat(64), "1".repeat(64)]),
+        r["policies"][0]["decided_by"]["settings"]["keep"], "3",
         "{r}"
     );
+    let gone = dropped_by_gc(&r);
+    assert_eq!(gone.len(), 1, "keep=3 keeps three of four: {r}");
+    assert_eq!(gone[0].0, first[0], "{r}");
+    assert!(
+        gone[0].1.contains("count: beyond the newest 3"),
+        "{}",
+        gone[0].1
+    );
+
+    // The operator sets keep=1 for the cache; the next generation records it and gc follows.
+    let newest = publish(5, &["--setting", "demo:keep=1"]);
+    let r = gc();
+    assert_eq!(
+        r["policies"][0]["decided_by"]["settings"]["keep"], "1",
+        "{r}"
+    );
+    let mut gone: Vec<String> = dropped_by_gc(&r).into_iter().map(|(g, _)| g).collect();
+    gone.sort();
+    let mut expected = first[1..].to_vec();
+    expected.sort();
+    assert_eq!(gone, expected, "keep=1 keeps the newest alone: {r}");
+    let kept: Vec<&str> = r["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["verdict"] == "keep")
+        .map(|d| d["generation"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, [newest.as_str()], "{r}");
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use jitship::catalog::KeyLayout;
 use jitship::facts::Facts;
-use jitship::generation::{GenerationId, PolicyRef, Producer, RelPath};
+use jitship::generation::{PolicyRef, Producer, RelPath};
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
 use jitship::policy::native::NativeRules;
 use jitship::policy::{
@@ -89,7 +89,7 @@ impl CachePolicy for Templated {
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError> {
+    ) -> Result<Vec<jitship::policy::RetentionDrop>, PolicyError> {
         self.inner.retain(generations, now, limits)
     }
 }

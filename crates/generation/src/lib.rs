@@ -20,8 +20,9 @@ pub use compat::CompatId;
 pub use hash::{ContentHash, hash_open_file};
 pub use head::{HeadRecord, HeadSignature};
 pub use manifest::{
-    Chunk, FORMAT_VERSION, FileRecord, GenerationId, MAX_MANIFEST_BYTES, Manifest, ManifestError,
-    PackRef, PolicyRef, Producer,
+    Chunk, FORMAT_VERSION, FileRecord, GenerationId, MAX_MANIFEST_BYTES, MAX_POLICY_SETTINGS,
+    MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, Manifest, ManifestError, PackRef, PolicyRef,
+    Producer,
 };
 pub use merge::{Conflict, merge_files, prune_packs};
 pub use pack::{PackPlan, Piece, plan_packs};

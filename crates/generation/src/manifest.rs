@@ -76,7 +76,18 @@ pub struct PolicyRef {
     pub version: String,
     /// blake3 of the policy module (or "native" for code built into jitship).
     pub digest: String,
+    /// The policy's settings this generation was published with, every declared one in its
+    /// canonical text (defaults included): gc retains the key with them. Absent when the policy
+    /// declares none, and from manifests written before policy contract 3.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, String>,
 }
+
+/// Most settings a manifest may record, and the longest name and value (the policy contract's
+/// own bounds: a record read from the store is bounded before anyone uses it).
+pub const MAX_POLICY_SETTINGS: usize = 32;
+pub const MAX_SETTING_NAME_BYTES: usize = 64;
+pub const MAX_SETTING_VALUE_BYTES: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -162,6 +173,11 @@ pub enum ManifestError {
         "manifest file {0:?} has chunks that do not add up to its size or point outside a pack"
     )]
     BadChunks(String),
+    #[error(
+        "manifest records {0} policy settings, or one over {MAX_SETTING_NAME_BYTES} bytes of name or \
+         {MAX_SETTING_VALUE_BYTES} of value; at most {MAX_POLICY_SETTINGS} are allowed"
+    )]
+    BadSettings(usize),
 }
 
 impl Manifest {
@@ -227,6 +243,14 @@ impl Manifest {
     pub fn validate(&self) -> Result<(), ManifestError> {
         if self.compat_id != CompatId::new(&self.cache_kind, &self.compat_key) {
             return Err(ManifestError::CompatMismatch);
+        }
+        let settings = &self.policy.settings;
+        if settings.len() > MAX_POLICY_SETTINGS
+            || settings
+                .iter()
+                .any(|(n, v)| n.len() > MAX_SETTING_NAME_BYTES || v.len() > MAX_SETTING_VALUE_BYTES)
+        {
+            return Err(ManifestError::BadSettings(settings.len()));
         }
         for pair in self.files.windows(2) {
             let (a, b) = (pair[0].path.as_str(), pair[1].path.as_str());
@@ -313,6 +337,7 @@ pub mod tests {
                 name: "native".into(),
                 version: "1".into(),
                 digest: "native".into(),
+                settings: BTreeMap::new(),
             },
             parent: None,
             merged: vec![],
@@ -380,6 +405,30 @@ pub mod tests {
         assert!(matches!(
             Manifest::decode(spelled.as_bytes(), id),
             Err(ManifestError::NotCanonical)
+        ));
+    }
+
+    #[test]
+    fn policy_settings_are_optional_round_trip_and_bounded() {
+        assert!(
+            !String::from_utf8(sample().encode())
+                .unwrap()
+                .contains("settings")
+        );
+        let mut m = sample();
+        m.policy.settings = BTreeMap::from([("keep".into(), "5".into())]);
+        assert_eq!(Manifest::decode(&m.encode(), m.id()).unwrap(), m);
+        m.policy.settings = (0..=MAX_POLICY_SETTINGS)
+            .map(|i| (format!("s{i}"), "1".into()))
+            .collect();
+        assert!(matches!(
+            Manifest::decode(&m.encode(), m.id()),
+            Err(ManifestError::BadSettings(33))
+        ));
+        m.policy.settings = BTreeMap::from([("v".into(), "x".repeat(MAX_SETTING_VALUE_BYTES + 1))]);
+        assert!(matches!(
+            Manifest::decode(&m.encode(), m.id()),
+            Err(ManifestError::BadSettings(1))
         ));
     }
 

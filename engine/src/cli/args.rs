@@ -264,6 +264,12 @@ pub struct PolicyCheckArgs {
     #[arg(value_name = "FILE.wasm")]
     pub file: PathBuf,
 
+    /// A setting the policy declares, as NAME=VALUE (repeatable), read by its kind (keep=2,
+    /// max_age=1h, quota=20GiB); the rest take their defaults. The policy checks them
+    /// (`check-settings`) before anything else runs.
+    #[arg(long = "setting", value_name = "NAME=VALUE")]
+    pub settings: Vec<String>,
+
     #[command(flatten)]
     pub sandbox: PolicySandboxArgs,
 
@@ -277,6 +283,12 @@ pub struct PolicyTestArgs {
     /// The policy module (.wasm component).
     #[arg(value_name = "FILE.wasm")]
     pub file: PathBuf,
+
+    /// A setting the policy declares, as NAME=VALUE (repeatable), read by its kind (keep=2,
+    /// max_age=1h, quota=20GiB); the rest take their defaults. The policy checks them
+    /// (`check-settings`) before anything else runs.
+    #[arg(long = "setting", value_name = "NAME=VALUE")]
+    pub settings: Vec<String>,
 
     /// A cache root to run select on (scanned as publish scans it).
     #[arg(long, value_name = "DIR")]
@@ -546,6 +558,16 @@ pub struct SettingsArgs {
     )]
     pub facts: Vec<String>,
 
+    /// A setting of a cache's policy as KIND:NAME=VALUE (repeatable); wins over the config's
+    /// `[[cache]] settings`. Only settings the policy declares (`jitship policy check FILE`
+    /// lists them), read by their kinds: keep=2, max_age=1h, quota=20GiB.
+    #[arg(
+        long = "setting",
+        value_name = "KIND:NAME=VALUE",
+        help_heading = "Caches and facts"
+    )]
+    pub settings: Vec<String>,
+
     /// `JITSHIP_FACTS`, read only when no `--fact` is given (see [`fact_overrides`]).
     #[arg(long = "fact-list", env = "JITSHIP_FACTS", hide = true)]
     pub fact_list: Option<String>,
@@ -743,12 +765,23 @@ impl SettingsArgs {
             config.gather.python = Some(python.clone());
         }
         config.flag_facts = fact_overrides(&self.facts, self.fact_list.as_deref())?;
+        for setting in &self.settings {
+            config::apply_setting_arg(&mut config, setting)?;
+        }
         if let Some(path) = &self.signing_key {
             config.trust.signing_key_file = Some(path.clone());
         }
         config.validate()?;
         Ok(config)
     }
+}
+
+/// `--setting NAME=VALUE` flags of `policy check` and `policy test`, by name (a later one wins).
+pub fn policy_settings(flags: &[String]) -> Result<std::collections::BTreeMap<String, String>> {
+    flags
+        .iter()
+        .map(|f| Ok(config::parse_setting_arg(f)?))
+        .collect()
 }
 
 impl FactsArgs {

@@ -370,6 +370,9 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
         "policy {} {} (cache kind {:?}, contract {}, blake3 {})",
         r.policy.name, r.policy.version, r.policy.cache_kind, r.contract, r.digest
     );
+    if !r.settings.is_empty() {
+        println!("settings: {}", crate::policy::host::describe(&r.settings));
+    }
     match (&r.compat_key.value, &r.compat_key.error) {
         (Some(key), _) => {
             println!("compat key: {key} {}", print_call_cost(&r.compat_key));
@@ -435,8 +438,8 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
                     t.keep.len(),
                     print_call_cost(&t.call)
                 );
-                for id in drop {
-                    println!("  drop {id}");
+                for d in drop {
+                    println!("  drop {}  ({}: {})", d.id, d.category, d.detail);
                 }
                 for id in &t.keep {
                     println!("  keep {id}");

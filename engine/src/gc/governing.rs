@@ -10,9 +10,9 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::generation::PolicyRef;
-use crate::policy::host::{PolicyConfig, PolicyEngine};
+use crate::policy::host::{PolicyConfig, PolicyEngine, WasmPolicy, describe};
 use crate::policy::native::NativeRules;
-use crate::policy::{CachePolicy, builtin};
+use crate::policy::{CachePolicy, PolicySettings, builtin};
 
 /// Where gc found the policy that decided a compat id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -57,6 +57,9 @@ pub struct UsedPolicy {
     pub version: String,
     pub digest: String,
     pub found: PolicyOrigin,
+    /// The settings it decided with: those the key's newest generation recorded.
+    #[serde(skip_serializing_if = "PolicySettings::is_empty")]
+    pub settings: PolicySettings,
 }
 
 impl std::fmt::Display for UsedPolicy {
@@ -67,9 +70,13 @@ impl std::fmt::Display for UsedPolicy {
                 f,
                 "built-in {}@{} {digest} (published with version {published_version})",
                 self.name, self.version
-            ),
-            found => write!(f, "{}@{} {digest} ({found})", self.name, self.version),
+            )?,
+            found => write!(f, "{}@{} {digest} ({found})", self.name, self.version)?,
         }
+        if !self.settings.is_empty() {
+            write!(f, " with settings {}", describe(&self.settings))?;
+        }
+        Ok(())
     }
 }
 
@@ -94,6 +101,7 @@ impl Governing {
                 version: r.version,
                 digest: r.digest,
                 found: origin,
+                settings: r.settings,
             },
             policy,
         }
@@ -121,7 +129,7 @@ const GIVE_IT: &str = "give the module with --policy-dir DIR or [policy] modules
                        `[[cache]] policy` (--cache KIND:FILE.wasm)";
 
 /// A module loaded (or why it does not load).
-type Loaded = Result<Arc<dyn CachePolicy>, String>;
+type Loaded = Result<Arc<WasmPolicy>, String>;
 
 /// Candidate modules: where each is, and its bytes' digest once read.
 struct Candidate {
@@ -258,7 +266,7 @@ impl PolicyIndex {
                     p.source(),
                     p.digest()
                 )),
-                Ok(p) => Ok(Arc::new(p) as Arc<dyn CachePolicy>),
+                Ok(p) => Ok(Arc::new(p)),
                 Err(e) => Err(e.to_string()),
             }
         });
@@ -276,7 +284,17 @@ impl PolicyFinder for PolicyIndex {
         }
         if let Some(c) = self.digests().get(&recorded.digest) {
             return match self.load(&recorded.digest, c) {
-                Ok(policy) => Governing::found(policy, c.origin.clone()),
+                Ok(policy) => match policy.configure(&recorded.settings) {
+                    Ok(configured) => Governing::found(Arc::new(configured), c.origin.clone()),
+                    Err(e) => Governing::Missing {
+                        reason: format!(
+                            "its policy {named} is {}, but it does not take the settings the key was \
+                             published with ({}): {e}; keeping it whole",
+                            c.origin,
+                            describe(&recorded.settings)
+                        ),
+                    },
+                },
                 Err(e) => Governing::Missing {
                     reason: format!(
                         "its policy {named} is {}, but it does not load: {e}; keeping it whole",
@@ -299,12 +317,22 @@ impl PolicyFinder for PolicyIndex {
         if let Some(Ok(policy)) = &upgrade
             && policy.info().name == recorded.name
         {
-            return Governing::found(
-                policy.clone(),
-                PolicyOrigin::BuiltinUpgraded {
-                    published_version: recorded.version.clone(),
+            // Built-ins take no settings today; one that does later reads the recorded ones, and
+            // a key whose settings it no longer takes is kept whole like any other.
+            return match policy.configure(&recorded.settings) {
+                Ok(configured) => Governing::found(
+                    Arc::new(configured),
+                    PolicyOrigin::BuiltinUpgraded {
+                        published_version: recorded.version.clone(),
+                    },
+                ),
+                Err(e) => Governing::Missing {
+                    reason: format!(
+                        "its policy {named} is upgraded in this jitship, but the upgrade does not take \
+                         the settings the key was published with: {e}; keeping it whole"
+                    ),
                 },
-            );
+            };
         }
         let mut reason = format!(
             "its policy {named} is not here (not built in, no configured cache's module, {}); \
@@ -337,6 +365,7 @@ mod tests {
             name: kind.into(),
             version: "0.0.1".into(),
             digest: blake3::hash(bytes).to_hex().to_string(),
+            settings: Default::default(),
         }
     }
 
@@ -354,6 +383,7 @@ mod tests {
             name: "native".into(),
             version: "1".into(),
             digest: "native".into(),
+            settings: Default::default(),
         };
         assert!(matches!(
             ix.governing("my-kind", &native),
@@ -368,6 +398,7 @@ mod tests {
             name: "inductor".into(),
             version: "0.0.1".into(),
             digest: "0".repeat(64),
+            settings: Default::default(),
         };
         match ix.governing("inductor", &old) {
             Governing::Found { used, .. } => {
@@ -398,6 +429,7 @@ mod tests {
             root: PathBuf::new(),
             policy: Some(PathBuf::from("/nonexistent/inductor.wasm")),
             facts: Default::default(),
+            settings: Default::default(),
         });
         let ix = index(&config);
         assert!(matches!(

@@ -18,6 +18,7 @@ fn flaky(failures: u32, error: fn() -> PolicyError) -> Box<dyn CachePolicy> {
             default_root: String::new(),
             root_env: vec![],
             description: String::new(),
+            settings: vec![],
         },
         failures: AtomicU32::new(failures),
         error,
@@ -44,6 +45,7 @@ impl CachePolicy for Flaky {
             name: "flaky".into(),
             version: "1".into(),
             digest: "test".into(),
+            settings: Default::default(),
         }
     }
     fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
@@ -57,7 +59,7 @@ impl CachePolicy for Flaky {
         _: &[GenerationSummary],
         _: u64,
         _: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError> {
+    ) -> Result<Vec<crate::policy::RetentionDrop>, PolicyError> {
         self.answer(vec![])
     }
 }

@@ -7,11 +7,14 @@ pub mod builtin;
 pub mod host;
 pub mod native;
 pub mod scaffold;
+pub mod settings;
 
 use std::path::Path;
 
 use crate::facts::Facts;
 use crate::generation::{GenerationId, PolicyRef, RelPath};
+
+pub use self::settings::{PolicySettings, SettingKind, SettingSpec};
 
 /// What a policy says about itself (mirrors `policy-info` in plugins-sdk/wit/policy.wit).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -24,6 +27,8 @@ pub struct PolicyInfo {
     /// Environment variables that move the root, highest precedence first.
     pub root_env: Vec<String>,
     pub description: String,
+    /// The settings the policy takes (`settings::resolve` reads an operator's values by them).
+    pub settings: Vec<SettingSpec>,
 }
 
 /// A regular file under a root, as offered to `select`.
@@ -171,6 +176,44 @@ pub struct GenerationSummary {
     pub pinned: bool,
 }
 
+/// Why `retain` drops a generation, from the contract's fixed set (`retention-category` in
+/// plugins-sdk/wit/policy.wit, which documents each); the free text is the drop's `detail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetentionCategory {
+    Count,
+    Size,
+    Age,
+    Superseded,
+    Rule,
+}
+
+impl RetentionCategory {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Count => "count",
+            Self::Size => "size",
+            Self::Age => "age",
+            Self::Superseded => "superseded",
+            Self::Rule => "rule",
+        }
+    }
+}
+
+impl std::fmt::Display for RetentionCategory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A generation `retain` drops, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RetentionDrop {
+    pub id: GenerationId,
+    pub category: RetentionCategory,
+    pub detail: String,
+}
+
 /// Operator quotas handed to `retain` (none = the policy's default).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -225,6 +268,10 @@ pub enum PolicyError {
     /// An earlier failure disabled this cache kind for the rest of the process.
     #[error("cache kind {kind:?} is disabled: {reason}")]
     Disabled { kind: String, reason: String },
+    /// The operator's settings for a policy do not fit what it declares, or the policy refused
+    /// them (`check-settings`): a configuration to fix, never a policy failure.
+    #[error("{0}")]
+    Settings(String),
 }
 
 impl PolicyError {
@@ -288,11 +335,11 @@ pub trait CachePolicy: Send + Sync {
         )))
     }
 
-    /// Ids to drop among `generations` (one compat key, newest first).
+    /// The generations to drop among `generations` (one compat key, newest first), each with why.
     fn retain(
         &self,
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError>;
+    ) -> Result<Vec<RetentionDrop>, PolicyError>;
 }

@@ -10,10 +10,10 @@ use std::path::Path;
 
 use super::{
     CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
-    RetentionLimits, Selection,
+    RetentionCategory, RetentionDrop, RetentionLimits, Selection,
 };
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef};
+use crate::generation::PolicyRef;
 
 pub struct NativeRules {
     info: PolicyInfo,
@@ -31,6 +31,7 @@ impl NativeRules {
                 description:
                     "generic rules: skip temp, lock and per-host files; key on every fact but the per-host ones"
                         .into(),
+                settings: vec![],
             },
         }
     }
@@ -78,6 +79,7 @@ impl CachePolicy for NativeRules {
             name: self.info.name.clone(),
             version: self.info.version.clone(),
             digest: "native".into(),
+            settings: Default::default(),
         }
     }
 
@@ -112,7 +114,7 @@ impl CachePolicy for NativeRules {
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError> {
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         let keep = limits.max_generations.unwrap_or(3) as usize;
         let mut bytes = 0u64;
         let mut drop = Vec::new();
@@ -124,8 +126,33 @@ impl CachePolicy for NativeRules {
                 .max_age_secs
                 .is_some_and(|a| now.saturating_sub(g.created_at) > a)
                 && i > 0;
-            if !g.pinned && (too_many || too_big || too_old) {
-                drop.push(g.id);
+            if g.pinned {
+                continue;
+            }
+            let why = if too_old {
+                Some((
+                    RetentionCategory::Age,
+                    "over the operator's age limit".to_owned(),
+                ))
+            } else if too_big {
+                Some((
+                    RetentionCategory::Size,
+                    "over the operator's byte quota".to_owned(),
+                ))
+            } else if too_many {
+                Some((
+                    RetentionCategory::Count,
+                    format!("beyond the newest {keep} generations kept"),
+                ))
+            } else {
+                None
+            };
+            if let Some((category, detail)) = why {
+                drop.push(RetentionDrop {
+                    id: g.id,
+                    category,
+                    detail,
+                });
             }
         }
         Ok(drop)

@@ -43,6 +43,10 @@ pub const SDK_FILES: &[(&str, &str)] = &[
         include_str!("../../../plugins-sdk/src/rules.rs"),
     ),
     (
+        "src/settings.rs",
+        include_str!("../../../plugins-sdk/src/settings.rs"),
+    ),
+    (
         "wit/policy.wit",
         include_str!("../../../plugins-sdk/wit/policy.wit"),
     ),
@@ -428,7 +432,7 @@ mod tests {
             }
         }
         let lib = &files.iter().find(|(p, _)| p == "src/lib.rs").unwrap().1;
-        assert!(lib.contains("pub struct MyJitPolicy;"));
+        assert!(lib.contains("pub struct MyJitPolicy {"));
         assert!(lib.contains(r#"pub const KIND: &str = "my-jit";"#));
         assert!(lib.contains(&format!("pub const KEEP: u32 = {KEEP};")));
         assert!(lib.contains("MY_JIT_CACHE_DIR"));

@@ -540,7 +540,7 @@ impl CachePolicy for TestRules {
         generations: &[crate::policy::GenerationSummary],
         now: u64,
         limits: &crate::policy::RetentionLimits,
-    ) -> Result<Vec<GenerationId>, crate::policy::PolicyError> {
+    ) -> Result<Vec<crate::policy::RetentionDrop>, crate::policy::PolicyError> {
         self.inner.retain(generations, now, limits)
     }
 }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef, Producer};
+use crate::generation::{PolicyRef, Producer};
 use crate::policy::native::NativeRules;
 use crate::policy::{
     FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
@@ -19,6 +19,7 @@ impl CachePolicy for Broken {
             name: "broken".into(),
             version: "0".into(),
             digest: "x".into(),
+            settings: Default::default(),
         }
     }
     fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
@@ -32,7 +33,7 @@ impl CachePolicy for Broken {
         _: &[GenerationSummary],
         _: u64,
         _: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError> {
+    ) -> Result<Vec<crate::policy::RetentionDrop>, PolicyError> {
         Ok(vec![])
     }
 }

@@ -11,7 +11,7 @@
 use jitship_policy_common::Decisions;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, GenerationSummary, Host, KeyBuilder, Policy, PolicyError,
-    PolicyInfo, RetentionDefaults, RetentionLimits, default_retain, export_policy,
+    PolicyInfo, RetentionDefaults, RetentionDrop, RetentionLimits, default_retain, export_policy,
 };
 
 #[derive(Default)]
@@ -28,6 +28,7 @@ impl Policy for ComputeCache {
             default_root: "~/.nv/ComputeCache".into(),
             root_env: vec!["CUDA_CACHE_PATH".into()],
             description: "CUDA driver ComputeCache: opaque; every settled non-temp file, keyed on the exact driver and GPU".into(),
+            settings: vec![],
         }
     }
 
@@ -54,7 +55,7 @@ impl Policy for ComputeCache {
         g: &[GenerationSummary],
         now: u64,
         l: &RetentionLimits,
-    ) -> Result<Vec<String>, PolicyError> {
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         default_retain(g, now, l, &RetentionDefaults::keep(2))
     }
 }

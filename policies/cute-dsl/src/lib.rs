@@ -36,6 +36,7 @@ impl Policy for CuteDsl {
             default_root: "$TMPDIR/${USER}/cutlass_python_cache".into(),
             root_env: vec!["CUTE_DSL_CACHE_DIR".into()],
             description: "CuTe DSL cache: layout unverified; every settled non-temp file".into(),
+            settings: vec![],
         }
     }
 

@@ -42,6 +42,7 @@ impl Policy for DeepGemm {
             description:
                 "DeepGEMM JIT: a cache/kernel.* directory with both kernel.cu and kernel.cubin"
                     .into(),
+            settings: vec![],
         }
     }
 

@@ -45,6 +45,7 @@ impl Policy for FlashinferAutotune {
             description:
                 "FlashInfer autotune tables (vLLM): each autotune_configs*.json once it parses"
                     .into(),
+            settings: vec![],
         }
     }
 

@@ -22,8 +22,8 @@ use jitship_policy_common::Decisions;
 use jitship_policy_common::check::elf_complete;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, GenerationSummary, Host, KeyBuilder, Policy, PolicyError,
-    PolicyInfo, ReasonCategory, RetentionDefaults, RetentionLimits, default_retain, export_policy,
-    read_to_end,
+    PolicyInfo, ReasonCategory, RetentionDefaults, RetentionDrop, RetentionLimits, default_retain,
+    export_policy, read_to_end,
 };
 
 #[derive(Default)]
@@ -90,6 +90,7 @@ impl Policy for FlashinferJit {
             default_root: "~/.cache/flashinfer".into(),
             root_env: vec!["FLASHINFER_WORKSPACE_BASE/.cache/flashinfer".into()],
             description: "FlashInfer JIT: a module once its .so is linked, recorded in .ninja_log and nothing is newer than the log".into(),
+            settings: vec![],
         }
     }
 
@@ -187,7 +188,7 @@ impl Policy for FlashinferJit {
         g: &[GenerationSummary],
         now: u64,
         l: &RetentionLimits,
-    ) -> Result<Vec<String>, PolicyError> {
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         default_retain(g, now, l, &RetentionDefaults::keep(2))
     }
 }

@@ -31,6 +31,7 @@ impl Policy for InductorPch {
             default_root: "$TMPDIR/torchinductor_${USER}/precompiled_headers".into(),
             root_env: Vec::new(),
             description: "TorchInductor precompiled headers: .h stubs, .h.gch once g++ stamped them complete; keyed like the inductor kind".into(),
+            settings: vec![],
         }
     }
 

@@ -41,6 +41,7 @@ impl Policy for Inductor {
             default_root: "$TMPDIR/torchinductor_${USER}".into(),
             root_env: vec!["TORCHINDUCTOR_CACHE_DIR".into()],
             description: "TorchInductor: atomic entries as they appear, .so files once their ELF headers are in place, precompiled headers once g++ finished them, Triton kernels by group file; keyed on the CPU (ISA, flags, threads, compiler) and the GPU when there is one".into(),
+            settings: vec![],
         }
     }
 

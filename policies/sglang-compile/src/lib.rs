@@ -45,6 +45,7 @@ impl Policy for SglangCompile {
             default_root: "~/.cache/sglang/torch_compile_cache".into(),
             root_env: vec!["SGLANG_CACHE_DIR/torch_compile_cache".into()],
             description: "SGLang piecewise torch.compile: a model_tag directory once sglang_compile_cache.py is complete".into(),
+            settings: vec![],
         }
     }
 

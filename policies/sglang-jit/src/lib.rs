@@ -36,6 +36,7 @@ impl Policy for SglangJit {
             default_root: "~/.cache/sglang/jit".into(),
             root_env: vec!["SGLANG_JIT_CACHE_DIR".into(), "SGLANG_CACHE_DIR/jit".into()],
             description: "SGLang kernel JIT: a deps-* leaf is complete once it exists (published by renaming .staging-*)".into(),
+            settings: vec![],
         }
     }
 

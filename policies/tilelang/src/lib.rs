@@ -59,6 +59,7 @@ impl Policy for Tilelang {
             ],
             description:
                 "TileLang kernels: a kernel directory with params.pkl and a complete library".into(),
+            settings: vec![],
         }
     }
 

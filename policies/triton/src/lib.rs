@@ -30,6 +30,7 @@ impl Policy for Triton {
             root_env: vec!["TRITON_CACHE_DIR".into(), "TRITON_HOME/.triton/cache".into()],
             description: "Triton kernels: a kernel directory is complete when its __grp__ file parses and every child exists in it"
                 .into(),
+            settings: vec![],
         }
     }
 

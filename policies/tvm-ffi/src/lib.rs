@@ -62,6 +62,7 @@ impl Policy for TvmFfi {
             default_root: "~/.cache/tvm-ffi".into(),
             root_env: vec!["TVM_FFI_CACHE_DIR".into()],
             description: "TVM-FFI JIT extensions: a build directory once its .so is complete and ninja is done".into(),
+            settings: vec![],
         }
     }
 

@@ -46,6 +46,7 @@ impl Policy for VllmCompile {
                 "XDG_CACHE_HOME/vllm/torch_compile_cache".into(),
             ],
             description: "vLLM torch.compile: AOT rank_*/model files and their inductor_cache, per-graph prefixes once vllm_compile_cache.py is complete".into(),
+            settings: vec![],
         }
     }
 

@@ -59,7 +59,8 @@ pub(crate) fn run_policy_build(args: PolicyBuildArgs) -> Result<i32> {
 
 pub(crate) fn run_policy_check(args: PolicyCheckArgs) -> Result<i32> {
     let engine = args.sandbox.engine()?;
-    let report = match crate::author::check(&engine, &args.file) {
+    let settings = crate::cli::args::policy_settings(&args.settings)?;
+    let report = match crate::author::check(&engine, &args.file, &settings) {
         Ok(r) => r,
         Err(e) => {
             if args.json {
@@ -101,6 +102,27 @@ pub(crate) fn run_policy_check(args: PolicyCheckArgs) -> Result<i32> {
             i.root_env.join(", ")
         }
     );
+    if i.settings.is_empty() {
+        println!("  settings    none");
+    }
+    for spec in &i.settings {
+        let value = &report.settings[&spec.name];
+        let given = if *value == spec.default_value {
+            "default".to_owned()
+        } else {
+            format!("default {}", spec.default_value)
+        };
+        println!(
+            "  setting     {} = {value} ({}, {given}){}",
+            spec.name,
+            spec.kind.as_str(),
+            if spec.description.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", spec.description)
+            }
+        );
+    }
     println!(
         "  reads files {}",
         if report.reads_files {
@@ -128,7 +150,11 @@ pub(crate) fn run_policy_check(args: PolicyCheckArgs) -> Result<i32> {
 
 pub(crate) fn run_policy_test(args: PolicyTestArgs) -> Result<i32> {
     let engine = args.sandbox.engine()?;
-    let policy = match engine.load_file(&args.file) {
+    let settings = crate::cli::args::policy_settings(&args.settings)?;
+    let policy = match engine
+        .load_file(&args.file)
+        .and_then(|p| p.configure(&settings))
+    {
         Ok(p) => p,
         Err(e) => {
             if args.json {

@@ -1,6 +1,6 @@
 //! Which contract a component speaks, read from its import and export names before it is
 //! instantiated (no custom section needed: the WIT package version is in the names, e.g.
-//! `jitship:policy/host@2.0.0`).
+//! `jitship:policy/host@3.0.0`).
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -11,13 +11,14 @@ use super::super::PolicyError;
 /// The WIT package this jitship speaks.
 pub const CONTRACT_PACKAGE: &str = "jitship:policy";
 /// Its version, as in plugins-sdk/wit/policy.wit. Minor versions only add; majors break.
-pub const CONTRACT_MAJOR: u64 = 2;
+pub const CONTRACT_MAJOR: u64 = 3;
 pub const CONTRACT_MINOR: u64 = 0;
 /// Interfaces of the package the host provides.
 const PROVIDED_INTERFACES: &[&str] = &["types", "host"];
 /// World exports the host calls.
 pub const REQUIRED_EXPORTS: &[&str] = &[
     "info",
+    "check-settings",
     "compat-key",
     "select",
     "canonicalize",
@@ -27,9 +28,9 @@ pub const REQUIRED_EXPORTS: &[&str] = &[
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ContractInfo {
-    /// The contract version the component was built against, e.g. "2.0.0".
+    /// The contract version the component was built against, e.g. "3.0.0".
     pub version: String,
-    /// Every import, down to the function: `jitship:policy/host@2.0.0#read-file`.
+    /// Every import, down to the function: `jitship:policy/host@3.0.0#read-file`.
     pub imports: Vec<String>,
     pub exports: Vec<String>,
 }

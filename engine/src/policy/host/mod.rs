@@ -16,6 +16,7 @@ mod contract;
 mod settings;
 mod state;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -32,12 +33,13 @@ pub use self::state::{
     LogLine, MAX_LOG_MESSAGE, MAX_LOG_MESSAGES, MAX_READ_CALLS, MAX_READ_PER_CALL,
     MemoryLimitExceeded,
 };
+use super::settings::{self as setting, PolicySettings, SettingKind, SettingSpec};
 use super::{
     CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
-    RetentionLimits, Selection, Verdict,
+    RetentionCategory, RetentionDrop, RetentionLimits, Selection, Verdict,
 };
 use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef, RelPath};
+use crate::generation::{PolicyRef, RelPath};
 
 mod bindings {
     wasmtime::component::bindgen!({ path: "../plugins-sdk/wit", world: "policy" });
@@ -306,7 +308,10 @@ impl PolicyEngine {
                 default_root: String::new(),
                 root_env: vec![],
                 description: String::new(),
+                settings: vec![],
             },
+            settings: PolicySettings::new(),
+            wit_settings: vec![],
             digest,
             contract,
             load: LoadStats {
@@ -317,6 +322,8 @@ impl PolicyEngine {
         };
         let info = policy.evaluate(None, |p, s| p.call_info(s))?.value;
         policy.info = validate_info(info)?;
+        // Its defaults must be settings it accepts: a module that refuses them is broken.
+        let mut policy = policy.configure(&BTreeMap::new())?;
         policy.load.total_us = started.elapsed().as_micros() as u64;
         Ok(policy)
     }
@@ -383,12 +390,17 @@ pub struct Traced<T> {
     pub logs_dropped: u64,
 }
 
-/// A loaded policy component. Cheap to call from many threads: each call has its own store.
+/// A loaded policy component with its settings. Cheap to call from many threads: each call has
+/// its own store.
+#[derive(Clone)]
 pub struct WasmPolicy {
     engine: Arc<PolicyEngine>,
     pre: bindings::PolicyPre<HostState>,
     label: String,
     info: PolicyInfo,
+    /// Every declared setting, canonical text; handed to every call and recorded by publish.
+    settings: PolicySettings,
+    wit_settings: Vec<wit::Setting>,
     digest: String,
     contract: ContractInfo,
     load: LoadStats,
@@ -400,6 +412,7 @@ impl std::fmt::Debug for WasmPolicy {
             .field("source", &self.label)
             .field("info", &self.info)
             .field("digest", &self.digest)
+            .field("settings", &self.settings)
             .finish()
     }
 }
@@ -420,6 +433,40 @@ impl WasmPolicy {
 
     pub fn load_stats(&self) -> LoadStats {
         self.load
+    }
+
+    /// The settings every call receives.
+    pub fn settings(&self) -> &PolicySettings {
+        &self.settings
+    }
+
+    /// This policy with the operator's settings `given` (the declared ones only, read by their
+    /// kinds, defaults for the rest), once the policy accepted them through `check-settings`.
+    pub fn configure(&self, given: &BTreeMap<String, String>) -> Result<WasmPolicy, PolicyError> {
+        let name = self.info_name().to_owned();
+        let resolved = setting::resolve(&name, &self.info.settings, given)?;
+        let mut configured = self.clone();
+        configured.wit_settings = resolved
+            .iter()
+            .map(|(n, v)| wit::Setting {
+                name: n.clone(),
+                value: v.clone(),
+            })
+            .collect();
+        configured.settings = resolved;
+        let answer = configured
+            .evaluate(None, |p, s| {
+                p.call_check_settings(s, &configured.wit_settings)
+            })?
+            .value;
+        answer.map_err(|e| {
+            PolicyError::Settings(format!(
+                "policy {name} refused its settings {}: {}",
+                describe(&configured.settings),
+                from_wit(e)
+            ))
+        })?;
+        Ok(configured)
     }
 
     /// One evaluation: a fresh store and instance with every budget set, the call, the error mapped
@@ -511,7 +558,9 @@ impl WasmPolicy {
                 value: v.into(),
             })
             .collect();
-        let t = self.evaluate(None, |p, s| p.call_compat_key(s, &facts))?;
+        let t = self.evaluate(None, |p, s| {
+            p.call_compat_key(s, &facts, &self.wit_settings)
+        })?;
         let value = t.value.map_err(from_wit).and_then(validate_key);
         Ok(Traced {
             value,
@@ -540,7 +589,7 @@ impl WasmPolicy {
             })
             .collect();
         let t = self.evaluate(Some(root), |p, s| {
-            p.call_select(s, &root_text, &wit_entries)
+            p.call_select(s, &root_text, &wit_entries, &self.wit_settings)
         })?;
         let value = t
             .value
@@ -581,8 +630,12 @@ impl WasmPolicy {
             });
         }
         let t = self.evaluate(None, |p, s| match direction {
-            Rewrite::Canonicalize => p.call_canonicalize(s, &root_text, path.as_str(), content),
-            Rewrite::Materialize => p.call_materialize(s, &root_text, path.as_str(), content),
+            Rewrite::Canonicalize => {
+                p.call_canonicalize(s, &root_text, path.as_str(), content, &self.wit_settings)
+            }
+            Rewrite::Materialize => {
+                p.call_materialize(s, &root_text, path.as_str(), content, &self.wit_settings)
+            }
         })?;
         let limit = content
             .len()
@@ -615,7 +668,7 @@ impl WasmPolicy {
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Traced<Result<Vec<GenerationId>, PolicyError>>, PolicyError> {
+    ) -> Result<Traced<Result<Vec<RetentionDrop>, PolicyError>>, PolicyError> {
         let gens: Vec<wit::GenerationSummary> = generations
             .iter()
             .map(|g| wit::GenerationSummary {
@@ -632,11 +685,13 @@ impl WasmPolicy {
             max_bytes: limits.max_bytes,
             max_age_secs: limits.max_age_secs,
         };
-        let t = self.evaluate(None, |p, s| p.call_retain(s, &gens, now, wl))?;
+        let t = self.evaluate(None, |p, s| {
+            p.call_retain(s, &gens, now, wl, &self.wit_settings)
+        })?;
         let value = t
             .value
             .map_err(from_wit)
-            .and_then(|ids| validate_drops(ids, generations, self.info_name()));
+            .and_then(|drops| validate_drops(drops, generations, self.info_name()));
         Ok(Traced {
             value,
             fuel_used: t.fuel_used,
@@ -693,6 +748,7 @@ fn validate_info(i: wit::PolicyInfo) -> Result<PolicyInfo, PolicyError> {
             "info() default-root and description must be at most {MAX_INFO_TEXT_BYTES} bytes"
         )));
     }
+    let setting_specs = validate_setting_specs(i.settings)?;
     if i.root_env.len() > MAX_ROOT_ENV
         || i.root_env
             .iter()
@@ -709,7 +765,66 @@ fn validate_info(i: wit::PolicyInfo) -> Result<PolicyInfo, PolicyError> {
         default_root: i.default_root,
         root_env: i.root_env,
         description: i.description,
+        settings: setting_specs,
     })
+}
+
+/// The declared settings: at most `MAX_SETTINGS`, plain distinct names, bounded descriptions and
+/// defaults their own kind reads back unchanged (the canonical text).
+fn validate_setting_specs(specs: Vec<wit::SettingSpec>) -> Result<Vec<SettingSpec>, PolicyError> {
+    if specs.len() > setting::MAX_SETTINGS {
+        return Err(bad(format!(
+            "info().settings declares {} settings; at most {} are allowed",
+            specs.len(),
+            setting::MAX_SETTINGS
+        )));
+    }
+    let mut out: Vec<SettingSpec> = Vec::with_capacity(specs.len());
+    for s in specs {
+        let name = clip(s.name, 80);
+        if !setting::valid_name(&name) || out.iter().any(|o| o.name == name) {
+            return Err(bad(format!(
+                "info().settings names {name:?}, which is not a distinct name of 1-{} bytes of a-z,                  0-9, '_' and '-' starting with a letter",
+                setting::MAX_SETTING_NAME_BYTES
+            )));
+        }
+        let kind = match s.kind {
+            wit::SettingKind::Boolean => SettingKind::Boolean,
+            wit::SettingKind::Integer => SettingKind::Integer,
+            wit::SettingKind::Duration => SettingKind::Duration,
+            wit::SettingKind::Bytes => SettingKind::Bytes,
+            wit::SettingKind::Text => SettingKind::Text,
+        };
+        if kind.canonical(&s.default_value).as_deref() != Ok(s.default_value.as_str()) {
+            return Err(bad(format!(
+                "info().settings gives {name} ({}) the default {:?}, which is not the canonical text of its kind",
+                kind.as_str(),
+                clip(s.default_value, 80)
+            )));
+        }
+        if s.description.len() > MAX_INFO_TEXT_BYTES {
+            return Err(bad(format!(
+                "info().settings describes {name} in {} bytes; at most {MAX_INFO_TEXT_BYTES} are allowed",
+                s.description.len()
+            )));
+        }
+        out.push(SettingSpec {
+            name,
+            kind,
+            default_value: s.default_value,
+            description: s.description,
+        });
+    }
+    Ok(out)
+}
+
+/// `keep=2, max_age=3600`, for messages.
+pub fn describe(settings: &PolicySettings) -> String {
+    if settings.is_empty() {
+        return "(none)".to_owned();
+    }
+    let parts: Vec<String> = settings.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    parts.join(", ")
 }
 
 fn validate_key(key: String) -> Result<String, PolicyError> {
@@ -863,24 +978,41 @@ fn absolute_root(root: &Path) -> Result<String, PolicyError> {
 }
 
 fn validate_drops(
-    ids: Vec<String>,
+    drops: Vec<wit::RetentionDrop>,
     generations: &[GenerationSummary],
     policy: &str,
-) -> Result<Vec<GenerationId>, PolicyError> {
-    let mut out: Vec<GenerationId> = Vec::with_capacity(ids.len());
-    for id in ids {
-        let Some(g) = generations.iter().find(|g| g.id.to_string() == id) else {
+) -> Result<Vec<RetentionDrop>, PolicyError> {
+    let mut out: Vec<RetentionDrop> = Vec::with_capacity(drops.len());
+    for d in drops {
+        let Some(g) = generations.iter().find(|g| g.id.to_string() == d.id) else {
             return Err(bad(format!(
                 "retain answered the id {:?}, which is not one of the generations it was given",
-                clip(id, 80)
+                clip(d.id, 80)
             )));
         };
+        if d.detail.len() > MAX_DETAIL_BYTES {
+            return Err(bad(format!(
+                "retain's detail for {} is {} bytes; at most {MAX_DETAIL_BYTES} are allowed",
+                g.id,
+                d.detail.len()
+            )));
+        }
         if g.pinned {
             tracing::warn!(policy, generation = %g.id, "policy asked to drop a pinned generation; kept");
             continue;
         }
-        if !out.contains(&g.id) {
-            out.push(g.id);
+        if !out.iter().any(|o| o.id == g.id) {
+            out.push(RetentionDrop {
+                id: g.id,
+                category: match d.category {
+                    wit::RetentionCategory::Count => RetentionCategory::Count,
+                    wit::RetentionCategory::Size => RetentionCategory::Size,
+                    wit::RetentionCategory::Age => RetentionCategory::Age,
+                    wit::RetentionCategory::Superseded => RetentionCategory::Superseded,
+                    wit::RetentionCategory::Rule => RetentionCategory::Rule,
+                },
+                detail: d.detail,
+            });
         }
     }
     Ok(out)
@@ -896,6 +1028,7 @@ impl CachePolicy for WasmPolicy {
             name: self.info.name.clone(),
             version: self.info.version.clone(),
             digest: self.digest.clone(),
+            settings: self.settings.clone(),
         }
     }
 
@@ -932,7 +1065,7 @@ impl CachePolicy for WasmPolicy {
         generations: &[GenerationSummary],
         now: u64,
         limits: &RetentionLimits,
-    ) -> Result<Vec<GenerationId>, PolicyError> {
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         self.retain_traced(generations, now, limits)?.value
     }
 }

@@ -1,13 +1,15 @@
 //! A well-behaved policy for the host's golden round trip and benchmarks: keys on two facts,
 //! skips temp and lock files, reads JSON files through `read-file` to check they are complete
 //! (a complete `*.grp.json` is a marker that embeds the root), answers the cache incomplete while
-//! a `*.partial` file exists, keeps the newest generations, and relocates by replacing the root
-//! with a token.
+//! a `*.partial` file exists, keeps the newest `keep` generations (a setting, default 2, at
+//! least 1), and relocates by replacing the root with a token.
 
 wit_bindgen::generate!({ path: "../../../../plugins-sdk/wit", world: "policy" });
 
 use jitship::policy::host::{self, Level};
-use jitship::policy::types::{Decision, FileTraits, ReasonCategory, Verdict};
+use jitship::policy::types::{
+    Decision, FileTraits, ReasonCategory, RetentionCategory, SettingKind, SettingSpec, Verdict,
+};
 
 struct Good;
 
@@ -41,8 +43,8 @@ fn skip(category: ReasonCategory, detail: &str) -> Decision {
 const TOKEN: &str = "${ROOT}";
 
 fn replace(content: &[u8], from: &str, to: &str) -> Result<Vec<u8>, PolicyError> {
-    let text = std::str::from_utf8(content)
-        .map_err(|_| PolicyError::InvalidInput("not UTF-8".into()))?;
+    let text =
+        std::str::from_utf8(content).map_err(|_| PolicyError::InvalidInput("not UTF-8".into()))?;
     if !text.contains(from) {
         return Err(PolicyError::InvalidInput(format!("does not name {from}")));
     }
@@ -58,10 +60,21 @@ impl Guest for Good {
             default_root: "~/.cache/test".into(),
             root_env: vec!["TEST_CACHE_DIR".into()],
             description: "test policy: keys on gpu.name and python.version".into(),
+            settings: vec![SettingSpec {
+                name: "keep".into(),
+                kind: SettingKind::Integer,
+                default_value: "2".into(),
+                description: "generations kept per key (the operator's max_generations wins)"
+                    .into(),
+            }],
         }
     }
 
-    fn compat_key(facts: Vec<Fact>) -> Result<String, PolicyError> {
+    fn check_settings(settings: Vec<Setting>) -> Result<(), PolicyError> {
+        keep(&settings).map(drop)
+    }
+
+    fn compat_key(facts: Vec<Fact>, _settings: Vec<Setting>) -> Result<String, PolicyError> {
         forward_panics();
         let get = |n: &str| facts.iter().find(|f| f.name == n).map(|f| f.value.clone());
         let gpu = get("gpu.name").ok_or_else(|| PolicyError::MissingFact("gpu.name".into()))?;
@@ -71,7 +84,11 @@ impl Guest for Good {
         Ok(format!("test-v1;gpu={gpu};py={py}"))
     }
 
-    fn select(root: String, entries: Vec<FileEntry>) -> Result<Selection, PolicyError> {
+    fn select(
+        root: String,
+        entries: Vec<FileEntry>,
+        _settings: Vec<Setting>,
+    ) -> Result<Selection, PolicyError> {
         forward_panics();
         let decisions = entries
             .iter()
@@ -103,7 +120,10 @@ impl Guest for Good {
                 }
             })
             .collect();
-        let partial = entries.iter().filter(|e| e.path.ends_with(".partial")).count();
+        let partial = entries
+            .iter()
+            .filter(|e| e.path.ends_with(".partial"))
+            .count();
         Ok(Selection {
             decisions,
             complete: partial == 0,
@@ -115,12 +135,22 @@ impl Guest for Good {
         })
     }
 
-    fn canonicalize(root: String, _path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+    fn canonicalize(
+        root: String,
+        _path: String,
+        content: Vec<u8>,
+        _settings: Vec<Setting>,
+    ) -> Result<Vec<u8>, PolicyError> {
         forward_panics();
         replace(&content, &root, TOKEN)
     }
 
-    fn materialize(root: String, _path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+    fn materialize(
+        root: String,
+        _path: String,
+        content: Vec<u8>,
+        _settings: Vec<Setting>,
+    ) -> Result<Vec<u8>, PolicyError> {
         forward_panics();
         replace(&content, TOKEN, &root)
     }
@@ -129,20 +159,51 @@ impl Guest for Good {
         generations: Vec<GenerationSummary>,
         now: u64,
         limits: RetentionLimits,
-    ) -> Result<Vec<String>, PolicyError> {
+        settings: Vec<Setting>,
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         forward_panics();
-        let keep = limits.max_generations.unwrap_or(2) as usize;
+        let keep = limits
+            .max_generations
+            .map_or(keep(&settings)?, |m| m as usize);
         Ok(generations
             .iter()
             .enumerate()
-            .filter(|(i, g)| {
+            .filter_map(|(i, g)| {
                 let too_old = limits
                     .max_age_secs
                     .is_some_and(|a| now.saturating_sub(g.created_at) > a);
-                *i >= keep || (too_old && *i > 0)
+                let (category, detail) = if too_old && i > 0 {
+                    (RetentionCategory::Age, "over the age limit".to_owned())
+                } else if i >= keep {
+                    (
+                        RetentionCategory::Count,
+                        format!("beyond the newest {keep}"),
+                    )
+                } else {
+                    return None;
+                };
+                Some(RetentionDrop {
+                    id: g.id.clone(),
+                    category,
+                    detail,
+                })
             })
-            .map(|(_, g)| g.id.clone())
             .collect())
+    }
+}
+
+/// The `keep` setting: the host passes every declared setting, so it is always there.
+fn keep(settings: &[Setting]) -> Result<usize, PolicyError> {
+    let value = settings
+        .iter()
+        .find(|s| s.name == "keep")
+        .ok_or_else(|| PolicyError::InvalidInput("the host passed no keep setting".into()))?;
+    match value.value.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(PolicyError::InvalidInput(format!(
+            "keep is {}; keep at least 1 generation",
+            value.value
+        ))),
     }
 }
 

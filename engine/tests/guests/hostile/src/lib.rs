@@ -11,7 +11,9 @@
 wit_bindgen::generate!({ path: "../../../../plugins-sdk/wit", world: "policy" });
 
 use jitship::policy::host::{self, Level};
-use jitship::policy::types::{Decision, FileTraits, ReasonCategory, Verdict};
+use jitship::policy::types::{
+    Decision, FileTraits, ReasonCategory, RetentionCategory, SettingKind, SettingSpec, Verdict,
+};
 
 struct Hostile;
 
@@ -46,10 +48,29 @@ impl Guest for Hostile {
             default_root: String::new(),
             root_env: vec![],
             description: "misbehaves on request".into(),
+            settings: vec![SettingSpec {
+                name: "evil".into(),
+                kind: SettingKind::Text,
+                default_value: String::new(),
+                description: "loop: check-settings never ends; refuse: it refuses".into(),
+            }],
         }
     }
 
-    fn compat_key(facts: Vec<Fact>) -> Result<String, PolicyError> {
+    fn check_settings(settings: Vec<Setting>) -> Result<(), PolicyError> {
+        forward_panics();
+        match settings
+            .iter()
+            .find(|s| s.name == "evil")
+            .map(|s| s.value.as_str())
+        {
+            Some("loop") => spin(),
+            Some("refuse") => Err(PolicyError::InvalidInput("evil=refuse: refused".into())),
+            _ => Ok(()),
+        }
+    }
+
+    fn compat_key(facts: Vec<Fact>, _settings: Vec<Setting>) -> Result<String, PolicyError> {
         forward_panics();
         let evil = facts
             .iter()
@@ -80,7 +101,11 @@ impl Guest for Hostile {
         }
     }
 
-    fn select(_root: String, entries: Vec<FileEntry>) -> Result<Selection, PolicyError> {
+    fn select(
+        _root: String,
+        entries: Vec<FileEntry>,
+        _settings: Vec<Setting>,
+    ) -> Result<Selection, PolicyError> {
         forward_panics();
         let complete = |decisions| Selection {
             decisions,
@@ -103,7 +128,9 @@ impl Guest for Hostile {
             .iter()
             .map(|e| {
                 let (verdict, category, traits) = match e.path.as_str() {
-                    "skipcomplete" => (Verdict::Skip, ReasonCategory::Complete, FileTraits::empty()),
+                    "skipcomplete" => {
+                        (Verdict::Skip, ReasonCategory::Complete, FileTraits::empty())
+                    }
                     "publishlock" => (Verdict::Publish, ReasonCategory::Lock, FileTraits::empty()),
                     "skiptraits" => (Verdict::Skip, ReasonCategory::Excluded, FileTraits::MARKER),
                     _ => (Verdict::Skip, ReasonCategory::Excluded, FileTraits::empty()),
@@ -147,12 +174,22 @@ impl Guest for Hostile {
         Ok(complete(decisions))
     }
 
-    fn canonicalize(_root: String, path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+    fn canonicalize(
+        _root: String,
+        path: String,
+        content: Vec<u8>,
+        _settings: Vec<Setting>,
+    ) -> Result<Vec<u8>, PolicyError> {
         forward_panics();
         rewrite(&path, content)
     }
 
-    fn materialize(_root: String, path: String, content: Vec<u8>) -> Result<Vec<u8>, PolicyError> {
+    fn materialize(
+        _root: String,
+        path: String,
+        content: Vec<u8>,
+        _settings: Vec<Setting>,
+    ) -> Result<Vec<u8>, PolicyError> {
         forward_panics();
         rewrite(&path, content)
     }
@@ -161,10 +198,18 @@ impl Guest for Hostile {
         generations: Vec<GenerationSummary>,
         _now: u64,
         _limits: RetentionLimits,
-    ) -> Result<Vec<String>, PolicyError> {
+        _settings: Vec<Setting>,
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
         let mut ids: Vec<String> = generations.iter().map(|g| g.id.clone()).collect();
         ids.push("not-a-generation-we-gave-you".into());
-        Ok(ids)
+        Ok(ids
+            .into_iter()
+            .map(|id| RetentionDrop {
+                id,
+                category: RetentionCategory::Rule,
+                detail: "drops everything".into(),
+            })
+            .collect())
     }
 }
 

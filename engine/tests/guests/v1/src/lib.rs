@@ -1,5 +1,5 @@
 //! A policy built against policy contract 1 (jitship:policy@1.0.0, the WIT as it was before
-//! contract 2): the host must refuse it before instantiating it and say how to rebuild it.
+//! contract 3): the host must refuse it before instantiating it and say how to rebuild it.
 
 wit_bindgen::generate!({ path: "../wit-v1", world: "policy" });
 

@@ -1,15 +1,15 @@
-//! A policy built against a future major of the contract (jitship:policy@3.0.0): the host must
+//! A policy built against a future major of the contract (jitship:policy@4.0.0): the host must
 //! refuse it before instantiating it, saying it is newer.
 
-wit_bindgen::generate!({ path: "../wit-v3", world: "policy" });
+wit_bindgen::generate!({ path: "../wit-v4", world: "policy" });
 
-struct V3;
+struct V4;
 
-impl Guest for V3 {
+impl Guest for V4 {
     fn info() -> PolicyInfo {
         PolicyInfo {
             name: "from-the-future".into(),
-            version: "3.0.0".into(),
+            version: "4.0.0".into(),
             cache_kind: "test".into(),
             default_root: String::new(),
             root_env: vec![],
@@ -18,7 +18,7 @@ impl Guest for V3 {
     }
     fn compat_key(_: Vec<Fact>) -> Result<String, PolicyError> {
         // Uses the host import so the component's import names carry the version too.
-        jitship::policy::host::log(jitship::policy::host::Level::Info, "v3");
+        jitship::policy::host::log(jitship::policy::host::Level::Info, "v4");
         Ok("k".into())
     }
     fn select(entries: Vec<FileEntry>) -> Result<Vec<Decision>, PolicyError> {
@@ -33,4 +33,4 @@ impl Guest for V3 {
     }
 }
 
-export!(V3);
+export!(V4);
