@@ -28,6 +28,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "layers: crates and engine modules depend one way (ARCHITECTURE.md, Layers)"
 python3 tests/layers/check.py
 
+step "citations: every repository path a comment or page cites exists (facts live in docs/)"
+python3 tests/docs/check_citations.py
+
 step "unit and end-to-end tests on the local store"
 cargo test --workspace --no-fail-fast
 

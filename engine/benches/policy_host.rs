@@ -9,7 +9,7 @@
 //! deterministic, so `cargo test -p jitship --bench policy_host -- builtins` (dev profile, no
 //! release build of wasmtime) gives the same fuel figures with slower times.
 //! Reports min / median / p90 over N runs; on a shared machine compare minima (see
-//! research/wasm-plugins.md §2.1 on noise).
+//! docs/wasm-host.md#measuring-on-a-shared-machine).
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! End-to-end tests of `jitship watch`: the real binary runs as a child process beside writers
-//! that fill cache roots the way the real tools do (research/jit-caches.md §1), against a local
+//! that fill cache roots the way the real tools do (docs/jit-caches.md), against a local
 //! store. Every generation the watcher published is then read back from the store and checked.
 //!
 //! They live in the engine crate (not `tests/`) because only here does Cargo build the binary and

@@ -1,7 +1,7 @@
 use crate::{Decision, ReasonCategory};
 
 /// The skip decision for `path` (relative to the root) if no cache kind may ever publish it
-/// (research/jit-caches.md §5), with its category: in-flight temp files and directories
+/// (docs/jit-caches.md#never-published), with its category: in-flight temp files and directories
 /// (`tmp.pid_*`, `tmp.<uuid>`, `.<pid>.<tid>.tmp`, `model.<pid>.tmp`, `.staging-*`, `tmp/<uuid>`,
 /// `*_CxxBuild`) and NFS silly-renames are `Temporary`; locks (`locks/`, `*.lock`) are `Lock`;
 /// per-host files (`gpu_p2p_access_cache_*`) are `PerHost`.

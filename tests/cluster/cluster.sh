@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real Mooncake Store test cluster (one mooncake_master, one mooncake_client store node) inside a
-# loopback-only network namespace, for jitship's end-to-end tests. Facts: shared MOONCAKE.md.
+# loopback-only network namespace, for jitship's end-to-end tests. Facts: docs/mooncake.md.
 #
 #   cluster.sh install            fetch and unpack what the cluster needs (idempotent; root for apt)
 #   cluster.sh run -- CMD ARGS... start a cluster, run CMD inside its namespace, tear it all down

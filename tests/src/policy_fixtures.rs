@@ -1,5 +1,5 @@
 //! Fixture trees for the golden tests of the built-in policies: one per cache kind, each with
-//! complete entries and the hard cases of research/jit-caches.md §1.9 (truncated group files,
+//! complete entries and the hard cases of docs/jit-caches.md#hard-cases (truncated group files,
 //! group files pointing outside the root or their own directory, in-flight temp directories and
 //! files, lock files, per-host files, outputs newer than ninja's log, cut-short shared objects).
 //! Everything is deterministic: contents are fixed and every mtime is set explicitly.

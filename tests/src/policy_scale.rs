@@ -1,6 +1,6 @@
 //! Large trees shaped like real caches of every built-in kind (units repeated with distinct hashes,
-//! in the proportions of research/jit-caches.md), for the scale test of the built-in policies
-//! (`policy_scale`) and the policy benchmark.
+//! in the proportions of docs/jit-caches.md#sizes-and-counts), for the scale test of the built-in
+//! policies (`policy_scale`) and the policy benchmark.
 //!
 //! Only files a policy reads are written to disk (group files, shared objects, indexes, ninja
 //! logs, autotune tables); the rest exist only as entries, so a 100,000-entry tree of each kind

@@ -1,5 +1,5 @@
 //! CPU facts for engines that compile C++ for the host CPU (TorchInductor on CPU builds every kernel
-//! with `-march=native` and the vector ISA tier it picks; research/inductor-cpu.md §5, §6.3):
+//! with `-march=native` and the vector ISA tier it picks; docs/inductor-cpu.md#what-the-keys-hold):
 //! the ISA tier torch will pick, a digest of the CPU feature flags, the thread count torch will
 //! use, the C++ compiler's identity and a digest of the Inductor environment.
 //!

@@ -4,7 +4,7 @@
 //!
 //! Why `wasm32-unknown-unknown` and not `wasm32-wasip2`: a wasip2 guest imports a dozen WASI
 //! interfaces even when it never does I/O, and its out-of-memory path then fails on a missing
-//! `wasi:cli/stderr` import instead of reporting the memory limit (research/wasm-plugins.md §4.6).
+//! `wasi:cli/stderr` import instead of reporting the memory limit (docs/wasm-host.md#guest-target).
 //!
 //! Builds are byte-reproducible from any checkout path: the profile is passed on the command line
 //! (so a crate outside this workspace builds with the same settings) and the workspace root and

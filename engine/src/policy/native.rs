@@ -1,8 +1,8 @@
 //! Generic selection rules compiled into jitship, for a cache kind with no policy module that the
 //! operator explicitly put under them (`policy = "native"`, `--cache KIND:native=ROOT`; an unknown
 //! kind is otherwise refused, see `config`). They know no kind's completion signal, only what no
-//! kind ever wants published (research/jit-caches.md §5): in-flight temp files and directories,
-//! locks, per-host files. The key is every fact except the per-host ones
+//! kind ever wants published (docs/jit-caches.md#never-published): in-flight temp files and
+//! directories, locks, per-host files. The key is every fact except the per-host ones
 //! (`jitship_policy_sdk::PER_HOST_FACTS`, the list the SDK's `KeyBuilder` refuses too), so that
 //! workers that differ only by host name share a key.
 

@@ -1,4 +1,4 @@
-//! Per-graph torch.compile trees of vLLM and SGLang (research/jit-caches.md §1.1, §1.7):
+//! Per-graph torch.compile trees of vLLM and SGLang (docs/jit-caches.md#vllm-compile):
 //! `<hash>/rank_<r>_<dp>/<prefix>/` holds the graph artifacts and a Python-literal index
 //! (`vllm_compile_cache.py`, `sglang_compile_cache.py`) written **last and non-atomically** after
 //! every graph compiled. A prefix directory is complete when that index is a complete literal and

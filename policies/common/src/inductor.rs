@@ -1,4 +1,4 @@
-//! TorchInductor trees (research/jit-caches.md §1.2, research/inductor-cpu.md §6).
+//! TorchInductor trees (docs/jit-caches.md#inductor, docs/inductor-cpu.md#layout).
 //!
 //! Inductor writes its entries (`fxgraph/`, `aotautograd/`, generated `.py`/`.cpp`,
 //! `.best_config`, `cache/<system hash>`) with `write_atomic` (`.<pid>.<tid>.tmp` + rename), so a
@@ -10,7 +10,7 @@
 //! Triton group rule (their group files embed the root). `locks/`, `*_CxxBuild/` and temp files
 //! are never published.
 //!
-//! Markers (research/inductor-cpu.md §6.1-6.2): Inductor finds everything else through the
+//! Markers (docs/inductor-cpu.md#layout): Inductor finds everything else through the
 //! `fxgraph/` and `aotautograd/` entries (a hit there loads the wrapper and its kernels), and
 //! trusts a kernel `.so` without re-probing it once its `.so.load_ok` exists. An install commits
 //! these last, so a worker never hits an entry whose kernels are not in place yet.
@@ -18,7 +18,7 @@
 //! A root is *complete* ([`completeness`]) when no compiled kernel is newer than the newest
 //! FX-graph/AOTAutograd entry: Inductor compiles a graph's kernels first and writes its
 //! `fxgraph/` entry (then `aotautograd/`) last, so kernels without a later entry are a graph
-//! still compiling (research: a 37 s compile under `jitship watch` gave 5 such generations). A
+//! still compiling (measured: a 37 s compile under `jitship watch` gave 5 such generations). A
 //! policy answers it as its selection's `complete` (contract 2), so the generation is recorded as
 //! incomplete and installs prefer the newest complete one.
 
@@ -72,7 +72,7 @@ pub fn inductor_key_builder(
 ) -> Result<KeyBuilder, PolicyError> {
     let key = KeyBuilder::new(kind, schema)
         .require_all(facts, KEY_FACTS)?
-        // Not installed is a value (a venv with Triton keys differently, research run L3); the
+        // Not installed is a value (a venv with Triton keys differently: docs/inductor-cpu.md); the
         // required pkg.torch above proves site-packages were read.
         .factor("pkg.triton", facts.get("pkg.triton").unwrap_or("none"));
     Ok(if has_gpu(facts) {

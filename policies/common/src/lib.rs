@@ -1,4 +1,4 @@
-//! Layout rules shared by jitship's built-in policies (research/jit-caches.md §1, §5):
+//! Layout rules shared by jitship's built-in policies (docs/jit-caches.md):
 //! Triton kernel directories and their `__grp__` group files ([`triton`]), TorchInductor trees
 //! ([`inductor`]), and completeness checks on single files ([`check`]).
 //!

@@ -1,4 +1,4 @@
-//! Triton kernel directories (research/jit-caches.md §1.3).
+//! Triton kernel directories (docs/jit-caches.md#triton).
 //!
 //! Triton writes every file of a kernel through `tmp.pid_*` + `os.replace`, then writes
 //! `__grp__<kernel>.json` last (`FileCacheManager.put_group`: `json.dumps({"child_paths": {file

@@ -1,4 +1,4 @@
-//! Built-in policy for the CUDA driver's JIT cache, ComputeCache (research/jit-caches.md §1.6).
+//! Built-in policy for the CUDA driver's JIT cache (docs/jit-caches.md#cuda-computecache).
 //!
 //! * Root: `~/.nv/ComputeCache`, moved by `CUDA_CACHE_PATH`.
 //! * Complete: the cache is opaque and driver-managed, with no completion signal a policy can

@@ -1,8 +1,8 @@
-//! Built-in policy for the CuTe DSL (CUTLASS Python) compile cache (research/jit-caches.md §1.0,
-//! §1.8).
+//! Built-in policy for the CuTe DSL (CUTLASS Python) compile cache
+//! (docs/jit-caches.md#cute-dsl).
 //!
 //! * Root: `$TMPDIR/${USER}/cutlass_python_cache`, moved by `CUTE_DSL_CACHE_DIR` (CUTLASS >= 4.3.2).
-//! * Complete: the on-disk layout is **not verified** in our research; this policy publishes
+//! * Complete: the on-disk layout is **not verified** against a release; this policy publishes
 //!   every file but temp, lock and per-host files and relies on the host's settle window. That
 //!   is weaker than the other kinds' rules, and said so in `info().description`.
 //! * Key: as ModelExpress keys it (library version, CUDA, arch) plus what native code needs:

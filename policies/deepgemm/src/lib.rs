@@ -1,4 +1,4 @@
-//! Built-in policy for DeepGEMM's JIT cache (research/jit-caches.md §1.5, §2.4, §2.5).
+//! Built-in policy for DeepGEMM's JIT cache (docs/jit-caches.md#deepgemm).
 //!
 //! * Root: `~/.deep_gemm`, moved by `DG_JIT_CACHE_DIR` (vLLM points it at
 //!   `$VLLM_CACHE_ROOT/deep_gemm`), or `SGLANG_DG_CACHE_DIR`.

@@ -1,5 +1,5 @@
-//! Built-in policy for FlashInfer autotune results written by vLLM (research/jit-caches.md
-//! §1.0, §1.4), a kind of its own: small JSON tuning tables, not code.
+//! Built-in policy for FlashInfer autotune results written by vLLM
+//! (docs/jit-caches.md#flashinfer-autotune), a kind of its own: JSON tuning tables, not code.
 //!
 //! * Root: `~/.cache/vllm/flashinfer_autotune_cache`, moved by
 //!   `VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`, or `VLLM_CACHE_ROOT` (+`/flashinfer_autotune_cache`).

@@ -1,4 +1,4 @@
-//! Built-in policy for FlashInfer's JIT modules (research/jit-caches.md §1.4, §2.4, §2.5).
+//! Built-in policy for FlashInfer's JIT modules (docs/jit-caches.md#flashinfer-jit).
 //!
 //! * Root: `~/.cache/flashinfer`, moved by `FLASHINFER_WORKSPACE_BASE` (+`/.cache/flashinfer`);
 //!   modules live under `<fi-version>/<archs>/`.

@@ -1,4 +1,4 @@
-//! Built-in policy for TorchInductor's precompiled headers (research/inductor-cpu.md §5.1).
+//! Built-in policy for Inductor's precompiled headers (docs/inductor-cpu.md#precompiled-headers).
 //!
 //! * Root: `$TMPDIR/torchinductor_${USER}/precompiled_headers`. Inductor keeps it under its
 //!   *default* cache directory whatever `TORCHINDUCTOR_CACHE_DIR` says, so it lives outside a

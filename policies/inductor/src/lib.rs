@@ -1,5 +1,5 @@
-//! Built-in policy for the TorchInductor cache (research/jit-caches.md §1.2, §2.2;
-//! research/inductor-cpu.md).
+//! Built-in policy for the TorchInductor cache (docs/jit-caches.md#inductor,
+//! docs/inductor-cpu.md).
 //!
 //! * Root: `$TMPDIR/torchinductor_${USER}`, moved by `TORCHINDUCTOR_CACHE_DIR`.
 //! * Complete: entries written with `write_atomic` are complete when present; a `.so` (written in
@@ -10,8 +10,8 @@
 //!   than the newest `fxgraph/`/`aotautograd/` entry, i.e. no graph still compiling; otherwise
 //!   the generation is recorded as incomplete and installs prefer the newest complete one.
 //! * Key (schema 2): what torch's own keys depend on beyond the cache directory
-//!   (research/inductor-cpu.md §5, §6.3), so that a consumer torch would miss on, recompile for,
-//!   or fail on gets a jitship miss instead: the torch and Triton versions (`pkg.triton` =
+//!   (docs/inductor-cpu.md#what-the-keys-hold), so that a consumer torch would miss on, recompile
+//!   for, or fail on gets a jitship miss instead: the torch and Triton versions (`pkg.triton` =
 //!   `none` when not installed), `python.version` (patch), the absolute install paths the kernel
 //!   command lines hold (`python.site_packages`: the venv and torch's include/lib dirs;
 //!   `python.include`), `os.arch`, and the CPU side every machine compiles for: `cpu.isa` (the

@@ -1,4 +1,4 @@
-//! Built-in policy for SGLang's piecewise torch.compile cache (research/jit-caches.md §1.7).
+//! Built-in policy for SGLang's piecewise torch.compile cache (docs/jit-caches.md#sglang-compile).
 //!
 //! * Root: `~/.cache/sglang/torch_compile_cache`, moved by `SGLANG_CACHE_DIR`
 //!   (+`/torch_compile_cache`).

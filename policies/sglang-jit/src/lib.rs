@@ -1,4 +1,4 @@
-//! Built-in policy for SGLang's kernel JIT cache (research/jit-caches.md §1.7, §2.4).
+//! Built-in policy for SGLang's kernel JIT cache (docs/jit-caches.md#sglang-jit).
 //!
 //! * Root: `~/.cache/sglang/jit`, moved by `SGLANG_JIT_CACHE_DIR`, or `SGLANG_CACHE_DIR` (+`/jit`).
 //! * Complete: a leaf `<target>/<module>/build-<key>/deps-<key>/` is published by renaming a

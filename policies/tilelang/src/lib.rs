@@ -1,4 +1,4 @@
-//! Built-in policy for TileLang's kernel cache (research/jit-caches.md §1.0, §1.8).
+//! Built-in policy for TileLang's kernel cache (docs/jit-caches.md#tilelang).
 //!
 //! * Root: `~/.tilelang/cache`, moved by `TILELANG_CACHE_DIR`, or `SGLANG_CACHE_DIR`
 //!   (+`/tilelang`, SGLang's redirect).

@@ -1,4 +1,4 @@
-//! Built-in policy for the Triton kernel cache (research/jit-caches.md §1.3, §2.3, §2.5).
+//! Built-in policy for the Triton kernel cache (docs/jit-caches.md#triton).
 //!
 //! * Root: `~/.triton/cache`, moved by `TRITON_CACHE_DIR`, or `$TRITON_HOME/.triton/cache`.
 //! * Complete: a kernel directory whose `__grp__<k>.json` (written last) parses and names only
@@ -8,7 +8,7 @@
 //! * Key: Triton's own key is triton_key (the installed Triton) + ptxas (bundled with Triton) +
 //!   target arch + options; cubins also need a driver new enough for that toolchain, and the
 //!   launcher `.so` is native code. So: `pkg.triton`, `gpu.arch`, `gpu.cc`, `driver.major`,
-//!   `os.arch`. Not the GPU model within an arch, not Python (by design, §2.5).
+//!   `os.arch`. Not the GPU model within an arch, not Python (Triton's own key holds neither).
 //! * Retention: the newest 3.
 
 use jitship_policy_common::{Decisions, triton};

@@ -1,4 +1,4 @@
-//! Built-in policy for TVM-FFI's JIT extension cache (research/jit-caches.md §1.0, §1.8).
+//! Built-in policy for TVM-FFI's JIT extension cache (docs/jit-caches.md#tvm-ffi).
 //!
 //! * Root: `~/.cache/tvm-ffi`, moved by `TVM_FFI_CACHE_DIR`.
 //! * Complete: a build directory `<name>_<hash>/` whose `.so` is a complete ELF file and, when

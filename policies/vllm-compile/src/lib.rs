@@ -1,4 +1,4 @@
-//! Built-in policy for vLLM's torch.compile cache (research/jit-caches.md §1.1, §2.1, §2.5).
+//! Built-in policy for vLLM's torch.compile cache (docs/jit-caches.md#vllm-compile).
 //!
 //! * Root: `torch_compile_cache` under `VLLM_CACHE_ROOT`, else `$XDG_CACHE_HOME/vllm`, else
 //!   `~/.cache/vllm` (docs/vllm.md).

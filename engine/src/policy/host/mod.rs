@@ -228,7 +228,8 @@ impl PolicyEngine {
     ) -> Result<Arc<Self>, PolicyError> {
         let mut cfg = Config::new();
         // Component model async support is compiled in by default and, left on, doubles the fixed
-        // cost of every call and of instantiation (research/wasm-plugins.md §4.2); we never use it.
+        // cost of every call and of instantiation (docs/wasm-host.md#async-support); we never
+        // use it.
         cfg.concurrency_support(false);
         cfg.consume_fuel(true);
         cfg.epoch_interruption(true);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
-/// The sandbox every policy runs in (research/wasm-plugins.md §3.7). Each call gets a fresh instance
+/// The sandbox every policy runs in (docs/wasm-host.md#limits). Each call gets a fresh instance
 /// with these budgets; a policy that exceeds one is stopped with a typed error and its cache kind is
 /// disabled, nothing else.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
