@@ -774,6 +774,23 @@ pub fn apply_setting_arg(config: &mut Config, s: &str) -> Result<(), ConfigError
     Ok(())
 }
 
+/// `local:DIR`, as given to `--durable-store`: the durable tier's directory.
+pub fn apply_durable_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigError> {
+    match s.split_once(':') {
+        Some(("local", dir)) if !dir.is_empty() => {
+            store.durable.path = Some(PathBuf::from(dir));
+            Ok(())
+        }
+        _ => Err(ConfigError::Invalid {
+            what: "--durable-store",
+            value: s.into(),
+            hint: "expected local:DIR (a local or shared directory); no other durable tier exists \
+                   in this jitship"
+                .into(),
+        }),
+    }
+}
+
 /// `local:DIR`, `mooncake` (the `[store.mooncake]` settings) or `mooncake:HOST:PORT` (those
 /// settings with another master), as given to `--store`.
 pub fn apply_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigError> {

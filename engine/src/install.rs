@@ -112,6 +112,22 @@ pub fn install(
     facts: &Facts,
     opts: &InstallOptions,
 ) -> InstallReport {
+    let before = store.tier_stats();
+    let mut report = install_from(store.clone(), layout, policy, root, facts, opts);
+    if let (Some(before), Some(after)) = (before, store.tier_stats()) {
+        report.tiers = Some(after.since(&before));
+    }
+    report
+}
+
+fn install_from(
+    store: Arc<dyn Store>,
+    layout: &KeyLayout,
+    policy: Arc<dyn CachePolicy>,
+    root: &Path,
+    facts: &Facts,
+    opts: &InstallOptions,
+) -> InstallReport {
     let started = Instant::now();
     let mut report = InstallReport::failed(&policy.info().cache_kind, root, String::new());
     let key = match policy.compat_key(facts) {

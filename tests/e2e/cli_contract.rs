@@ -743,3 +743,65 @@ fn a_per_cache_fact_applies_to_its_own_cache_only() {
         show(&out)
     );
 }
+
+/// `--durable-store`: publish writes both tiers; when the fast store has lost everything (an
+/// evicted or restarted Mooncake, here a local store emptied), install is served by the durable
+/// tier byte for byte, says so in its report, and puts what it read back, so the next install is
+/// the fast tier's alone.
+#[test]
+fn a_durable_tier_serves_what_the_store_lost_and_repairs_it() {
+    let env = Env::new();
+    triton_tree(&env.path("src"), 3, 9);
+    let durable = format!("local:{}", env.path("durable").display());
+    let with_durable = |root: &str| {
+        let mut flags = cache_flags(&env, root, "durable");
+        flags.extend(["--durable-store".to_owned(), durable.clone()]);
+        flags
+    };
+    let out = run_with(&env, "publish", &with_durable("src"), &["--json"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert_eq!(json(&out)["results"][0]["outcome"], "published");
+
+    // The fast store loses everything.
+    std::fs::remove_dir_all(env.path("store")).unwrap();
+    let plain = run_with(
+        &env,
+        "install",
+        &cache_flags(&env, "plain", "durable"),
+        &["--json"],
+    );
+    assert_eq!(
+        code(&plain),
+        11,
+        "without the durable tier: a miss: {}",
+        show(&plain)
+    );
+
+    let out = run_with(&env, "install", &with_durable("dst1"), &["--json"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let r = &json(&out)["results"][0];
+    assert_eq!(r["outcome"], "installed", "{r}");
+    let tiers = &r["tiers"];
+    let hits = tiers["durable_hits"].as_u64().unwrap();
+    assert!(hits > 0 && tiers["fast_hits"] == 0, "{tiers}");
+    assert_eq!(tiers["repaired"].as_u64(), Some(hits), "{tiers}");
+    assert_eq!(
+        jitship_tests::fixtures::digest(&env.path("dst1")),
+        jitship_tests::fixtures::digest(&env.path("src"))
+    );
+
+    // Repaired: the next pod's install is the fast tier's alone, with or without the durable one.
+    let out = run_with(&env, "install", &with_durable("dst2"), &["--json"]);
+    let tiers = &json(&out)["results"][0]["tiers"];
+    assert_eq!(tiers["durable_hits"], 0, "{tiers}");
+    assert!(tiers["fast_hits"].as_u64().unwrap() > 0, "{tiers}");
+    let out = run_with(&env, "install", &cache_flags(&env, "dst3", "durable"), &[]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    // The person's summary says where it came from.
+    let out = run_with(&env, "install", &with_durable("dst4"), &[]);
+    assert!(
+        text(&out.stdout).contains("0 (0 B) from the durable tier"),
+        "{}",
+        show(&out)
+    );
+}

@@ -3,6 +3,10 @@
 //! evicted. They break the cluster on purpose, so they run one after the other in one test, and
 //! a guard restores the cluster (`cluster.sh restore`) when they end, also when one fails.
 //!
+//! The master-restart and eviction drills also run a durable tier (`TieredStore` over a local
+//! directory): what the fast tier lost is installed from the durable tier, put back, and the next
+//! install is served by Mooncake again.
+//!
 //! What each drill shows is printed (`DRILL ...` lines) as well as asserted.
 
 use std::path::Path;
@@ -13,7 +17,7 @@ use jitship::catalog::CatalogError;
 use jitship::catalog::KeyLayout;
 use jitship::install::InstallOutcome;
 use jitship::publish::{PublishError, PublishOutcome};
-use jitship::store::{MooncakeStore, Store, StoreError};
+use jitship::store::{LocalStore, MooncakeStore, Store, StoreError, TieredStore};
 use jitship_tests::fixtures::{TreeDigest, digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{Cluster, cluster, flow, unique_prefix};
 
@@ -33,6 +37,35 @@ impl Drop for Restore<'_> {
             .arg("restore")
             .status();
     }
+}
+
+/// `fast` over a durable tier in `dir`.
+fn tiered(fast: &Arc<dyn Store>, dir: &Path) -> Arc<dyn Store> {
+    let durable: Arc<dyn Store> = Arc::new(LocalStore::open(dir).unwrap());
+    Arc::new(TieredStore::new(fast.clone(), durable))
+}
+
+/// Installs `facts`' generation through `store` (a tiered one) into `root`: it must be installed
+/// byte for byte as `src`, and the tiers must have served it as `expect` says.
+fn install_tiered(
+    what: &str,
+    store: &Arc<dyn Store>,
+    layout: &KeyLayout,
+    root: &Path,
+    facts: &jitship::facts::Facts,
+    src_digest: &TreeDigest,
+) -> jitship::store::TierStats {
+    let report = flow::install(store.clone(), layout, root, facts, INSTALL_DEADLINE);
+    assert_eq!(
+        report.outcome,
+        InstallOutcome::Installed,
+        "{what}: {}",
+        report.detail
+    );
+    assert_eq!(&digest(root), src_digest, "{what}: not the published tree");
+    let tiers = report.tiers.expect("a tiered store reports its tiers");
+    eprintln!("DRILL {what}: installed; tiers {tiers:?}");
+    tiers
 }
 
 fn connect(c: &Cluster) -> Arc<dyn Store> {
@@ -127,6 +160,21 @@ fn mooncake_fault_drills() {
     std::fs::write(root.join("local-only"), b"not from the store").unwrap();
     // The next publish has something new to upload.
     triton_tree(&src.join("grown"), 5, 12);
+    // The same tree through a durable tier too, under its own prefix.
+    let durable_layout = KeyLayout::new(&unique_prefix("durable")).unwrap();
+    let durable_dir = tmp.path().join("durable");
+    let durable_src = tmp.path().join("durable-src");
+    triton_tree(&durable_src, 20, 21);
+    let durable_digest = digest(&durable_src);
+    let with_durable = tiered(&store, &durable_dir);
+    flow::publish(
+        with_durable.as_ref(),
+        &durable_layout,
+        &durable_src,
+        &facts,
+        PACK,
+    )
+    .unwrap_or_else(|e| panic!("publish through the durable tier: {e}"));
 
     // 1. Master killed.
     c.ctl(&["kill-master"]);
@@ -169,6 +217,47 @@ fn mooncake_fault_drills() {
     );
     assert_eq!(report.outcome, InstallOutcome::Miss, "{}", report.detail);
     assert!(!fresh.exists(), "a miss must not create the root");
+    // With the durable tier, the restart loses nothing: installed from it, put back, and the next
+    // install is Mooncake's again.
+    let served = install_tiered(
+        "master-restarted durable",
+        &with_durable,
+        &durable_layout,
+        &tmp.path().join("durable-root-1"),
+        &facts,
+        &durable_digest,
+    );
+    assert!(
+        served.durable_hits > 0 && served.repaired == served.durable_hits,
+        "everything the restart lost comes from the durable tier and is put back: {served:?}"
+    );
+    let served = install_tiered(
+        "master-restarted durable, next pod",
+        &with_durable,
+        &durable_layout,
+        &tmp.path().join("durable-root-2"),
+        &facts,
+        &durable_digest,
+    );
+    assert_eq!(
+        (served.durable_hits, served.fast_hits > 0),
+        (0, true),
+        "read-repair: the next install is served by Mooncake alone: {served:?}"
+    );
+    // And the repaired values are in Mooncake itself, for clients without the durable tier.
+    let plain = flow::install(
+        store.clone(),
+        &durable_layout,
+        &tmp.path().join("durable-root-3"),
+        &facts,
+        INSTALL_DEADLINE,
+    );
+    assert_eq!(
+        plain.outcome,
+        InstallOutcome::Installed,
+        "repaired values serve a client without the durable tier: {}",
+        plain.detail
+    );
     let again = flow::publish(store.as_ref(), &layout, &src, &facts, PACK)
         .unwrap_or_else(|e| panic!("republish: {e}"));
     eprintln!(
@@ -212,6 +301,21 @@ fn mooncake_fault_drills() {
 fn eviction_drill(c: &Cluster, dir: &Path) {
     let store = connect(c);
     let layout = KeyLayout::new(&unique_prefix("evict")).unwrap();
+    // First in, so first evicted: a cache published through a durable tier.
+    let durable_layout = KeyLayout::new(&unique_prefix("evict-durable")).unwrap();
+    let with_durable = tiered(&store, &dir.join("evict-durable"));
+    let durable_facts = flow::facts("evict-durable");
+    let durable_src = dir.join("evict-durable-src");
+    large_files_tree(&durable_src, 5, 6 * 1024 * 1024, 900);
+    let durable_digest = digest(&durable_src);
+    flow::publish(
+        with_durable.as_ref(),
+        &durable_layout,
+        &durable_src,
+        &durable_facts,
+        PACK,
+    )
+    .unwrap_or_else(|e| panic!("publish through the durable tier: {e}"));
     // Cache 0 gets two generations: a small one, then a big one on top (fallback candidate).
     let mut published: Vec<(jitship::facts::Facts, std::path::PathBuf, Vec<TreeDigest>)> =
         Vec::new();
@@ -294,6 +398,32 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
         }
     }
     eprintln!("DRILL eviction: {installs} installed, {misses} missed");
+    // The durable cache: Mooncake alone lost it (it went in first), the tiered store installs it.
+    let plain = flow::install(
+        store.clone(),
+        &durable_layout,
+        &dir.join("evict-durable-plain"),
+        &durable_facts,
+        INSTALL_DEADLINE,
+    );
+    eprintln!(
+        "DRILL eviction durable: Mooncake alone -> {:?}: {}",
+        plain.outcome, plain.detail
+    );
+    assert_ne!(
+        plain.outcome,
+        InstallOutcome::Installed,
+        "the first cache in was not evicted: the drill drilled nothing for the durable tier"
+    );
+    let served = install_tiered(
+        "eviction durable",
+        &with_durable,
+        &durable_layout,
+        &dir.join("evict-durable-root"),
+        &durable_facts,
+        &durable_digest,
+    );
+    assert!(served.durable_hits > 0, "{served:?}");
     assert!(
         misses >= 1,
         "nothing was evicted: the drill did not fill the store past its watermark"

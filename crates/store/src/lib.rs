@@ -18,13 +18,15 @@ pub mod conformance;
 pub mod local;
 pub mod mooncake;
 pub mod settings;
+pub mod tiered;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use local::LocalStore;
 pub use mooncake::MooncakeStore;
-pub use settings::{Backend, StoreConfig};
+pub use settings::{Backend, DurableStoreConfig, StoreConfig};
+pub use tiered::{TierStats, TieredStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -194,6 +196,11 @@ pub trait Store: Send + Sync + fmt::Debug {
             .map(|r| r.map(|v| v.map(Fetched::from)))
             .collect()
     }
+
+    /// What each tier served, for a store of two tiers (`TieredStore`); `None` for one.
+    fn tier_stats(&self) -> Option<TierStats> {
+        None
+    }
 }
 
 /// A value read by `Store::get_sized_batch`: an owned vector, or a slice of the backend's
@@ -240,9 +247,26 @@ impl StoreError {
 /// Opens the store `config` selects: the local directory, or a connection to a Mooncake cluster
 /// (which fails within `store.mooncake.probe_timeout` when the master is unreachable).
 pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
-    match config.backend {
-        Backend::Local => Ok(Arc::new(LocalStore::open(&config.local.path)?)),
-        Backend::Mooncake => Ok(Arc::new(MooncakeStore::connect(&config.mooncake)?)),
+    let fast: Arc<dyn Store> = match config.backend {
+        Backend::Local => Arc::new(LocalStore::open(&config.local.path)?),
+        Backend::Mooncake => Arc::new(MooncakeStore::connect(&config.mooncake)?),
+    };
+    with_durable_tier(fast, config, |p| LocalStore::open(p))
+}
+
+/// `fast` over the durable tier `config` names (`[store.durable]`), if any, opened with
+/// `open_dir` (a command that only reads never creates the directory).
+pub fn with_durable_tier(
+    fast: Arc<dyn Store>,
+    config: &StoreConfig,
+    open_dir: impl FnOnce(&std::path::Path) -> Result<LocalStore, StoreError>,
+) -> Result<Arc<dyn Store>, StoreError> {
+    match &config.durable.path {
+        None => Ok(fast),
+        Some(path) => {
+            let durable: Arc<dyn Store> = Arc::new(open_dir(path)?);
+            Ok(Arc::new(TieredStore::new(fast, durable)))
+        }
     }
 }
 
@@ -512,6 +536,9 @@ pub mod testing {
             items: &[(&str, u64)],
         ) -> Vec<StoreResult<Option<super::Fetched>>> {
             (**self).get_sized_batch(items)
+        }
+        fn tier_stats(&self) -> Option<super::TierStats> {
+            (**self).tier_stats()
         }
     }
 }

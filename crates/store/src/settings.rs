@@ -24,6 +24,9 @@ pub struct StoreConfig {
     pub namespace: String,
     pub local: LocalStoreConfig,
     pub mooncake: MooncakeConfig,
+    /// A durable tier behind the store above (`crate::tiered`): what Mooncake evicts or a
+    /// restarted master forgets is read from it and put back.
+    pub durable: DurableStoreConfig,
 }
 
 impl Default for StoreConfig {
@@ -33,6 +36,7 @@ impl Default for StoreConfig {
             namespace: "jitship".into(),
             local: LocalStoreConfig::default(),
             mooncake: MooncakeConfig::default(),
+            durable: DurableStoreConfig::default(),
         }
     }
 }
@@ -243,6 +247,16 @@ pub fn parse_host_port(s: &str) -> Option<(&str, u16)> {
     let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
     let valid_host = !host.is_empty() && !host.contains(char::is_whitespace) && !host.contains('/');
     valid_host.then_some((host, port))
+}
+
+/// `[store.durable]`: where generations outlive the fast tier. Unset: no durable tier.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DurableStoreConfig {
+    /// A local or shared directory (an NFS or object-store mount works), laid out like the local
+    /// store. Publish writes it before the fast tier; install reads it when the fast tier misses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -491,6 +491,12 @@ pub struct StoreArgs {
     #[arg(long, env = "JITSHIP_NAMESPACE")]
     pub namespace: Option<String>,
 
+    /// A durable tier behind the store, local:DIR (a local or shared directory): publish writes
+    /// it first, install reads it when the store has lost a value (evicted, restarted master) and
+    /// puts what it read back into the store.
+    #[arg(long, env = "JITSHIP_DURABLE_STORE", value_name = "local:DIR")]
+    pub durable_store: Option<String>,
+
     #[command(flatten)]
     pub trust: TrustArgs,
 }
@@ -730,6 +736,9 @@ impl StoreArgs {
         }
         if let Some(ns) = &self.namespace {
             config.store.namespace = ns.clone();
+        }
+        if let Some(durable) = &self.durable_store {
+            config::apply_durable_store_arg(&mut config.store, durable)?;
         }
         config.trust.trusted_keys.extend(
             self.trust

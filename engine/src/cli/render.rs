@@ -188,6 +188,22 @@ pub(crate) fn print_install(r: &InstallReport) {
             }
         }
     }
+    if let Some(t) = &r.tiers
+        && t.fast_hits + t.durable_hits > 0
+    {
+        println!(
+            "  tiers: {} objects from the fast tier, {} ({}) from the durable tier, {} put back in the fast tier{}",
+            t.fast_hits,
+            t.durable_hits,
+            bytesize::ByteSize(t.durable_bytes),
+            t.repaired,
+            if t.fast_put_failures > 0 {
+                format!(" ({} refused by it)", t.fast_put_failures)
+            } else {
+                String::new()
+            }
+        );
+    }
     if !r.newer_incomplete.is_empty() {
         println!(
             "  passed over {} newer incomplete generation(s): {}",

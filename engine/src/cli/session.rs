@@ -82,9 +82,13 @@ pub(crate) struct CacheSession {
 
 /// "local store at /var/lib/jitship/store", "Mooncake store (master 10.0.0.1:50051)".
 pub(crate) fn describe_store(config: &StoreConfig) -> String {
-    match config.backend {
+    let fast = match config.backend {
         Backend::Local => format!("local store at {}", config.local.path.display()),
         Backend::Mooncake => format!("Mooncake store (master {})", config.mooncake.master),
+    };
+    match &config.durable.path {
+        None => fast,
+        Some(dir) => format!("{fast} over the durable tier at {}", dir.display()),
     }
 }
 
@@ -95,12 +99,17 @@ fn open_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
 /// [`open_store`] for a command that only reads: a local store directory is opened only if it
 /// exists (never created, nothing removed); Mooncake as always.
 fn open_existing_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
-    match config.backend {
-        Backend::Local => crate::store::LocalStore::open_existing(&config.local.path)
+    use crate::store::LocalStore;
+    let fast: Arc<dyn Store> = match config.backend {
+        Backend::Local => LocalStore::open_existing(&config.local.path)
             .map(|s| Arc::new(s) as Arc<dyn Store>)
-            .with_context(|| format!("opening the {}", describe_store(config))),
-        Backend::Mooncake => open_store(config),
-    }
+            .with_context(|| format!("opening the {}", describe_store(config)))?,
+        Backend::Mooncake => crate::store::MooncakeStore::connect(&config.mooncake)
+            .map(|s| Arc::new(s) as Arc<dyn Store>)
+            .with_context(|| format!("opening the {}", describe_store(config)))?,
+    };
+    crate::store::with_durable_tier(fast, config, |dir| LocalStore::open_existing(dir))
+        .with_context(|| format!("opening the {}", describe_store(config)))
 }
 
 /// Where `cache`'s root came from, as the session resolved it ("" when it was not).

@@ -115,6 +115,10 @@ pub struct InstallReport {
     pub packs_fetched: u64,
     pub bytes_fetched: u64,
     pub duration_ms: u64,
+    /// With a durable tier (`[store.durable]`): what the fast tier served, what it had lost and
+    /// the durable tier served instead, and what was put back in the fast tier (read-repair).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<crate::store::TierStats>,
 }
 
 /// A newer head an install did not take, and why.
@@ -179,6 +183,7 @@ impl InstallReport {
             packs_fetched: 0,
             bytes_fetched: 0,
             duration_ms: 0,
+            tiers: None,
         }
     }
 }
