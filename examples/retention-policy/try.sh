@@ -37,7 +37,21 @@ assert categories == {"ABCD/__grp__k.json": "complete", "ABCD/k.cubin": "complet
 markers = [d["path"] for d in r["select"]["call"]["value"] if d.get("marker")]
 assert markers == ["ABCD/__grp__k.json"], markers
 assert r["select"]["complete"] is True, r["select"]
-assert r["contract"].startswith("2."), r["contract"]
-assert r["retain"]["call"]["value"] == ["4" * 64], r["retain"]
+assert r["contract"].startswith("3."), r["contract"]
+assert r["settings"] == {"keep": "5", "quota": str(20 << 30)}, r["settings"]
+drops = r["retain"]["call"]["value"]
+assert [d["id"] for d in drops] == ["4" * 64], r["retain"]
+assert drops[0]["category"] == "size", drops
+PY
+# The same module with its settings changed, no rebuild: keep 1 drops the third as well.
+$JITSHIP policy test "$out/golden-retention.wasm" --generations "$out/generations.json" --now 500 \
+    --setting keep=1 --setting "quota=100 GiB" \
+    --fact pkg.triton=3.9.0 --fact gpu.arch=sm_90 --fact driver.major=550 --fact os.arch=x86_64 --json > "$out/report-keep1.json"
+python3 - "$out/report-keep1.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["settings"] == {"keep": "1", "quota": str(100 << 30)}, r["settings"]
+drops = r["retain"]["call"]["value"]
+assert [(d["id"], d["category"]) for d in drops] == [("3" * 64, "count"), ("4" * 64, "count")], drops
 PY
 echo "example policy: built, checked and dry-run as expected"
