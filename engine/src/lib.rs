@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod author;
+pub mod bake;
 pub mod cli;
 pub mod config;
 pub mod confined;

@@ -30,7 +30,7 @@ LAYERS = [
     {"policy", "trust"},
     {"config"},
     {"scan", "policies"},
-    {"publish", "install", "inspect", "author", "roots"},
+    {"publish", "install", "inspect", "author", "roots", "bake"},
     {"gc", "audit", "watch", "engines"},
     {"cli"},
 ]

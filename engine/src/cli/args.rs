@@ -126,6 +126,15 @@ pub enum Command {
     /// references. `--dry-run` shows what it would remove.
     #[command(after_help = exit::GC_HELP)]
     Gc(GcArgs),
+    /// Write the newest trusted generation of each compat id (or those named) to an OCI image
+    /// layout directory: for air-gapped clusters and for baking caches into images; standard OCI
+    /// tools (oras, skopeo, crane) copy it to a registry.
+    #[command(after_help = exit::SIMPLE_HELP)]
+    Export(ExportArgs),
+    /// Put the generations of an OCI image layout directory written by `jitship export` into the
+    /// store, every blob verified (sha256 and blake3) before anything is written.
+    #[command(after_help = exit::SIMPLE_HELP)]
+    Import(ImportArgs),
     /// After the engine has run: did it use the installed cache? Compares each cache root with the
     /// record the last `jitship install` left beside it and counts what the engine added since:
     /// compiled kernels (`.so`), precompiled headers, new FX-graph/AOTAutograd entries (torch
@@ -399,6 +408,30 @@ pub struct VerifyArgs {
     /// so the next publish uploads them again; installs fall back to older generations meanwhile.
     #[arg(long)]
     pub repair: bool,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The layout directory to write (created; must be absent or empty).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+
+    /// A compat id to export (repeatable; all of the store's when omitted).
+    #[arg(long = "compat-id", value_name = "ID")]
+    pub compat_ids: Vec<String>,
+
+    #[command(flatten)]
+    pub common: OperatorArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The layout directory `jitship export` wrote.
+    #[arg(long, value_name = "DIR")]
+    pub from: PathBuf,
 
     #[command(flatten)]
     pub common: OperatorArgs,

@@ -125,6 +125,12 @@ pub fn run(cli: Cli) -> Result<i32> {
             commands::store::run_unpin(args)
         }),
         Command::Gc(args) => json_errors("gc", args.common.json, || commands::store::run_gc(args)),
+        Command::Export(args) => json_errors("export", args.common.json, || {
+            commands::store::run_export(args)
+        }),
+        Command::Import(args) => json_errors("import", args.common.json, || {
+            commands::store::run_import(args)
+        }),
         Command::Audit(args) => {
             json_errors("audit", args.json, || commands::audit::run_audit(args))
         }

@@ -3,7 +3,9 @@
 use anyhow::{Context, Result, bail};
 
 use crate::catalog::now_secs;
-use crate::cli::args::{GcArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs};
+use crate::cli::args::{
+    ExportArgs, GcArgs, ImportArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs,
+};
 use crate::cli::render::{age, short, spinner, table};
 use crate::cli::session::Session;
 use crate::cli::{exit, output};
@@ -311,6 +313,71 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         println!("no generations to verify");
     }
     Ok(code)
+}
+
+pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
+    let session = Session::open_store_read_only(&args.common.store)?;
+    let ids = args
+        .compat_ids
+        .iter()
+        .map(|t| {
+            t.parse()
+                .map_err(|_| anyhow::anyhow!("--compat-id {t:?} is not a compat id (64 hex digits, as `jitship ls` prints them)"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let report = crate::bake::export(
+        session.store.as_ref(),
+        &session.layout,
+        &session.trust,
+        &ids,
+        &args.out,
+    )
+    .with_context(|| format!("exporting to {}", args.out.display()))?;
+    if args.common.json {
+        emit_json("export", [&report], exit::OK);
+        return Ok(exit::OK);
+    }
+    for g in &report.generations {
+        println!(
+            "exported {} (seq {}, {} packs, {}) of {} compat id {}",
+            g.generation,
+            g.seq,
+            g.packs,
+            bytesize::ByteSize(g.bytes),
+            g.cache_kind,
+            short(&g.compat_id)
+        );
+    }
+    for id in &report.skipped {
+        println!("skipped compat id {id}: no trusted generation whole in the store");
+    }
+    println!(
+        "{} generation(s) in the OCI layout {}",
+        report.generations.len(),
+        args.out.display()
+    );
+    Ok(exit::OK)
+}
+
+pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
+    let session = Session::open_store(&args.common.store)?;
+    let report = crate::bake::import(session.store.as_ref(), &session.layout, &args.from)
+        .with_context(|| format!("importing from {}", args.from.display()))?;
+    if args.common.json {
+        emit_json("import", [&report], exit::OK);
+        return Ok(exit::OK);
+    }
+    for g in &report.generations {
+        println!(
+            "{} {} (seq {}) of {} compat id {}",
+            g.outcome,
+            g.generation,
+            g.seq,
+            g.cache_kind,
+            short(&g.compat_id)
+        );
+    }
+    Ok(exit::OK)
 }
 
 pub(crate) fn run_pin(args: PinArgs) -> Result<i32> {
