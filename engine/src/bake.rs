@@ -380,17 +380,21 @@ pub fn import(store: &dyn Store, layout: &KeyLayout, dir: &Path) -> Result<BakeR
         ..BakeReport::default()
     };
     for g in verified {
-        report.generations.push(put_generation(store, layout, g)?);
+        report
+            .generations
+            .push(put_generation(store, layout, dir, g)?);
     }
     Ok(report)
 }
 
-/// A generation of the layout, every byte verified.
+/// A generation of the layout, every byte verified. Its packs are not held: they are read again
+/// (and their sha256 checked again) when put, so an import holds one generation's packs at a
+/// time while verifying, and one pack while writing.
 struct Verified {
     manifest: Manifest,
     manifest_bytes: Vec<u8>,
     head: HeadRecord,
-    packs: Vec<(ContentHash, Vec<u8>)>,
+    pack_layers: Vec<Descriptor>,
 }
 
 fn verify_generation(
@@ -459,12 +463,11 @@ fn verify_generation(
         bytes.push(read_blob(dir, layer, store.max_value_size())?);
     }
     check_files(&manifest, &bytes).map_err(|why| refuse(format!("generation {id}: {why}")))?;
-    let packs = manifest.packs.iter().map(|p| p.id).zip(bytes).collect();
     Ok(Verified {
         manifest,
         manifest_bytes,
         head,
-        packs,
+        pack_layers: pack_layers.to_vec(),
     })
 }
 
@@ -498,6 +501,7 @@ fn check_files(manifest: &Manifest, packs: &[Vec<u8>]) -> Result<(), String> {
 fn put_generation(
     store: &dyn Store,
     layout: &KeyLayout,
+    dir: &Path,
     g: Verified,
 ) -> Result<BakedGeneration, BakeError> {
     let compat = g.head.compat_id;
@@ -506,7 +510,7 @@ fn put_generation(
         compat_id: compat,
         generation: g.head.generation,
         seq: g.head.seq,
-        packs: g.packs.len(),
+        packs: g.pack_layers.len(),
         bytes: g.manifest.packed_bytes(),
         outcome: String::new(),
     };
@@ -524,8 +528,10 @@ fn put_generation(
         );
         return Ok(baked);
     }
-    for (id, bytes) in &g.packs {
-        store.put(&layout.pack(id), bytes, ValueClass::Bulk)?;
+    for (p, layer) in g.manifest.packs.iter().zip(&g.pack_layers) {
+        // The same sha256 as when its files were verified: the same bytes.
+        let bytes = read_blob(dir, layer, store.max_value_size())?;
+        store.put(&layout.pack(&p.id), &bytes, ValueClass::Bulk)?;
     }
     store.put(
         &layout.generation(&g.head.generation),
