@@ -4,7 +4,6 @@
 //! that text is what a generation records for gc.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use bytesize::ByteSize;
 
@@ -63,7 +62,7 @@ impl SettingKind {
                 if d.subsec_nanos() != 0 {
                     return Err("a whole number of seconds".into());
                 }
-                Ok(Duration::as_secs(&d).to_string())
+                Ok(d.as_secs().to_string())
             }
             Self::Bytes => {
                 if let Ok(bytes) = value.parse::<u64>() {

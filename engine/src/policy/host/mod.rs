@@ -313,6 +313,7 @@ impl PolicyEngine {
             },
             settings: PolicySettings::new(),
             wit_settings: vec![],
+            settings_checked: false,
             digest,
             contract,
             load: LoadStats {
@@ -402,6 +403,9 @@ pub struct WasmPolicy {
     /// Every declared setting, canonical text; handed to every call and recorded by publish.
     settings: PolicySettings,
     wit_settings: Vec<wit::Setting>,
+    /// The policy's `check-settings` accepted `settings` (every `configure` after load that
+    /// resolves to the same settings needs no call).
+    settings_checked: bool,
     digest: String,
     contract: ContractInfo,
     load: LoadStats,
@@ -446,6 +450,9 @@ impl WasmPolicy {
     pub fn configure(&self, given: &BTreeMap<String, String>) -> Result<WasmPolicy, PolicyError> {
         let name = self.info_name().to_owned();
         let resolved = setting::resolve(&name, &self.info.settings, given)?;
+        if self.settings_checked && resolved == self.settings {
+            return Ok(self.clone());
+        }
         let mut configured = self.clone();
         configured.wit_settings = resolved
             .iter()
@@ -467,6 +474,7 @@ impl WasmPolicy {
                 from_wit(e)
             ))
         })?;
+        configured.settings_checked = true;
         Ok(configured)
     }
 
