@@ -31,6 +31,14 @@ python3 tests/layers/check.py
 step "citations: every repository path a comment or page cites exists (facts live in docs/)"
 python3 tests/docs/check_citations.py
 
+step "test registry and OCI tool: Debian's docker-registry (the CNCF distribution registry) and skopeo"
+# The durable registry tier's tests start a registry on 127.0.0.1 and read what jitship pushed
+# and exported with skopeo (tests/src/registry.rs).
+if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry skopeo
+fi
+
 step "unit and end-to-end tests on the local store"
 cargo test --workspace --no-fail-fast
 

@@ -388,6 +388,15 @@ impl Config {
                     .into(),
             });
         }
+        if let (Some(dir), Some(registry)) =
+            (&self.store.durable.path, &self.store.durable.registry)
+        {
+            return Err(ConfigError::Invalid {
+                what: "store.durable",
+                value: format!("path = {:?} and registry = {registry:?}", dir.display()),
+                hint: "name one durable tier: a directory (path) or a registry (registry)".into(),
+            });
+        }
         if self.publish.pack_size.as_u64() < 4096 {
             return Err(ConfigError::Invalid {
                 what: "publish.pack_size",
@@ -774,18 +783,27 @@ pub fn apply_setting_arg(config: &mut Config, s: &str) -> Result<(), ConfigError
     Ok(())
 }
 
-/// `local:DIR`, as given to `--durable-store`: the durable tier's directory.
+/// `local:DIR`, `oci:HOST[:PORT]/REPOSITORY` or `oci+http:HOST[:PORT]/REPOSITORY` (plain HTTP),
+/// as given to `--durable-store`: the durable tier. It replaces one the config file names.
 pub fn apply_durable_store_arg(store: &mut StoreConfig, s: &str) -> Result<(), ConfigError> {
+    let durable = &mut store.durable;
     match s.split_once(':') {
         Some(("local", dir)) if !dir.is_empty() => {
-            store.durable.path = Some(PathBuf::from(dir));
+            durable.path = Some(PathBuf::from(dir));
+            durable.registry = None;
+            Ok(())
+        }
+        Some((scheme @ ("oci" | "oci+http"), reference)) if reference.contains('/') => {
+            durable.registry = Some(reference.to_owned());
+            durable.plain_http = scheme == "oci+http";
+            durable.path = None;
             Ok(())
         }
         _ => Err(ConfigError::Invalid {
             what: "--durable-store",
             value: s.into(),
-            hint: "expected local:DIR (a local or shared directory); no other durable tier exists \
-                   in this jitship"
+            hint: "expected local:DIR (a local or shared directory), oci:HOST[:PORT]/REPOSITORY \
+                   (an OCI registry) or oci+http:HOST[:PORT]/REPOSITORY (one over plain HTTP)"
                 .into(),
         }),
     }

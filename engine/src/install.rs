@@ -163,6 +163,7 @@ fn install_from(
         fallback_depth: opts.fallback_depth,
         commit_pause: opts.commit_pause,
         trust: opts.trust.clone(),
+        registry: opts.registry.clone(),
         report: report.clone(),
     };
     std::thread::spawn(move || {
@@ -283,6 +284,8 @@ struct Job {
     fallback_depth: usize,
     commit_pause: Duration,
     trust: Arc<TrustPolicy>,
+    /// The durable registry tier, until it has been asked once.
+    registry: Option<Arc<crate::oci::Registry>>,
     report: InstallReport,
 }
 
@@ -347,6 +350,14 @@ impl Job {
                 "manifest fetched and packs checked"
             );
             let Some((id, manifest)) = picked else {
+                if self.repair_from_registry()? {
+                    // The store has it now: walk its heads again, from the newest.
+                    heads = Candidates::default();
+                    next = 0;
+                    self.report.passed_over.clear();
+                    self.report.refused.clear();
+                    continue;
+                }
                 return Ok(self.nothing_installable(&heads));
             };
             self.report.generation = Some(id);
@@ -525,6 +536,30 @@ impl Job {
             reason,
             why,
         });
+    }
+
+    /// The store has nothing to install: asks the durable registry tier (once) for the newest
+    /// generation it holds that the trust admits, which it verifies and puts into the store.
+    /// True when the store now holds something it did not (the walk is worth repeating).
+    fn repair_from_registry(&mut self) -> Result<bool, InstallError> {
+        let Some(registry) = self.registry.take() else {
+            return Ok(false);
+        };
+        let store = self.store()?;
+        let pull = registry.pull_into(
+            store.as_ref(),
+            &self.layout,
+            &self.trust,
+            &self.compat,
+            self.deadline,
+        );
+        let repaired = pull
+            .served
+            .as_ref()
+            .is_some_and(|g| g.outcome == "imported" || g.outcome == "repaired");
+        self.report.registry = Some(pull);
+        self.check_time()?;
+        Ok(repaired)
     }
 
     /// The outcome when no candidate could be installed: `untrusted` if the trust refused every

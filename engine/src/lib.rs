@@ -4,7 +4,6 @@
 
 pub mod audit;
 pub mod author;
-pub mod bake;
 pub mod cli;
 pub mod config;
 pub mod confined;
@@ -14,6 +13,7 @@ pub mod gc;
 pub mod inspect;
 pub mod install;
 pub mod interrupt;
+pub mod oci;
 pub mod policies;
 pub mod policy;
 pub mod publish;

@@ -51,7 +51,8 @@ use crate::trust::PublishTrust;
 
 pub use hashing::HashCache;
 pub use report::{
-    MAX_SKIP_DETAILS, PublishError, PublishOptions, PublishOutcome, PublishReport, SkipDetail,
+    MAX_SKIP_DETAILS, PublishError, PublishOptions, PublishOutcome, PublishReport, RegistryPush,
+    SkipDetail,
 };
 
 use hashing::{RootFiles, Stored, hash_selected};
@@ -74,10 +75,51 @@ pub fn check_root_exists(root: &Path) -> Result<(), PublishError> {
     }
 }
 
-/// Publishes `root` as a new generation (or reports it unchanged). `hashes` is the watcher's
-/// memory of file hashes between publishes; a one-off publish passes `None`, since what it would
-/// remember is dropped at exit (remembering 24,000 paths took 6% of hashing).
+/// Bound on pushing one generation to the durable registry tier (each read and connect has the
+/// tier's own `timeout` besides).
+const REGISTRY_PUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Publishes `root` as a new generation (or reports it unchanged), then, with a durable registry
+/// tier, pushes the newest generation the publisher trusts there (a push that fails is in the
+/// report; the generation is published in the store all the same, and the next publish pushes
+/// it). `hashes` is the watcher's memory of file hashes between publishes; a one-off publish
+/// passes `None`, since what it would remember is dropped at exit (remembering 24,000 paths took
+/// 6% of hashing).
 pub fn publish(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    policy: &dyn CachePolicy,
+    root: &Path,
+    opts: &PublishOptions,
+    hashes: Option<&mut HashCache>,
+) -> Result<PublishReport, PublishError> {
+    let mut report = publish_to_store(store, layout, policy, root, opts, hashes)?;
+    if let Some(registry) = &opts.registry
+        && report.outcome != PublishOutcome::Empty
+    {
+        let started = Instant::now();
+        let pushed = registry.push_newest(
+            store,
+            layout,
+            &opts.trust.policy,
+            &report.compat_id,
+            started + REGISTRY_PUSH_DEADLINE,
+        );
+        let (generation, error) = match pushed {
+            Ok(g) => (g, None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        report.registry = Some(RegistryPush {
+            registry: registry.describe(),
+            generation,
+            error,
+            duration_ms: started.elapsed().as_millis() as u64,
+        });
+    }
+    Ok(report)
+}
+
+fn publish_to_store(
     store: &dyn Store,
     layout: &KeyLayout,
     policy: &dyn CachePolicy,
@@ -185,6 +227,7 @@ pub fn publish(
         hash_ms: 0,
         upload_ms: 0,
         duration_ms: 0,
+        registry: None,
     };
 
     // The newest seq anyone wrote (this publish writes above it) and the newest head this

@@ -151,6 +151,7 @@ impl World {
             max_head_attempts: 8,
             trust: Default::default(),
             interrupt: Default::default(),
+            registry: None,
         };
         jitship::publish::publish(self.store.as_ref(), &self.layout, policy, root, &opts, None)
             .unwrap()

@@ -29,8 +29,8 @@ LAYERS = [
     {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready"},
     {"policy", "trust"},
     {"config"},
-    {"scan", "policies"},
-    {"publish", "install", "inspect", "author", "roots", "bake"},
+    {"scan", "policies", "oci"},
+    {"publish", "install", "inspect", "author", "roots"},
     {"gc", "audit", "watch", "engines"},
     {"cli"},
 ]

@@ -55,6 +55,7 @@ impl Scenario {
             max_head_attempts: 16,
             trust: Default::default(),
             interrupt: Default::default(),
+            registry: None,
         }
     }
 

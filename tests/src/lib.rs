@@ -9,3 +9,4 @@ pub mod harness;
 pub mod mooncake;
 pub mod policy_fixtures;
 pub mod policy_scale;
+pub mod registry;

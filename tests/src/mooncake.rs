@@ -142,6 +142,7 @@ pub mod flow {
             max_head_attempts: 8,
             trust: Default::default(),
             interrupt: Default::default(),
+            registry: None,
         }
     }
 

@@ -249,14 +249,37 @@ pub fn parse_host_port(s: &str) -> Option<(&str, u16)> {
     valid_host.then_some((host, port))
 }
 
-/// `[store.durable]`: where generations outlive the fast tier. Unset: no durable tier.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// `[store.durable]`: where generations outlive the fast tier. Unset: no durable tier. At most
+/// one of `path` and `registry`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DurableStoreConfig {
     /// A local or shared directory (an NFS or object-store mount works), laid out like the local
     /// store. Publish writes it before the fast tier; install reads it when the fast tier misses.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// An OCI registry repository, `HOST[:PORT]/REPOSITORY`: publish pushes each generation
+    /// there as an OCI artifact once it is whole in the fast tier; install pulls from it when
+    /// the fast tier has nothing to install and puts what it pulled back (the engine's
+    /// `oci::registry`). Credentials come from the docker config.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<String>,
+    /// Talk to the registry over plain HTTP (a registry on loopback or a trusted network only).
+    pub plain_http: bool,
+    /// Bound on connecting to the registry and on each read from it.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for DurableStoreConfig {
+    fn default() -> Self {
+        Self {
+            path: None,
+            registry: None,
+            plain_http: false,
+            timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

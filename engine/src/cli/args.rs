@@ -524,10 +524,15 @@ pub struct StoreArgs {
     #[arg(long, env = "JITSHIP_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// A durable tier behind the store, local:DIR (a local or shared directory): publish writes
-    /// it first, install reads it when the store has lost a value (evicted, restarted master) and
-    /// puts what it read back into the store.
-    #[arg(long, env = "JITSHIP_DURABLE_STORE", value_name = "local:DIR")]
+    /// A durable tier behind the store: local:DIR (a local or shared directory, written first),
+    /// oci:HOST[:PORT]/REPOSITORY (an OCI registry, each generation pushed as an artifact once
+    /// published) or oci+http:... (plain HTTP). Install reads it when the store has nothing to
+    /// install (evicted, restarted master) and puts what it read back into the store.
+    #[arg(
+        long,
+        env = "JITSHIP_DURABLE_STORE",
+        value_name = "local:DIR|oci:HOST/REPO"
+    )]
     pub durable_store: Option<String>,
 
     #[command(flatten)]

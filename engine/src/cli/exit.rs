@@ -59,7 +59,8 @@ Exit codes (with several caches the most severe outcome wins; --best-effort exit
 pub const PUBLISH_HELP: &str = "\
 Exit codes:
   0   every cache published, unchanged or empty
-  1   a cache failed (store unreachable, policy, missing fact, ...); --json lists it under errors
+  1   a cache failed (store unreachable, policy, missing fact, ...), or its generation is in the
+      store but the durable registry tier refused it; --json lists it under errors
   2   usage error
   143 stopped by SIGTERM (130: SIGINT) before writing a head: nothing of it was published; a
       second signal ends the process at once";

@@ -156,6 +156,33 @@ pub(crate) fn print_publish(r: &PublishReport) {
             c.path
         );
     }
+    if let Some(push) = &r.registry {
+        match (&push.generation, &push.error) {
+            (_, Some(e)) => println!(
+                "  durable tier: NOT pushed to {}: {e} (the store has the generation; the next \
+                 publish pushes it)",
+                push.registry
+            ),
+            (Some(g), None) if g.outcome == "already-present" => println!(
+                "  durable tier: {} already in {}",
+                short_id(&g.generation),
+                push.registry
+            ),
+            (Some(g), None) => println!(
+                "  durable tier: {} ({} packs, {}) {} in {}",
+                short_id(&g.generation),
+                g.packs,
+                bytesize::ByteSize(g.bytes),
+                g.outcome,
+                seconds(push.duration_ms)
+            ),
+            (None, None) => println!(
+                "  durable tier: nothing pushed to {}: the store holds no whole generation this \
+                 publisher trusts",
+                push.registry
+            ),
+        }
+    }
 }
 
 pub(crate) fn print_install(r: &InstallReport) {
@@ -203,6 +230,33 @@ pub(crate) fn print_install(r: &InstallReport) {
                 String::new()
             }
         );
+    }
+    if let Some(pull) = &r.registry {
+        match &pull.served {
+            Some(g) => println!(
+                "  durable tier: {} ({} packs, {}) pulled from {}:{}, verified, and {} in the \
+                 store ({})",
+                short_id(&g.generation),
+                g.packs,
+                bytesize::ByteSize(g.bytes),
+                pull.registry,
+                pull.tag.as_deref().unwrap_or("?"),
+                if g.outcome == "imported" || g.outcome == "repaired" {
+                    "put back"
+                } else {
+                    "found"
+                },
+                seconds(pull.duration_ms)
+            ),
+            None => println!(
+                "  durable tier: {} served nothing: {}",
+                pull.registry,
+                pull.error.as_deref().unwrap_or("no generation")
+            ),
+        }
+        for why in pull.passed_over.iter().take(5) {
+            println!("    passed over {why}");
+        }
     }
     if !r.newer_incomplete.is_empty() {
         println!(

@@ -11,6 +11,7 @@ use crate::catalog::KeyLayout;
 use crate::config::{Backend, CacheConfig, Config, StoreConfig};
 use crate::facts::{AppliedOverride, Facts, FactsConfig};
 use crate::generation::Producer;
+use crate::oci::Registry;
 use crate::policies::PolicySet;
 use crate::policy::CachePolicy;
 use crate::publish::PublishOptions;
@@ -42,6 +43,8 @@ pub(crate) struct Session {
     pub(crate) trust: Arc<TrustPolicy>,
     /// Where each of `config.caches`' roots came from (same order); empty for the store commands.
     pub(crate) root_origins: Vec<RootOrigin>,
+    /// The durable registry tier (`[store.durable] registry`), if one is configured.
+    pub(crate) registry: Option<Arc<Registry>>,
 }
 
 /// Why every cache of a command fails before its own work starts (an unreachable store, an
@@ -78,6 +81,8 @@ pub(crate) struct CacheSession {
     /// Where each of `config.caches`' roots came from (same order); empty when the policies could
     /// not start (every cache then fails with that reason).
     pub(crate) root_origins: Vec<RootOrigin>,
+    /// The durable registry tier (`[store.durable] registry`), if one is configured.
+    pub(crate) registry: Option<Arc<Registry>>,
 }
 
 /// "local store at /var/lib/jitship/store", "Mooncake store (master 10.0.0.1:50051)".
@@ -86,10 +91,21 @@ pub(crate) fn describe_store(config: &StoreConfig) -> String {
         Backend::Local => format!("local store at {}", config.local.path.display()),
         Backend::Mooncake => format!("Mooncake store (master {})", config.mooncake.master),
     };
-    match &config.durable.path {
-        None => fast,
-        Some(dir) => format!("{fast} over the durable tier at {}", dir.display()),
+    match (&config.durable.path, &config.durable.registry) {
+        (Some(dir), _) => format!("{fast} over the durable tier at {}", dir.display()),
+        (None, Some(registry)) => format!("{fast} over the durable registry tier {registry}"),
+        (None, None) => fast,
     }
+}
+
+/// The durable registry tier `config` names, if any (nothing is connected to yet).
+fn open_registry(config: &StoreConfig) -> Result<Option<Arc<Registry>>> {
+    if config.durable.registry.is_none() {
+        return Ok(None);
+    }
+    Registry::open(&config.durable)
+        .map(|r| Some(Arc::new(r)))
+        .context("opening the durable registry tier ([store.durable] registry)")
 }
 
 fn open_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
@@ -132,6 +148,7 @@ impl CacheSession {
         }
         let layout = KeyLayout::new(&config.store.namespace)?;
         let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
+        let registry = open_registry(&config.store)?;
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the overrides
         // on top, each cache's own set (FactOverrides::layers). Gathering runs probes (python,
         // nvidia-smi) that take about as long as connecting to Mooncake: side by side.
@@ -191,6 +208,7 @@ impl CacheSession {
             policies,
             trust,
             root_origins,
+            registry,
         })
     }
 
@@ -228,6 +246,7 @@ impl CacheSession {
             cache_facts: self.cache_facts,
             trust: self.trust,
             root_origins: self.root_origins,
+            registry: self.registry,
         })
     }
 
@@ -256,7 +275,9 @@ impl CacheSession {
         pack_size: Option<bytesize::ByteSize>,
         pod: Option<&String>,
     ) -> Result<PublishOptions> {
-        publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)
+        let mut opts = publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)?;
+        opts.registry = self.registry.clone();
+        Ok(opts)
     }
 }
 
@@ -286,6 +307,7 @@ impl Session {
         // keeps everything.
         let policies = Arc::new(PolicySet::from_config(&config)?);
         let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
+        let registry = open_registry(&config.store)?;
         Ok(Self {
             config,
             store,
@@ -295,6 +317,7 @@ impl Session {
             policies,
             trust,
             root_origins: Vec::new(),
+            registry,
         })
     }
 
@@ -317,7 +340,9 @@ impl Session {
         pack_size: Option<bytesize::ByteSize>,
         pod: Option<&String>,
     ) -> Result<PublishOptions> {
-        publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)
+        let mut opts = publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)?;
+        opts.registry = self.registry.clone();
+        Ok(opts)
     }
 }
 
@@ -384,6 +409,7 @@ fn publish_options(
         max_head_attempts: 16,
         trust: publish_trust(config, trust)?,
         interrupt: Default::default(),
+        registry: None,
     })
 }
 

@@ -17,6 +17,9 @@ pub struct InstallOptions {
     /// Raised (by SIGTERM or SIGINT in the CLI), it stops the install as the deadline does: the
     /// root is left as it was, unless moving files into it had begun, which then finishes.
     pub interrupt: Interrupt,
+    /// The durable registry tier (`[store.durable] registry`): read when the store has nothing
+    /// to install, and what it gives put back into the store.
+    pub registry: Option<Arc<crate::oci::Registry>>,
 }
 
 impl Default for InstallOptions {
@@ -27,6 +30,7 @@ impl Default for InstallOptions {
             commit_pause: Duration::ZERO,
             trust: Arc::default(),
             interrupt: Interrupt::default(),
+            registry: None,
         }
     }
 }
@@ -119,6 +123,10 @@ pub struct InstallReport {
     /// the durable tier served instead, and what was put back in the fast tier (read-repair).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tiers: Option<crate::store::TierStats>,
+    /// With a durable registry tier, when the store had nothing to install: what the registry
+    /// served and put back into the store (read-repair), or why it served nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<crate::oci::registry::RegistryPull>,
 }
 
 /// A newer head an install did not take, and why.
@@ -184,6 +192,7 @@ impl InstallReport {
             bytes_fetched: 0,
             duration_ms: 0,
             tiers: None,
+            registry: None,
         }
     }
 }

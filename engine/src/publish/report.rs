@@ -26,6 +26,9 @@ pub struct PublishOptions {
     /// Raised (by SIGTERM or SIGINT in the CLI), it stops the publish before its next file or
     /// pack, and always before the head: nothing of a stopped publish is visible.
     pub interrupt: Interrupt,
+    /// The durable registry tier (`[store.durable] registry`): the newest trusted generation is
+    /// pushed there after each publish that leaves a head.
+    pub registry: Option<std::sync::Arc<crate::oci::Registry>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -76,6 +79,22 @@ pub struct PublishReport {
     /// Time spent hashing files, and reading and uploading packs (where a publish's time goes).
     pub hash_ms: u64,
     pub upload_ms: u64,
+    pub duration_ms: u64,
+    /// With a durable registry tier: what was pushed there, or why nothing could be.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistryPush>,
+}
+
+/// A publish's push to the durable registry tier.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegistryPush {
+    pub registry: String,
+    /// What was pushed (`outcome` says `pushed to ...` or `already-present`); `None` with an
+    /// error, or when the store held no whole generation the publisher trusts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<crate::oci::BakedGeneration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub duration_ms: u64,
 }
 

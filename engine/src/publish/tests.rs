@@ -187,6 +187,7 @@ fn opts() -> PublishOptions {
         max_head_attempts: 4,
         trust: Default::default(),
         interrupt: Default::default(),
+        registry: None,
     }
 }
 

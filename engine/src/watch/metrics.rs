@@ -516,6 +516,7 @@ mod tests {
             signed_by: None,
             parent_signer: None,
             duration_ms: 1,
+            registry: None,
             hash_ms: 0,
             upload_ms: 0,
         }
@@ -694,6 +695,7 @@ mod tests {
             max_head_attempts: 4,
             trust: Default::default(),
             interrupt: Default::default(),
+            registry: None,
         };
         let policy = NativeRules::new("triton");
         let r = publish(&store, &layout, &policy, &root, &opts, None).unwrap();

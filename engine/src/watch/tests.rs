@@ -60,6 +60,7 @@ fn options() -> WatchOptions {
             max_head_attempts: 4,
             trust: Default::default(),
             interrupt: Default::default(),
+            registry: None,
         },
     }
 }

@@ -12,6 +12,9 @@ use crate::cli::{exit, output};
 use crate::generation::GenerationId;
 use crate::inspect::{self, ManifestState};
 
+/// Bound on gc's deletes in the durable registry tier (each request has the tier's own timeout).
+const REGISTRY_GC_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
 pub(crate) fn resolve_generation(session: &Session, text: &str) -> Result<GenerationId> {
     Ok(inspect::resolve(
         session.store.as_ref(),
@@ -325,7 +328,7 @@ pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
                 .map_err(|_| anyhow::anyhow!("--compat-id {t:?} is not a compat id (64 hex digits, as `jitship ls` prints them)"))
         })
         .collect::<Result<Vec<_>>>()?;
-    let report = crate::bake::export(
+    let report = crate::oci::export(
         session.store.as_ref(),
         &session.layout,
         &session.trust,
@@ -361,7 +364,7 @@ pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
 
 pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.store)?;
-    let report = crate::bake::import(session.store.as_ref(), &session.layout, &args.from)
+    let report = crate::oci::import(session.store.as_ref(), &session.layout, &args.from)
         .with_context(|| format!("importing from {}", args.from.display()))?;
     if args.common.json {
         emit_json("import", [&report], exit::OK);
@@ -454,9 +457,17 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
     // Each compat id is decided by the policy it was published with (found by digest), never by
     // the rule this host configures for its kind.
     let policies = crate::gc::PolicyIndex::new(&session.config, args.policy_dir.clone());
-    let report = crate::gc::collect(session.store.as_ref(), &session.layout, &policies, &opts)
+    let mut report = crate::gc::collect(session.store.as_ref(), &session.layout, &policies, &opts)
         .with_context(|| format!("gc of {}", session.store.describe()))?;
-    let code = if report.errors.is_empty() {
+    if let Some(registry) = &session.registry {
+        report.registry = Some(crate::gc::collect_registry(
+            registry,
+            &report,
+            std::time::Instant::now() + REGISTRY_GC_DEADLINE,
+        ));
+    }
+    let registry_errors = report.registry.as_ref().map_or(0, |r| r.errors.len());
+    let code = if report.errors.is_empty() && registry_errors == 0 {
         exit::OK
     } else {
         exit::ERROR
@@ -546,6 +557,26 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         }
         for e in &report.errors {
             println!("could not remove {e}");
+        }
+        if let Some(r) = &report.registry {
+            println!(
+                "durable tier {}: {verb} {} generation(s){}",
+                r.registry,
+                r.deleted.len(),
+                if r.absent > 0 {
+                    format!(" ({} dropped generation(s) were not there)", r.absent)
+                } else {
+                    String::new()
+                }
+            );
+            if report.dry_run {
+                for t in &r.deleted {
+                    println!("  tag       {t}");
+                }
+            }
+            for e in &r.errors {
+                println!("could not delete {e}");
+            }
         }
     }
     if !report.errors.is_empty() {

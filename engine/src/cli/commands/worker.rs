@@ -149,7 +149,17 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
                 });
                 progress.finish();
                 match result {
-                    Ok(report) => results.push(PublishResult::Done(report)),
+                    Ok(report) => {
+                        // Published in the store, but not durable: an error an operator sees.
+                        if let Some(e) = report.registry.as_ref().and_then(|r| r.error.as_ref()) {
+                            envelope.errors.push(ErrorRecord::new(
+                                Some(&cache.kind),
+                                Stage::Store,
+                                &anyhow::anyhow!("pushing to the durable registry tier: {e}"),
+                            ));
+                        }
+                        results.push(PublishResult::Done(report));
+                    }
                     Err(e) => {
                         use crate::publish::PublishError;
                         let stage = match &e {
@@ -349,6 +359,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
                 deadline: args.deadline.unwrap_or(session.config.install.deadline),
                 commit_pause: args.test_commit_pause.unwrap_or_default(),
                 trust: session.trust.clone(),
+                registry: session.registry.clone(),
                 interrupt: interrupt.clone(),
                 ..InstallOptions::default()
             };

@@ -1,0 +1,460 @@
+//! Generations as OCI artifacts, the form they take outside the store: in an OCI image layout
+//! directory (`layout`: `jitship export`/`import`, for air-gapped clusters and for baking caches
+//! into images) and in an OCI registry (`registry`: the durable tier behind Mooncake, which
+//! outlives eviction and master restarts). Both hold the same artifacts, so `skopeo`, `oras` or
+//! `crane` copy one into the other.
+//!
+//! One OCI image manifest per generation (`artifactType` [`ARTIFACT_TYPE`]): its config blob is
+//! the generation's manifest (jitship's canonical bytes), its layers the packs and, last, the
+//! head record (the publisher's signature included, so whoever reads it checks who signed it).
+//! Its annotations say the namespace, cache kind, compat key and id, generation, seq, parent and
+//! signer.
+//!
+//! What is read back is hostile input (a registry and a directory are as writable by others as
+//! the store): every size is bounded before a byte is read, every blob's sha256 is checked
+//! against its digest, every pack's files against their blake3, the manifest against the
+//! generation id (`Manifest::decode`), the head against the manifest's compat id, and the head's
+//! signature by the install's trust. A generation lands in a store only whole: packs, then
+//! manifest, then the head at its own seq (its signature binds the seq and the namespace), then
+//! a floor there so head walks find it, then the compat index.
+
+pub mod layout;
+pub mod registry;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::catalog::{self, CatalogError, KeyLayout};
+use crate::generation::{CompatId, ContentHash, GenerationId, HeadRecord, Manifest};
+use crate::store::{Store, StoreError, ValueClass};
+use crate::trust::{Signer, TrustPolicy};
+
+pub use layout::{export, import};
+pub use registry::{Registry, RegistryError};
+
+/// The `artifactType` of a generation's OCI manifest.
+pub const ARTIFACT_TYPE: &str = "application/vnd.jitship.generation.v1";
+/// Media types of its blobs.
+pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.jitship.generation.manifest.v1+json";
+pub const PACK_MEDIA_TYPE: &str = "application/vnd.jitship.pack.v1";
+pub const HEAD_MEDIA_TYPE: &str = "application/vnd.jitship.head.v1+json";
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// Bounds on what is read before anything is trusted.
+pub const MAX_OCI_MANIFEST_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// What was read is not what jitship wrote, or something in it was altered.
+    #[error("{from} is refused: {why}")]
+    Refused { from: String, why: String },
+}
+
+/// An OCI content descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Descriptor {
+    pub media_type: String,
+    pub digest: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Descriptor {
+    /// The descriptor of `bytes` stored as a `media_type` blob.
+    pub fn of(media_type: &str, bytes: &[u8]) -> Self {
+        Self {
+            media_type: media_type.to_owned(),
+            digest: sha256_digest(bytes),
+            size: bytes.len() as u64,
+            artifact_type: None,
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageManifest {
+    pub schema_version: u32,
+    pub media_type: String,
+    pub artifact_type: String,
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// One generation exported, imported, pushed or pulled.
+#[derive(Debug, Clone, Serialize)]
+pub struct BakedGeneration {
+    pub cache_kind: String,
+    pub compat_id: CompatId,
+    pub generation: GenerationId,
+    pub seq: u64,
+    pub packs: usize,
+    pub bytes: u64,
+    /// What happened to it: `exported`, `pushed`, `imported`, `repaired`, `already-present`, or
+    /// why it was left out.
+    pub outcome: String,
+}
+
+pub fn annotation(key: &str) -> String {
+    format!("dev.jitship.{key}")
+}
+
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+/// The 64 lowercase hex digits of a `sha256:` digest, `None` for anything else (so no
+/// descriptor can name a path outside `blobs/sha256/` or a URL outside the repository).
+pub fn sha256_hex(digest: &str) -> Option<&str> {
+    let hex = digest.strip_prefix("sha256:")?;
+    let ok = hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    ok.then_some(hex)
+}
+
+/// Where artifacts are written: a layout directory or a registry.
+pub trait BlobSink {
+    /// Stores `bytes` as a blob (once: a blob already there is not written again).
+    fn put_blob(&mut self, media_type: &str, bytes: &[u8]) -> Result<Descriptor, OciError>;
+}
+
+/// Where artifacts are read from. `read_blob` returns the blob `d` names only if it is exactly
+/// `d.size` bytes, at most `limit`, and its sha256 is `d.digest`.
+pub trait BlobSource {
+    fn describe(&self) -> String;
+    fn read_blob(&self, d: &Descriptor, limit: u64) -> Result<Vec<u8>, OciError>;
+}
+
+/// A generation ready to be written as an artifact: the newest head of a compat id that the
+/// trust admits and whose generation is whole (and proven by its files' blake3) in the store.
+pub struct StoredGeneration {
+    pub head: HeadRecord,
+    pub signer: Signer,
+    pub manifest: Manifest,
+    pub packs: Vec<Vec<u8>>,
+}
+
+/// The newest admitted head of `compat` whose generation is whole in `store`; `None` if none is.
+pub fn newest_whole(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    trust: &TrustPolicy,
+    compat: &CompatId,
+) -> Result<Option<StoredGeneration>, OciError> {
+    let mut walk = catalog::HeadWalk::new(store, layout, compat)?;
+    while let Some(head) = walk.next_usable(catalog::MAX_FAULTY_PASSED)? {
+        let signer = trust.judge(layout.namespace(), &head);
+        if !trust.admits(&signer, &format_args!("head {} of {compat}", head.seq)) {
+            continue;
+        }
+        let Some(manifest) = catalog::fetch_manifest(store, layout, &head.generation)? else {
+            continue;
+        };
+        let mut packs = Vec::with_capacity(manifest.packs.len());
+        for p in &manifest.packs {
+            match store.get(&layout.pack(&p.id))? {
+                Some(bytes) => packs.push(bytes),
+                None => break,
+            }
+        }
+        if packs.len() != manifest.packs.len() {
+            continue;
+        }
+        if let Err(why) = check_files(&manifest, &packs) {
+            tracing::warn!(generation = %head.generation, "not written as an artifact: {why}");
+            continue;
+        }
+        return Ok(Some(StoredGeneration {
+            head,
+            signer,
+            manifest,
+            packs,
+        }));
+    }
+    Ok(None)
+}
+
+/// Writes `g`'s blobs to `sink` and returns its OCI manifest (bytes) and the descriptor an index
+/// names it by (annotations included), with what was written.
+pub fn write_artifact(
+    sink: &mut dyn BlobSink,
+    layout: &KeyLayout,
+    g: &StoredGeneration,
+) -> Result<(Vec<u8>, Descriptor, BakedGeneration), OciError> {
+    let mut layers = Vec::with_capacity(g.packs.len() + 1);
+    for (p, bytes) in g.manifest.packs.iter().zip(&g.packs) {
+        let mut d = sink.put_blob(PACK_MEDIA_TYPE, bytes)?;
+        d.annotations.insert(annotation("pack"), p.id.to_string());
+        layers.push(d);
+    }
+    layers.push(sink.put_blob(HEAD_MEDIA_TYPE, &g.head.encode())?);
+    let config = sink.put_blob(MANIFEST_MEDIA_TYPE, &g.manifest.encode())?;
+    let compat = g.head.compat_id;
+    let mut annotations = BTreeMap::from([
+        (annotation("namespace"), layout.namespace().to_owned()),
+        (annotation("cache-kind"), g.manifest.cache_kind.clone()),
+        (annotation("compat-key"), g.manifest.compat_key.clone()),
+        (annotation("compat-id"), compat.to_string()),
+        (annotation("generation"), g.head.generation.to_string()),
+        (annotation("seq"), g.head.seq.to_string()),
+        (annotation("signer"), g.signer.to_string()),
+    ]);
+    if let Some(parent) = &g.manifest.parent {
+        annotations.insert(annotation("parent"), parent.to_string());
+    }
+    let oci = ImageManifest {
+        schema_version: 2,
+        media_type: OCI_MANIFEST.into(),
+        artifact_type: ARTIFACT_TYPE.into(),
+        config,
+        layers,
+        annotations: annotations.clone(),
+    };
+    let bytes = serde_json::to_vec(&oci).expect("a manifest serializes");
+    let mut descriptor = Descriptor::of(OCI_MANIFEST, &bytes);
+    descriptor.artifact_type = Some(ARTIFACT_TYPE.into());
+    descriptor.annotations = annotations;
+    let baked = BakedGeneration {
+        cache_kind: g.manifest.cache_kind.clone(),
+        compat_id: compat,
+        generation: g.head.generation,
+        seq: g.head.seq,
+        packs: g.packs.len(),
+        bytes: g.manifest.packed_bytes(),
+        outcome: String::new(),
+    };
+    Ok((bytes, descriptor, baked))
+}
+
+/// An artifact's OCI manifest parsed and checked to be a jitship generation's; its head layer
+/// read and decoded (nothing else read yet: a caller judges the head's signer first, so a
+/// forged or untrusted artifact costs two small reads).
+pub struct ArtifactHead {
+    oci: ImageManifest,
+    pub head: HeadRecord,
+}
+
+pub fn read_artifact_head(
+    source: &dyn BlobSource,
+    manifest_bytes: &[u8],
+    what: &str,
+) -> Result<ArtifactHead, OciError> {
+    let refuse = |why: String| OciError::Refused {
+        from: source.describe(),
+        why,
+    };
+    let oci: ImageManifest = serde_json::from_slice(manifest_bytes)
+        .map_err(|e| refuse(format!("manifest {what}: {e}")))?;
+    if oci.artifact_type != ARTIFACT_TYPE
+        || oci.config.media_type != MANIFEST_MEDIA_TYPE
+        || oci.layers.last().map(|l| l.media_type.as_str()) != Some(HEAD_MEDIA_TYPE)
+    {
+        return Err(refuse(format!(
+            "manifest {what} is not a jitship generation (artifact type, config or head layer)"
+        )));
+    }
+    let head_layer = oci.layers.last().expect("checked above");
+    let head = HeadRecord::decode(&source.read_blob(head_layer, catalog::MAX_HEAD_BYTES)?)
+        .map_err(|e| refuse(format!("head layer of {what}: {e}")))?;
+    Ok(ArtifactHead { oci, head })
+}
+
+/// A generation of an artifact, every byte verified. Its packs are not held: they are read
+/// again (and their sha256 checked again) when put, so a reader holds one generation's packs at
+/// a time while verifying, and one pack while writing.
+pub struct Verified {
+    pub manifest: Manifest,
+    manifest_bytes: Vec<u8>,
+    pub head: HeadRecord,
+    pack_layers: Vec<Descriptor>,
+}
+
+/// Reads and verifies the rest of the artifact `a` (see the module docs): `namespace` is the
+/// one the reader works in; a signed head of another namespace is refused.
+pub fn verify_artifact(
+    source: &dyn BlobSource,
+    a: ArtifactHead,
+    namespace: &str,
+    max_pack_bytes: u64,
+) -> Result<Verified, OciError> {
+    let refuse = |why: String| OciError::Refused {
+        from: source.describe(),
+        why,
+    };
+    let ArtifactHead { oci, head } = a;
+    let manifest_bytes =
+        source.read_blob(&oci.config, crate::generation::MAX_MANIFEST_BYTES as u64)?;
+    let id = GenerationId(ContentHash::of(&manifest_bytes));
+    let manifest = Manifest::decode(&manifest_bytes, id)
+        .map_err(|e| refuse(format!("generation {id}: {e}")))?;
+    if head.generation != id || head.compat_id != manifest.compat_id {
+        return Err(refuse(format!(
+            "the head of {id} names generation {} of compat id {}: not this generation's",
+            head.generation, head.compat_id
+        )));
+    }
+    if let Some(ns) = oci.annotations.get(&annotation("namespace"))
+        && ns != namespace
+        && head.signature.is_some()
+    {
+        return Err(refuse(format!(
+            "generation {id} is signed for namespace {ns:?}, not {namespace:?}: read it with --namespace {ns}"
+        )));
+    }
+    let pack_layers = &oci.layers[..oci.layers.len() - 1];
+    if pack_layers.len() != manifest.packs.len() {
+        return Err(refuse(format!(
+            "generation {id} has {} pack layers for {} packs",
+            pack_layers.len(),
+            manifest.packs.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(pack_layers.len());
+    for (layer, p) in pack_layers.iter().zip(&manifest.packs) {
+        if layer.media_type != PACK_MEDIA_TYPE || layer.size != p.size {
+            return Err(refuse(format!(
+                "generation {id}: layer {} is not pack {}",
+                layer.digest, p.id
+            )));
+        }
+        bytes.push(source.read_blob(layer, max_pack_bytes)?);
+    }
+    check_files(&manifest, &bytes).map_err(|why| refuse(format!("generation {id}: {why}")))?;
+    Ok(Verified {
+        manifest,
+        manifest_bytes,
+        head,
+        pack_layers: pack_layers.to_vec(),
+    })
+}
+
+/// Every file of `manifest` read from `packs` (its packs' bytes, in order) hashes to its blake3:
+/// a pack's id names its layout, not its bytes, so the files are what prove them.
+pub fn check_files(manifest: &Manifest, packs: &[Vec<u8>]) -> Result<(), String> {
+    for (p, bytes) in manifest.packs.iter().zip(packs) {
+        if bytes.len() as u64 != p.size {
+            return Err(format!(
+                "pack {} is {} bytes, the manifest says {}",
+                p.id,
+                bytes.len(),
+                p.size
+            ));
+        }
+    }
+    for f in &manifest.files {
+        let mut h = blake3::Hasher::new();
+        for c in &f.chunks {
+            // In bounds: `Manifest::validate` checked every chunk against its pack's size.
+            let start = c.offset as usize;
+            h.update(&packs[c.pack as usize][start..start + c.len as usize]);
+        }
+        if ContentHash::from(h.finalize()) != f.blake3 {
+            return Err(format!("{} does not hash to its blake3 (altered)", f.path));
+        }
+    }
+    Ok(())
+}
+
+/// Puts the verified generation `g` into `store` (see the module docs for the order).
+///
+/// A store that already holds this very head gets what it lost put back (packs evicted, a
+/// manifest gone): `repaired`, or `already-present` if nothing was missing. A store holding
+/// other heads of the compat id is left alone (`left out`, with why): the head keeps its seq
+/// (its signature binds it), and that place is taken.
+pub fn put_generation(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    source: &dyn BlobSource,
+    g: Verified,
+) -> Result<BakedGeneration, OciError> {
+    let compat = g.head.compat_id;
+    let mut baked = BakedGeneration {
+        cache_kind: g.manifest.cache_kind.clone(),
+        compat_id: compat,
+        generation: g.head.generation,
+        seq: g.head.seq,
+        packs: g.pack_layers.len(),
+        bytes: g.manifest.packed_bytes(),
+        outcome: String::new(),
+    };
+    let held = catalog::all_heads(store, layout, &compat)?;
+    let holds_this_head = held.heads.contains(&g.head);
+    if !holds_this_head && (!held.heads.is_empty() || !held.faulty.is_empty()) {
+        baked.outcome = format!(
+            "left out: the store already has heads for compat id {compat} (newest seq {})",
+            held.heads.first().map_or(0, |h| h.seq)
+        );
+        return Ok(baked);
+    }
+    let mut put = 0;
+    for (p, layer) in g.manifest.packs.iter().zip(&g.pack_layers) {
+        let key = layout.pack(&p.id);
+        if holds_this_head && store.exists(&key)? {
+            continue;
+        }
+        // The same sha256 as when its files were verified: the same bytes.
+        let bytes = source.read_blob(layer, store.max_value_size())?;
+        store.put(&key, &bytes, ValueClass::Bulk)?;
+        put += 1;
+    }
+    let manifest_key = layout.generation(&g.head.generation);
+    if !(holds_this_head && store.exists(&manifest_key)?) {
+        store.put(&manifest_key, &g.manifest_bytes, ValueClass::Record)?;
+        put += 1;
+    }
+    if holds_this_head {
+        baked.outcome = if put == 0 {
+            "already-present".into()
+        } else {
+            "repaired".into()
+        };
+        return Ok(baked);
+    }
+    let head_key = layout.head(&compat, g.head.seq);
+    let head_bytes = g.head.encode();
+    store.put(&head_key, &head_bytes, ValueClass::Record)?;
+    if store.get_capped(&head_key, catalog::MAX_HEAD_BYTES)? != Some(head_bytes) {
+        baked.outcome = format!(
+            "left out: another writer took seq {} of compat id {compat} meanwhile",
+            g.head.seq
+        );
+        return Ok(baked);
+    }
+    // Head walks search from 1 and from floors: a floor at the put seq finds it.
+    if g.head.seq > 1 {
+        catalog::write_floor(store, layout, &compat, g.head.seq, vec![])?;
+    }
+    catalog::ensure_indexed(
+        store,
+        layout,
+        &compat,
+        &g.manifest.cache_kind,
+        &g.manifest.compat_key,
+    )?;
+    baked.outcome = "imported".into();
+    Ok(baked)
+}
