@@ -164,11 +164,16 @@ fn install_from(
         commit_pause: opts.commit_pause,
         trust: opts.trust.clone(),
         registry: opts.registry.clone(),
+        registry_scratch: None,
         report: report.clone(),
     };
     std::thread::spawn(move || {
         let mut job = job;
         let result = job.run();
+        // Read through the registry's scratch store: what each tier served.
+        if let Some((_, through)) = &job.registry_scratch {
+            job.report.tiers = through.tier_stats();
+        }
         let _ = tx.send((result, job.report));
     });
     let (result, mut report) = match wait_for_job(&rx, started, opts.deadline, &opts.interrupt) {
@@ -286,6 +291,9 @@ struct Job {
     trust: Arc<TrustPolicy>,
     /// The durable registry tier, until it has been asked once.
     registry: Option<Arc<crate::oci::Registry>>,
+    /// What the registry served, in a scratch store on disk, which the job then reads through
+    /// (`TieredStore` over the store): kept until the job ends.
+    registry_scratch: Option<(tempfile::TempDir, Arc<dyn Store>)>,
     report: InstallReport,
 }
 
@@ -539,27 +547,42 @@ impl Job {
     }
 
     /// The store has nothing to install: asks the durable registry tier (once) for the newest
-    /// generation it holds that the trust admits, which it verifies and puts into the store.
-    /// True when the store now holds something it did not (the walk is worth repeating).
+    /// generation it holds that the trust admits, verified into a scratch store on disk. The job
+    /// then reads through the two (`TieredStore`: the store first, the scratch store for what it
+    /// lacks, put back into the store as it is read: read-repair). Served from the scratch store,
+    /// the install does not depend on a full fast tier keeping what was put back; the next pod's
+    /// install finds it there unless eviction took it again. True when there is something new to
+    /// walk.
     fn repair_from_registry(&mut self) -> Result<bool, InstallError> {
         let Some(registry) = self.registry.take() else {
             return Ok(false);
         };
-        let store = self.store()?;
+        let fast = self.store()?;
+        let scratch_dir = tempfile::Builder::new()
+            .prefix("jitship-registry-")
+            .tempdir()
+            .map_err(io(
+                "creating a scratch store for the registry tier",
+                &std::env::temp_dir(),
+            ))?;
+        let scratch: Arc<dyn Store> = Arc::new(crate::store::LocalStore::open(scratch_dir.path())?);
         let pull = registry.pull_into(
-            store.as_ref(),
+            scratch.as_ref(),
             &self.layout,
             &self.trust,
             &self.compat,
             self.deadline,
         );
-        let repaired = pull
-            .served
-            .as_ref()
-            .is_some_and(|g| g.outcome == "imported" || g.outcome == "repaired");
+        let served = pull.served.is_some();
         self.report.registry = Some(pull);
         self.check_time()?;
-        Ok(repaired)
+        if !served {
+            return Ok(false);
+        }
+        let through: Arc<dyn Store> = Arc::new(crate::store::TieredStore::new(fast, scratch));
+        self.store = Some(through.clone());
+        self.registry_scratch = Some((scratch_dir, through));
+        Ok(true)
     }
 
     /// The outcome when no candidate could be installed: `untrusted` if the trust refused every

@@ -93,17 +93,21 @@ pub fn publish(
     opts: &PublishOptions,
     hashes: Option<&mut HashCache>,
 ) -> Result<PublishReport, PublishError> {
-    let mut report = publish_to_store(store, layout, policy, root, opts, hashes)?;
-    if let Some(registry) = &opts.registry
-        && report.outcome != PublishOutcome::Empty
-    {
+    let Some(registry) = &opts.registry else {
+        return publish_to_store(store, layout, policy, root, opts, hashes);
+    };
+    let deadline = Instant::now() + REGISTRY_PUSH_DEADLINE;
+    let tee = crate::oci::registry::RegistryTee::new(store, registry, deadline);
+    let mut report = publish_to_store(&tee, layout, policy, root, opts, hashes)?;
+    if report.outcome != PublishOutcome::Empty {
         let started = Instant::now();
         let pushed = registry.push_newest(
             store,
             layout,
             &opts.trust.policy,
             &report.compat_id,
-            started + REGISTRY_PUSH_DEADLINE,
+            deadline,
+            &tee.pushed(),
         );
         let (generation, error) = match pushed {
             Ok(g) => (g, None),

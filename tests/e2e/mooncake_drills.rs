@@ -5,7 +5,9 @@
 //!
 //! The master-restart and eviction drills also run a durable tier (`TieredStore` over a local
 //! directory): what the fast tier lost is installed from the durable tier, put back, and the next
-//! install is served by Mooncake again.
+//! install is served by Mooncake again. They run the durable registry tier too (a real
+//! docker-registry on the namespace's loopback): the generation the fast tier lost is pulled from
+//! the registry, verified, put back, and the next install is Mooncake's alone.
 //!
 //! What each drill shows is printed (`DRILL ...` lines) as well as asserted.
 
@@ -20,6 +22,7 @@ use jitship::publish::{PublishError, PublishOutcome};
 use jitship::store::{LocalStore, MooncakeStore, Store, StoreError, TieredStore};
 use jitship_tests::fixtures::{TreeDigest, digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{Cluster, cluster, flow, unique_prefix};
+use jitship_tests::registry::TestRegistry;
 
 /// How long a failing publish or install may take with the master or node gone. Mooncake blocks
 /// each call about 4 s on a dead master before answering RPC_FAIL; call_timeout bounds the rest.
@@ -66,6 +69,77 @@ fn install_tiered(
     let tiers = report.tiers.expect("a tiered store reports its tiers");
     eprintln!("DRILL {what}: installed; tiers {tiers:?}");
     tiers
+}
+
+/// Installs `facts`' generation from `store` with the durable registry tier `registry`: it
+/// must be served by the registry, installed byte for byte, and what it read put back into
+/// Mooncake (the report's tiers). Then the next install, without the registry: true when it was
+/// Mooncake's alone (under eviction pressure what was put back may be evicted again).
+fn install_from_registry(
+    what: &str,
+    store: &Arc<dyn Store>,
+    layout: &KeyLayout,
+    roots: &Path,
+    facts: &jitship::facts::Facts,
+    src_digest: &TreeDigest,
+    registry: &Arc<jitship::oci::Registry>,
+) -> bool {
+    let report = flow::install_with_registry(
+        store.clone(),
+        layout,
+        &roots.join("registry-1"),
+        facts,
+        INSTALL_DEADLINE,
+        Some(registry.clone()),
+    );
+    let pull = report.registry.as_ref().expect("the registry was asked");
+    eprintln!(
+        "DRILL {what}: {:?} ({}); registry {} served {:?} in {} ms{}; tiers {:?}",
+        report.outcome,
+        report.detail,
+        pull.registry,
+        pull.tag,
+        pull.duration_ms,
+        pull.error
+            .as_ref()
+            .map_or(String::new(), |e| format!(": {e}")),
+        report.tiers
+    );
+    assert_eq!(
+        report.outcome,
+        InstallOutcome::Installed,
+        "{what}: {}",
+        report.detail
+    );
+    assert!(pull.served.is_some(), "{what}: served by the registry");
+    let tiers = report
+        .tiers
+        .expect("read through the registry's scratch store");
+    assert!(
+        tiers.durable_hits > 0 && tiers.repaired > 0,
+        "{what}: what the registry served is put back into Mooncake: {tiers:?}"
+    );
+    assert_eq!(&digest(&roots.join("registry-1")), src_digest, "{what}");
+    let next = flow::install(
+        store.clone(),
+        layout,
+        &roots.join("registry-2"),
+        facts,
+        INSTALL_DEADLINE,
+    );
+    eprintln!(
+        "DRILL {what}, next pod without the registry: {:?}: {}",
+        next.outcome, next.detail
+    );
+    if next.outcome != InstallOutcome::Installed {
+        assert!(
+            !roots.join("registry-2").exists(),
+            "{what}: a miss created the root"
+        );
+        return false;
+    }
+    assert_eq!(&digest(&roots.join("registry-2")), src_digest, "{what}");
+    true
 }
 
 fn connect(c: &Cluster) -> Arc<dyn Store> {
@@ -175,6 +249,24 @@ fn mooncake_fault_drills() {
         PACK,
     )
     .unwrap_or_else(|e| panic!("publish through the durable tier: {e}"));
+    // And through the durable registry tier, under a prefix of its own.
+    let test_registry = TestRegistry::start();
+    let registry = test_registry.client();
+    let registry_layout = KeyLayout::new(&unique_prefix("registry")).unwrap();
+    let registry_src = tmp.path().join("registry-src");
+    triton_tree(&registry_src, 20, 31);
+    let registry_digest = digest(&registry_src);
+    let pushed = flow::publish_to_registry(
+        store.as_ref(),
+        &registry_layout,
+        &registry_src,
+        &facts,
+        PACK,
+        &registry,
+    )
+    .unwrap_or_else(|e| panic!("publish with the registry tier: {e}"));
+    let push = pushed.registry.expect("pushed");
+    assert!(push.error.is_none(), "{:?}", push.error);
 
     // 1. Master killed.
     c.ctl(&["kill-master"]);
@@ -244,6 +336,19 @@ fn mooncake_fault_drills() {
         (0, true),
         "read-repair: the next install is served by Mooncake alone: {served:?}"
     );
+    // The registry tier: the generation the restart lost is pulled, verified and put back.
+    assert!(
+        install_from_registry(
+            "master-restarted registry",
+            &store,
+            &registry_layout,
+            &tmp.path().join("registry-restart"),
+            &facts,
+            &registry_digest,
+            &registry,
+        ),
+        "read-repair: the next install after the restart is Mooncake's alone"
+    );
     // And the repaired values are in Mooncake itself, for clients without the durable tier.
     let plain = flow::install(
         store.clone(),
@@ -292,13 +397,15 @@ fn mooncake_fault_drills() {
     // 4. Eviction: a small node, filled past its high watermark (0.9).
     c.ctl(&["start-node", "160"]);
     c.ctl(&["wait-node"]);
-    eviction_drill(&c, tmp.path());
+    eviction_drill(&c, tmp.path(), &registry);
 }
 
-/// Publishes several caches of ~30 MB each into a 160 MB segment. Each install must then be
-/// either a complete generation, byte for byte one that was published, or a miss with the root
-/// not created; and at least one generation must have lost objects (or the drill drilled nothing).
-fn eviction_drill(c: &Cluster, dir: &Path) {
+/// Publishes several caches of ~30 MB each into a 160 MB segment, each pushed to the durable
+/// registry tier too. Each install must then be either a complete generation, byte for byte one
+/// that was published, or a miss with the root not created, which the registry tier then serves
+/// and puts back; and at least one generation must have lost objects (or the drill drilled
+/// nothing).
+fn eviction_drill(c: &Cluster, dir: &Path, registry: &Arc<jitship::oci::Registry>) {
     let store = connect(c);
     let layout = KeyLayout::new(&unique_prefix("evict")).unwrap();
     // First in, so first evicted: a cache published through a durable tier.
@@ -317,27 +424,45 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
     )
     .unwrap_or_else(|e| panic!("publish through the durable tier: {e}"));
     // Cache 0 gets two generations: a small one, then a big one on top (fallback candidate).
-    let mut published: Vec<(jitship::facts::Facts, std::path::PathBuf, Vec<TreeDigest>)> =
-        Vec::new();
+    let mut published: Vec<(jitship::facts::Facts, bool, Vec<TreeDigest>)> = Vec::new();
     for i in 0..6u64 {
         let facts = flow::facts(&format!("evict-{i}"));
         let src = dir.join(format!("evict-src-{i}"));
         let mut states = Vec::new();
         if i == 0 {
             triton_tree(&src, 10, 100);
-            flow::publish(store.as_ref(), &layout, &src, &facts, PACK)
+            flow::publish_to_registry(store.as_ref(), &layout, &src, &facts, PACK, registry)
                 .unwrap_or_else(|e| panic!("publish {i}: {e}"));
             states.push(digest(&src));
         }
         large_files_tree(&src, 5, 6 * 1024 * 1024, 1000 + i * 10);
-        let r = flow::publish(store.as_ref(), &layout, &src, &facts, PACK)
+        let r = flow::publish_to_registry(store.as_ref(), &layout, &src, &facts, PACK, registry)
             .unwrap_or_else(|e| panic!("publish {i}: {e}"));
+        let push = r.registry.as_ref().expect("pushed");
+        assert!(
+            push.error.is_none(),
+            "cache {i}: push failed: {:?}",
+            push.error
+        );
+        // The push reads the generation back from Mooncake: under this much pressure its packs
+        // can be evicted first, and then there is nothing whole to push (said so, not an error).
+        let pushed = push.generation.as_ref().is_some_and(|g| {
+            g.generation
+                == match r.outcome {
+                    PublishOutcome::Published { generation, .. } => generation,
+                    _ => panic!("cache {i}: {:?}", r.outcome),
+                }
+        });
+        eprintln!(
+            "DRILL eviction: cache {i}: pushed to the registry: {:?}",
+            push.generation.as_ref().map(|g| &g.outcome)
+        );
         states.push(digest(&src));
         eprintln!(
             "DRILL eviction: cache {i}: {:?}, {} bytes uploaded",
             r.outcome, r.bytes_uploaded
         );
-        published.push((facts, src, states));
+        published.push((facts, pushed, states));
     }
     if let Ok(m) = std::process::Command::new("bash")
         .arg(&c.ctl)
@@ -355,7 +480,9 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
     }
     let mut misses = 0;
     let mut installs = 0;
-    for (i, (facts, _src, states)) in published.iter().enumerate() {
+    let mut served_by_registry = 0;
+    let mut repaired_for_next = 0;
+    for (i, (facts, pushed, states)) in published.iter().enumerate() {
         let root = dir.join(format!("evict-root-{i}"));
         let report = flow::install(store.clone(), &layout, &root, facts, INSTALL_DEADLINE);
         match report.outcome {
@@ -387,6 +514,26 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
                     report.detail
                 );
                 misses += 1;
+                if !pushed {
+                    eprintln!(
+                        "DRILL eviction: cache {i}: not in the registry (evicted before its push \
+                         read it back)"
+                    );
+                    continue;
+                }
+                // The registry tier serves what eviction took, and puts it back.
+                served_by_registry += 1;
+                if install_from_registry(
+                    &format!("eviction cache {i} registry"),
+                    &store,
+                    &layout,
+                    &dir.join(format!("evict-registry-{i}")),
+                    facts,
+                    states.last().expect("published"),
+                    registry,
+                ) {
+                    repaired_for_next += 1;
+                }
             }
             InstallOutcome::AlreadyCurrent => panic!("cache {i}: already current in a fresh root"),
             InstallOutcome::Conflict => {
@@ -427,6 +574,18 @@ fn eviction_drill(c: &Cluster, dir: &Path) {
     assert!(
         misses >= 1,
         "nothing was evicted: the drill did not fill the store past its watermark"
+    );
+    assert!(
+        served_by_registry >= 1,
+        "no evicted cache had been pushed: the drill drilled nothing for the registry tier"
+    );
+    eprintln!(
+        "DRILL eviction registry: {served_by_registry} evicted caches served by the registry; \
+         {repaired_for_next} of them installed by the next pod from Mooncake alone"
+    );
+    assert!(
+        repaired_for_next >= 1,
+        "read-repair never held: every cache the registry put back was evicted again"
     );
     assert!(installs >= 1, "even the newest cache was lost");
 }

@@ -163,6 +163,29 @@ pub mod flow {
         )
     }
 
+    /// [`publish`], then the push to the durable registry tier `registry`.
+    pub fn publish_to_registry(
+        store: &dyn Store,
+        layout: &KeyLayout,
+        root: &Path,
+        facts: &Facts,
+        pack_size: u64,
+        registry: &Arc<jitship::oci::Registry>,
+    ) -> Result<PublishReport, PublishError> {
+        let opts = PublishOptions {
+            registry: Some(registry.clone()),
+            ..options(facts, pack_size)
+        };
+        publish::publish(
+            store,
+            layout,
+            &NativeRules::new("triton"),
+            root,
+            &opts,
+            None,
+        )
+    }
+
     pub fn install(
         store: Arc<dyn Store>,
         layout: &KeyLayout,
@@ -170,8 +193,21 @@ pub mod flow {
         facts: &Facts,
         deadline: Duration,
     ) -> InstallReport {
+        install_with_registry(store, layout, root, facts, deadline, None)
+    }
+
+    /// [`install`] with the durable registry tier `registry` behind `store`.
+    pub fn install_with_registry(
+        store: Arc<dyn Store>,
+        layout: &KeyLayout,
+        root: &Path,
+        facts: &Facts,
+        deadline: Duration,
+        registry: Option<Arc<jitship::oci::Registry>>,
+    ) -> InstallReport {
         let opts = InstallOptions {
             deadline,
+            registry,
             ..InstallOptions::default()
         };
         install::install(

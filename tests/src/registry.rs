@@ -90,6 +90,16 @@ impl TestRegistry {
         format!("docker://{}/{REPOSITORY}", self.addr)
     }
 
+    /// A client of the test repository, as `--durable-store oci+http:...` opens one.
+    pub fn client(&self) -> std::sync::Arc<jitship::oci::Registry> {
+        let config = jitship::store::DurableStoreConfig {
+            registry: Some(format!("{}/{REPOSITORY}", self.addr)),
+            plain_http: true,
+            ..Default::default()
+        };
+        std::sync::Arc::new(jitship::oci::Registry::open(&config).expect("open the test registry"))
+    }
+
     /// Stops the registry now (a drill of a registry that went away).
     pub fn stop(&mut self) {
         let _ = self.child.kill();

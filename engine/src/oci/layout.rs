@@ -142,7 +142,8 @@ pub fn export(
         manifests: vec![],
     };
     for compat in ids {
-        let Some(g) = super::newest_whole(store, layout, trust, &compat)? else {
+        let Some(g) = super::newest_whole(store, layout, trust, &compat, &Default::default())?
+        else {
             report.skipped.push(compat.to_string());
             continue;
         };

@@ -150,20 +150,32 @@ pub trait BlobSource {
 }
 
 /// A generation ready to be written as an artifact: the newest head of a compat id that the
-/// trust admits and whose generation is whole (and proven by its files' blake3) in the store.
+/// trust admits and whose generation is whole (and proven by its files' blake3) in the store,
+/// or whose packs the sink already holds.
 pub struct StoredGeneration {
     pub head: HeadRecord,
     pub signer: Signer,
     pub manifest: Manifest,
-    pub packs: Vec<Vec<u8>>,
+    pub packs: Vec<PackBlob>,
 }
 
-/// The newest admitted head of `compat` whose generation is whole in `store`; `None` if none is.
+/// A pack of a generation being written as an artifact.
+pub enum PackBlob {
+    /// Read from the store.
+    Bytes(Vec<u8>),
+    /// Already a blob of the sink (pushed by the publish that uploaded it).
+    InSink(Descriptor),
+}
+
+/// The newest admitted head of `compat` whose generation is whole in `store` (a pack named in
+/// `in_sink`, by store key, counts as there); `None` if none is. The files of every pack read
+/// are checked against their blake3 (a pack's id names its layout, not its bytes).
 pub fn newest_whole(
     store: &dyn Store,
     layout: &KeyLayout,
     trust: &TrustPolicy,
     compat: &CompatId,
+    in_sink: &std::collections::HashMap<String, Descriptor>,
 ) -> Result<Option<StoredGeneration>, OciError> {
     let mut walk = catalog::HeadWalk::new(store, layout, compat)?;
     while let Some(head) = walk.next_usable(catalog::MAX_FAULTY_PASSED)? {
@@ -176,15 +188,27 @@ pub fn newest_whole(
         };
         let mut packs = Vec::with_capacity(manifest.packs.len());
         for p in &manifest.packs {
-            match store.get(&layout.pack(&p.id))? {
-                Some(bytes) => packs.push(bytes),
+            let key = layout.pack(&p.id);
+            if let Some(d) = in_sink.get(&key) {
+                packs.push(PackBlob::InSink(d.clone()));
+                continue;
+            }
+            match store.get(&key)? {
+                Some(bytes) => packs.push(PackBlob::Bytes(bytes)),
                 None => break,
             }
         }
         if packs.len() != manifest.packs.len() {
             continue;
         }
-        if let Err(why) = check_files(&manifest, &packs) {
+        let read: Vec<Option<&[u8]>> = packs
+            .iter()
+            .map(|p| match p {
+                PackBlob::Bytes(b) => Some(b.as_slice()),
+                PackBlob::InSink(_) => None,
+            })
+            .collect();
+        if let Err(why) = check_files(&manifest, &read) {
             tracing::warn!(generation = %head.generation, "not written as an artifact: {why}");
             continue;
         }
@@ -206,8 +230,11 @@ pub fn write_artifact(
     g: &StoredGeneration,
 ) -> Result<(Vec<u8>, Descriptor, BakedGeneration), OciError> {
     let mut layers = Vec::with_capacity(g.packs.len() + 1);
-    for (p, bytes) in g.manifest.packs.iter().zip(&g.packs) {
-        let mut d = sink.put_blob(PACK_MEDIA_TYPE, bytes)?;
+    for (p, blob) in g.manifest.packs.iter().zip(&g.packs) {
+        let mut d = match blob {
+            PackBlob::Bytes(bytes) => sink.put_blob(PACK_MEDIA_TYPE, bytes)?,
+            PackBlob::InSink(d) => d.clone(),
+        };
         d.annotations.insert(annotation("pack"), p.id.to_string());
         layers.push(d);
     }
@@ -343,7 +370,8 @@ pub fn verify_artifact(
         }
         bytes.push(source.read_blob(layer, max_pack_bytes)?);
     }
-    check_files(&manifest, &bytes).map_err(|why| refuse(format!("generation {id}: {why}")))?;
+    let read: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+    check_files(&manifest, &read).map_err(|why| refuse(format!("generation {id}: {why}")))?;
     Ok(Verified {
         manifest,
         manifest_bytes,
@@ -352,10 +380,12 @@ pub fn verify_artifact(
     })
 }
 
-/// Every file of `manifest` read from `packs` (its packs' bytes, in order) hashes to its blake3:
-/// a pack's id names its layout, not its bytes, so the files are what prove them.
-pub fn check_files(manifest: &Manifest, packs: &[Vec<u8>]) -> Result<(), String> {
+/// Every file of `manifest` read from `packs` (its packs' bytes, in order; `None` for a pack not
+/// read, whose files are not checked) hashes to its blake3: a pack's id names its layout, not
+/// its bytes, so the files are what prove them.
+pub fn check_files(manifest: &Manifest, packs: &[Option<&[u8]>]) -> Result<(), String> {
     for (p, bytes) in manifest.packs.iter().zip(packs) {
+        let Some(bytes) = bytes else { continue };
         if bytes.len() as u64 != p.size {
             return Err(format!(
                 "pack {} is {} bytes, the manifest says {}",
@@ -365,12 +395,15 @@ pub fn check_files(manifest: &Manifest, packs: &[Vec<u8>]) -> Result<(), String>
             ));
         }
     }
-    for f in &manifest.files {
+    'files: for f in &manifest.files {
         let mut h = blake3::Hasher::new();
         for c in &f.chunks {
+            let Some(pack) = packs[c.pack as usize] else {
+                continue 'files;
+            };
             // In bounds: `Manifest::validate` checked every chunk against its pack's size.
             let start = c.offset as usize;
-            h.update(&packs[c.pack as usize][start..start + c.len as usize]);
+            h.update(&pack[start..start + c.len as usize]);
         }
         if ContentHash::from(h.finalize()) != f.blake3 {
             return Err(format!("{} does not hash to its blake3 (altered)", f.path));

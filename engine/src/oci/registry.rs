@@ -19,6 +19,8 @@
 //! pushes blobs; manifests, tag lists and deletes go through reqwest (oci-client has no delete,
 //! and reads manifests and tag lists whole, without a bound).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use oci_client::client::{ClientConfig, ClientProtocol};
@@ -32,7 +34,9 @@ use super::{
 };
 use crate::catalog::KeyLayout;
 use crate::generation::{CompatId, GenerationId};
-use crate::store::{DurableStoreConfig, Store};
+use crate::store::{
+    Capabilities, DurableStoreConfig, Fetched, Store, StoreResult, TierStats, ValueClass,
+};
 use crate::trust::TrustPolicy;
 
 /// Most tags of one compat id a pull tries (newest seq first) before it gives up.
@@ -152,7 +156,10 @@ impl Registry {
             Ok(docker_credential::DockerCredential::IdentityToken(t)) => RegistryAuth::Bearer(t),
             Err(_) => RegistryAuth::Anonymous,
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // Publish pushes packs from its upload threads at once: two workers drive them.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("jitship-registry")
             .enable_all()
             .build()
             .map_err(|e| RegistryError::Client {
@@ -372,6 +379,10 @@ impl Registry {
     /// (what its publish just wrote, usually): every blob the registry lacks, then the manifest
     /// tagged `<compat>.<seq>`, then `<compat>`. `None` when the store holds no such generation;
     /// `already-present` when its tag is there with the same manifest.
+    ///
+    /// `pushed` are packs already in the registry (pushed as the publish uploaded them, see
+    /// [`RegistryTee`]): they are not read back from the store, where the fast tier may have
+    /// evicted them already.
     pub fn push_newest(
         &self,
         store: &dyn Store,
@@ -379,11 +390,12 @@ impl Registry {
         trust: &TrustPolicy,
         compat: &CompatId,
         deadline: Instant,
+        pushed: &HashMap<String, Descriptor>,
     ) -> Result<Option<BakedGeneration>, OciError> {
         if let Some(there) = self.already_pushed(store, layout, trust, compat, deadline)? {
             return Ok(Some(there));
         }
-        let Some(g) = super::newest_whole(store, layout, trust, compat)? else {
+        let Some(g) = super::newest_whole(store, layout, trust, compat, pushed)? else {
             return Ok(None);
         };
         let tag = Self::generation_tag(compat, g.head.seq, &g.head.generation);
@@ -603,6 +615,154 @@ impl Registry {
             let request = self.http.delete(self.url(&format!("manifests/{digest}")));
             Ok(self.send(request, &auth, &what).await?.is_some())
         })
+    }
+}
+
+/// The store a publish writes through when it has a registry tier: every pack it uploads is
+/// pushed to the registry as a blob right after the store took it, while the publisher holds its
+/// bytes. Under memory pressure Mooncake can evict a pack before the publish ends, and the
+/// generation's push, which would read it back, would find nothing whole to push: exactly when a
+/// durable copy matters. A blob push that fails is remembered, not raised (the store has the
+/// pack; the publish goes on), and the tee pushes no more after it.
+pub struct RegistryTee<'a> {
+    inner: &'a dyn Store,
+    registry: &'a Registry,
+    deadline: Instant,
+    state: Mutex<TeeState>,
+}
+
+#[derive(Default)]
+struct TeeState {
+    /// Pack key -> its blob in the registry.
+    pushed: HashMap<String, Descriptor>,
+    failed: Option<String>,
+}
+
+impl<'a> RegistryTee<'a> {
+    pub fn new(inner: &'a dyn Store, registry: &'a Registry, deadline: Instant) -> Self {
+        Self {
+            inner,
+            registry,
+            deadline,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Packs pushed so far, by store key.
+    pub fn pushed(&self) -> HashMap<String, Descriptor> {
+        self.lock().pushed.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TeeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, key: &str, value: &[u8], class: ValueClass) {
+        if class != ValueClass::Bulk || self.lock().failed.is_some() {
+            return;
+        }
+        let mut sink = PushSink {
+            registry: self.registry,
+            deadline: self.deadline,
+            authorized: false,
+        };
+        let result = sink.put_blob(super::PACK_MEDIA_TYPE, value);
+        let mut state = self.lock();
+        match result {
+            Ok(d) => {
+                state.pushed.insert(key.to_owned(), d);
+            }
+            Err(e) => state.failed = Some(e.to_string()),
+        }
+    }
+}
+
+impl std::fmt::Debug for RegistryTee<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegistryTee({:?} -> {:?})", self.inner, self.registry)
+    }
+}
+
+impl Store for RegistryTee<'_> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn max_value_size(&self) -> u64 {
+        self.inner.max_value_size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        self.inner.put(key, value, class)?;
+        self.push(key, value, class);
+        Ok(())
+    }
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+    fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.get_capped(key, limit)
+    }
+    fn put_filled(
+        &self,
+        key: &str,
+        len: usize,
+        class: ValueClass,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> StoreResult<bool> {
+        if class != ValueClass::Bulk || self.lock().failed.is_some() {
+            return self.inner.put_filled(key, len, class, fill);
+        }
+        // The bytes are kept for the push: one pack per upload thread.
+        let mut copy = Vec::new();
+        let stored = self.inner.put_filled(key, len, class, &mut |buf| {
+            let filled = fill(buf);
+            if filled {
+                copy = buf.to_vec();
+            }
+            filled
+        })?;
+        if stored {
+            self.push(key, &copy, class);
+        }
+        Ok(stored)
+    }
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        self.inner.exists(key)
+    }
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        self.inner.remove(key)
+    }
+    fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
+        self.inner.modified(key)
+    }
+    fn size(&self, key: &str) -> StoreResult<Option<u64>> {
+        self.inner.size(key)
+    }
+    fn put_batch(&self, items: &[(&str, &[u8])], class: ValueClass) -> Vec<StoreResult<()>> {
+        let results = self.inner.put_batch(items, class);
+        for ((key, value), r) in items.iter().zip(&results) {
+            if r.is_ok() {
+                self.push(key, value, class);
+            }
+        }
+        results
+    }
+    fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+        self.inner.get_batch(keys)
+    }
+    fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
+        self.inner.exists_batch(keys)
+    }
+    fn get_sized_batch(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Option<Fetched>>> {
+        self.inner.get_sized_batch(items)
+    }
+    fn tier_stats(&self) -> Option<TierStats> {
+        self.inner.tier_stats()
     }
 }
 

@@ -95,6 +95,8 @@ pub struct RegistryPush {
     pub generation: Option<crate::oci::BakedGeneration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The push after the publish (its packs were pushed while it uploaded them, in
+    /// `upload_ms`).
     pub duration_ms: u64,
 }
 
