@@ -565,7 +565,8 @@ impl Job {
                 "creating a scratch store for the registry tier",
                 &std::env::temp_dir(),
             ))?;
-        let scratch: Arc<dyn Store> = Arc::new(crate::store::LocalStore::open(scratch_dir.path())?);
+        let scratch: Arc<dyn Store> =
+            Arc::new(crate::store::LocalStore::scratch(scratch_dir.path())?);
         let pull = registry.pull_into(
             scratch.as_ref(),
             &self.layout,

@@ -315,7 +315,8 @@ fn a_registry_down_or_silent_bounds_the_install_and_leaves_store_hits_alone() {
 }
 
 #[test]
-fn an_exported_layout_copied_into_the_registry_by_skopeo_installs_like_a_pushed_one() {
+fn an_exported_layout_copied_into_the_registry_by_skopeo_installs_like_a_pushed_one_and_travels_as_a_tar()
+ {
     let env = Env::new();
     let registry = TestRegistry::start();
     triton_tree(&env.path("src"), 3, 41);
@@ -384,4 +385,78 @@ fn an_exported_layout_copied_into_the_registry_by_skopeo_installs_like_a_pushed_
     assert_eq!(code(&out), 0, "{}", show(&out));
     assert_eq!(result(&out)["registry"]["tag"], tag.as_str());
     assert_eq!(digest(&env.path("dst")), digest(&env.path("src")));
+
+    // The layout as one tar archive: skopeo reads it, import takes it.
+    let archive = env.path("layout.tar");
+    let out = run(&[
+        "export",
+        "--store",
+        &env.store("store"),
+        "--out",
+        archive.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let inspected = Command::new("skopeo")
+        .args([
+            "inspect",
+            "--raw",
+            &format!("oci-archive:{}:{compat}", archive.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(inspected.status.success(), "{}", text(&inspected.stderr));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&inspected.stdout).unwrap()["artifactType"],
+        "application/vnd.jitship.generation.v1"
+    );
+    let out = run(&[
+        "import",
+        "--store",
+        &env.store("from-archive"),
+        "--from",
+        archive.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert_eq!(result(&out)["generations"][0]["outcome"], "imported");
+    let out = env.install(
+        &env.store("from-archive"),
+        "dst-archive",
+        "oci+http:127.0.0.1:1/unreachable",
+        "60s",
+    );
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert_eq!(digest(&env.path("dst-archive")), digest(&env.path("src")));
+
+    // An archive with a name outside the layout is refused whole: nothing written anywhere.
+    let hostile = env.path("hostile.tar");
+    let made = Command::new("python3")
+        .args([
+            "-c",
+            "import io, sys, tarfile\n\
+             t = tarfile.open(sys.argv[1], 'w')\n\
+             for name, data in [('oci-layout', b'{\"imageLayoutVersion\":\"1.0.0\"}'), ('../escaped', b'x')]:\n\
+             \x20   i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))\n\
+             t.close()",
+            hostile.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let out = run(&[
+        "import",
+        "--store",
+        &env.store("hostile-store"),
+        "--from",
+        hostile.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&out), 1, "{}", show(&out));
+    assert!(
+        text(&out.stderr).contains("is not a name of an OCI layout"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        !env.path("escaped").exists() && !env.tmp.path().parent().unwrap().join("escaped").exists()
+    );
 }

@@ -18,14 +18,30 @@ pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(3
 #[derive(Debug)]
 pub struct LocalStore {
     root: PathBuf,
+    /// Puts are fsynced (false only for `scratch`).
+    durable: bool,
 }
 
 impl LocalStore {
+    /// A store in `root` (created) for data that dies with the process using it (what an install
+    /// pulled from the registry tier, read once): puts are not fsynced.
+    pub fn scratch(root: impl Into<PathBuf>) -> StoreResult<Self> {
+        let root = root.into();
+        fs::create_dir_all(root.join(TMP_DIR)).map_err(|e| io_err(&root, e))?;
+        Ok(Self {
+            root,
+            durable: false,
+        })
+    }
+
     /// Opens (and creates) the store directory.
     pub fn open(root: impl Into<PathBuf>) -> StoreResult<Self> {
         let root = root.into();
         fs::create_dir_all(root.join(TMP_DIR)).map_err(|e| io_err(&root, e))?;
-        let store = Self { root };
+        let store = Self {
+            root,
+            durable: true,
+        };
         // Every command that writes (publish, gc) opens the store first, so killed puts never
         // accumulate; failing to clean is not a reason to refuse the store.
         if let Err(e) = store.remove_stale_temp(STALE_TEMP_AGE) {
@@ -39,7 +55,10 @@ impl LocalStore {
     pub fn open_existing(root: impl Into<PathBuf>) -> StoreResult<Self> {
         let root = root.into();
         match fs::metadata(&root) {
-            Ok(m) if m.is_dir() => Ok(Self { root }),
+            Ok(m) if m.is_dir() => Ok(Self {
+                root,
+                durable: true,
+            }),
             Ok(_) => Err(StoreError::Other(format!(
                 "the local store {} is not a directory",
                 root.display()
@@ -139,13 +158,18 @@ impl Store for LocalStore {
         let tmp_dir = self.root.join(TMP_DIR);
         let mut tmp = tempfile::NamedTempFile::new_in(&tmp_dir).map_err(|e| io_err(&tmp_dir, e))?;
         tmp.write_all(value).map_err(|e| io_err(tmp.path(), e))?;
-        tmp.as_file()
-            .sync_all()
-            .map_err(|e| io_err(tmp.path(), e))?;
+        if self.durable {
+            tmp.as_file()
+                .sync_all()
+                .map_err(|e| io_err(tmp.path(), e))?;
+        }
         match tmp.persist_noclobber(&path) {
             Ok(_) => {}
             Err(e) if e.error.kind() == ErrorKind::AlreadyExists => return Ok(()),
             Err(e) => return Err(io_err(&path, e.error)),
+        }
+        if !self.durable {
+            return Ok(());
         }
         fs::File::open(dir)
             .and_then(|d| d.sync_all())

@@ -415,8 +415,9 @@ pub struct VerifyArgs {
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// The layout directory to write (created; must be absent or empty).
-    #[arg(long, value_name = "DIR")]
+    /// The layout directory to write (created; must be absent or empty), or FILE.tar: the
+    /// layout as one tar archive (must not exist).
+    #[arg(long, value_name = "DIR|FILE.tar")]
     pub out: PathBuf,
 
     /// A compat id to export (repeatable; all of the store's when omitted).
@@ -429,8 +430,8 @@ pub struct ExportArgs {
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
-    /// The layout directory `jitship export` wrote.
-    #[arg(long, value_name = "DIR")]
+    /// The layout directory `jitship export` wrote, or its tar archive (a file).
+    #[arg(long, value_name = "DIR|FILE.tar")]
     pub from: PathBuf,
 
     #[command(flatten)]

@@ -3,6 +3,10 @@
 //! into a store from one. The index names each generation's manifest by its compat id
 //! (`org.opencontainers.image.ref.name`). A compat id the store already has heads for is left
 //! alone on import (said so), unless it holds this very head.
+//!
+//! The layout also travels as one tar archive (`--out FILE.tar`, `--from FILE.tar`; what
+//! `skopeo copy oci-archive:` reads): written by archiving a layout directory, read by unpacking
+//! only the layout's own names, each regular file bounded in size, into a scratch directory.
 
 use std::fs;
 use std::io::Read;
@@ -22,6 +26,8 @@ use crate::trust::TrustPolicy;
 /// Bounds on what an import reads before it trusts anything.
 const MAX_INDEX_BYTES: u64 = 16 << 20;
 const MAX_GENERATIONS: usize = 100_000;
+/// Most entries an archive may hold (the layout's files and its two directories).
+const MAX_ARCHIVE_ENTRIES: usize = 4_000_000;
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OciError + '_ {
     move |source| OciError::Io {
@@ -212,6 +218,7 @@ pub fn import(store: &dyn Store, layout: &KeyLayout, dir: &Path) -> Result<BakeR
             head,
             layout.namespace(),
             store.max_value_size(),
+            false,
         )?);
     }
     if verified.is_empty() {
@@ -229,4 +236,131 @@ pub fn import(store: &dyn Store, layout: &KeyLayout, dir: &Path) -> Result<BakeR
             .push(super::put_generation(store, layout, &source, g)?);
     }
     Ok(report)
+}
+
+/// True for a path `export` and `import` take as a tar archive of a layout (`*.tar`).
+pub fn is_archive(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "tar")
+}
+
+/// [`export`] into the tar archive `file` (which must not exist): the layout is written to a
+/// scratch directory beside it, archived into a temporary file there, and that file renamed into
+/// place, so a failed export leaves no archive behind.
+pub fn export_archive(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    trust: &TrustPolicy,
+    compat_ids: &[CompatId],
+    file: &Path,
+) -> Result<BakeReport, OciError> {
+    let refuse = |why: String| OciError::Refused {
+        from: file.display().to_string(),
+        why,
+    };
+    if file.exists() {
+        return Err(refuse("it exists; export writes a new archive".into()));
+    }
+    let parent = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let scratch = tempfile::Builder::new()
+        .prefix(".jitship-export-")
+        .tempdir_in(parent)
+        .map_err(io(parent))?;
+    let dir = scratch.path().join("layout");
+    let mut report = export(store, layout, trust, compat_ids, &dir)?;
+    let archive = tempfile::NamedTempFile::new_in(parent).map_err(io(parent))?;
+    let mut builder = tar::Builder::new(archive.as_file());
+    builder.follow_symlinks(false);
+    builder.append_dir_all(".", &dir).map_err(io(&dir))?;
+    builder.finish().map_err(io(file))?;
+    drop(builder);
+    archive.as_file().sync_all().map_err(io(file))?;
+    archive.persist_noclobber(file).map_err(|e| OciError::Io {
+        path: file.to_path_buf(),
+        source: e.error,
+    })?;
+    report.dir = file.to_path_buf();
+    Ok(report)
+}
+
+/// [`import`] from the tar archive `file`: unpacked first into a scratch directory (in
+/// `$TMPDIR`), taking only the layout's names (`oci-layout`, `index.json`, `blobs/sha256/<64
+/// hex>`, their directories), each file at most `max_file_bytes`; anything else refuses it.
+pub fn import_archive(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    file: &Path,
+) -> Result<BakeReport, OciError> {
+    let scratch = tempfile::Builder::new()
+        .prefix("jitship-import-")
+        .tempdir()
+        .map_err(io(&std::env::temp_dir()))?;
+    let limit = store.max_value_size().max(MAX_INDEX_BYTES);
+    unpack_layout(file, scratch.path(), limit)?;
+    let mut report = import(store, layout, scratch.path()).map_err(|e| match e {
+        // Name the archive, not the scratch directory.
+        OciError::Refused { why, .. } => OciError::Refused {
+            from: file.display().to_string(),
+            why,
+        },
+        other => other,
+    })?;
+    report.dir = file.to_path_buf();
+    Ok(report)
+}
+
+fn unpack_layout(file: &Path, dir: &Path, max_file_bytes: u64) -> Result<(), OciError> {
+    let refuse = |why: String| OciError::Refused {
+        from: file.display().to_string(),
+        why,
+    };
+    let mut archive = tar::Archive::new(fs::File::open(file).map_err(io(file))?);
+    archive.set_preserve_permissions(false);
+    archive.set_unpack_xattrs(false);
+    for (n, entry) in archive.entries().map_err(io(file))?.enumerate() {
+        if n >= MAX_ARCHIVE_ENTRIES {
+            return Err(refuse(format!(
+                "it holds more than {MAX_ARCHIVE_ENTRIES} entries"
+            )));
+        }
+        let mut entry = entry.map_err(io(file))?;
+        let name = entry.path().map_err(io(file))?.into_owned();
+        let rel = name.strip_prefix(".").unwrap_or(&name);
+        let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        let kind = entry.header().entry_type();
+        let is_dir = kind.is_dir();
+        let allowed = match parts.as_slice() {
+            [] => is_dir,
+            ["blobs"] | ["blobs", "sha256"] => is_dir,
+            ["oci-layout"] | ["index.json"] => kind.is_file(),
+            ["blobs", "sha256", hex] => {
+                kind.is_file() && sha256_hex(&format!("sha256:{hex}")).is_some()
+            }
+            _ => false,
+        };
+        if !allowed || parts.len() != rel.iter().count() {
+            return Err(refuse(format!(
+                "{} is not a name of an OCI layout jitship writes (or not a plain file)",
+                name.display()
+            )));
+        }
+        if entry.size() > max_file_bytes {
+            return Err(refuse(format!(
+                "{} is {} bytes, over the {max_file_bytes}-byte bound",
+                name.display(),
+                entry.size()
+            )));
+        }
+        if !is_dir {
+            let target = dir.join(rel);
+            if let Some(parent) = target.parent() {
+                fs::create_dir_all(parent).map_err(io(parent))?;
+            }
+            let mut out = fs::File::create(&target).map_err(io(&target))?;
+            std::io::copy(&mut (&mut entry).take(max_file_bytes), &mut out).map_err(io(&target))?;
+        }
+    }
+    Ok(())
 }

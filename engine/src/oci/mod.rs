@@ -147,6 +147,11 @@ pub trait BlobSink {
 pub trait BlobSource {
     fn describe(&self) -> String;
     fn read_blob(&self, d: &Descriptor, limit: u64) -> Result<Vec<u8>, OciError>;
+
+    /// `read_blob` of each of `ds`, in order (a registry reads several at once).
+    fn read_blobs(&self, ds: &[Descriptor], limit: u64) -> Result<Vec<Vec<u8>>, OciError> {
+        ds.iter().map(|d| self.read_blob(d, limit)).collect()
+    }
 }
 
 /// A generation ready to be written as an artifact: the newest head of a compat id that the
@@ -310,23 +315,27 @@ pub fn read_artifact_head(
     Ok(ArtifactHead { oci, head })
 }
 
-/// A generation of an artifact, every byte verified. Its packs are not held: they are read
-/// again (and their sha256 checked again) when put, so a reader holds one generation's packs at
-/// a time while verifying, and one pack while writing.
+/// A generation of an artifact, every byte verified. Its packs are held when the reader asked
+/// (a registry: reading them twice would pull them twice), else read again (and their sha256
+/// checked again) when put, so an import of many holds one generation's packs at a time while
+/// verifying, and one pack while writing.
 pub struct Verified {
     pub manifest: Manifest,
     manifest_bytes: Vec<u8>,
     pub head: HeadRecord,
     pack_layers: Vec<Descriptor>,
+    packs: Option<Vec<Vec<u8>>>,
 }
 
 /// Reads and verifies the rest of the artifact `a` (see the module docs): `namespace` is the
-/// one the reader works in; a signed head of another namespace is refused.
+/// one the reader works in; a signed head of another namespace is refused. `keep_packs` keeps
+/// the packs' bytes for `put_generation`.
 pub fn verify_artifact(
     source: &dyn BlobSource,
     a: ArtifactHead,
     namespace: &str,
     max_pack_bytes: u64,
+    keep_packs: bool,
 ) -> Result<Verified, OciError> {
     let refuse = |why: String| OciError::Refused {
         from: source.describe(),
@@ -360,7 +369,6 @@ pub fn verify_artifact(
             manifest.packs.len()
         )));
     }
-    let mut bytes = Vec::with_capacity(pack_layers.len());
     for (layer, p) in pack_layers.iter().zip(&manifest.packs) {
         if layer.media_type != PACK_MEDIA_TYPE || layer.size != p.size {
             return Err(refuse(format!(
@@ -368,8 +376,8 @@ pub fn verify_artifact(
                 layer.digest, p.id
             )));
         }
-        bytes.push(source.read_blob(layer, max_pack_bytes)?);
     }
+    let bytes = source.read_blobs(pack_layers, max_pack_bytes)?;
     let read: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
     check_files(&manifest, &read).map_err(|why| refuse(format!("generation {id}: {why}")))?;
     Ok(Verified {
@@ -377,6 +385,7 @@ pub fn verify_artifact(
         manifest_bytes,
         head,
         pack_layers: pack_layers.to_vec(),
+        packs: keep_packs.then_some(bytes),
     })
 }
 
@@ -444,14 +453,19 @@ pub fn put_generation(
         return Ok(baked);
     }
     let mut put = 0;
-    for (p, layer) in g.manifest.packs.iter().zip(&g.pack_layers) {
+    for (i, (p, layer)) in g.manifest.packs.iter().zip(&g.pack_layers).enumerate() {
         let key = layout.pack(&p.id);
         if holds_this_head && store.exists(&key)? {
             continue;
         }
-        // The same sha256 as when its files were verified: the same bytes.
-        let bytes = source.read_blob(layer, store.max_value_size())?;
-        store.put(&key, &bytes, ValueClass::Bulk)?;
+        match &g.packs {
+            Some(held) => store.put(&key, &held[i], ValueClass::Bulk)?,
+            None => {
+                // The same sha256 as when its files were verified: the same bytes.
+                let bytes = source.read_blob(layer, store.max_value_size())?;
+                store.put(&key, &bytes, ValueClass::Bulk)?;
+            }
+        }
         put += 1;
     }
     let manifest_key = layout.generation(&g.head.generation);

@@ -39,6 +39,8 @@ use crate::store::{
 };
 use crate::trust::TrustPolicy;
 
+/// Blobs a pull reads at once.
+const CONCURRENT_PULLS: usize = 4;
 /// Most tags of one compat id a pull tries (newest seq first) before it gives up.
 pub const MAX_CANDIDATES: usize = 64;
 /// Most tags read from the repository's tag list, and its bound in bytes.
@@ -577,6 +579,7 @@ impl Registry {
                 head,
                 layout.namespace(),
                 store.max_value_size(),
+                true,
             ) {
                 Ok(v) => v,
                 Err(OciError::Registry(e)) => return Err(e.into()),
@@ -817,10 +820,43 @@ impl BlobSource for PullSource<'_> {
     }
 
     fn read_blob(&self, d: &Descriptor, limit: u64) -> Result<Vec<u8>, OciError> {
-        let refuse = |why: String| OciError::Refused {
+        self.read_blobs(std::slice::from_ref(d), limit)
+            .map(|mut v| v.pop().expect("one blob asked, one read"))
+    }
+
+    /// Up to [`CONCURRENT_PULLS`] at once, as standard clients pull layers.
+    fn read_blobs(&self, ds: &[Descriptor], limit: u64) -> Result<Vec<Vec<u8>>, OciError> {
+        use futures_util::{StreamExt, TryStreamExt};
+        for d in ds {
+            self.check(d, limit)?;
+        }
+        let r = self.registry;
+        let reads: Vec<_> = ds.iter().map(|d| r.blob(d, limit, &self.auth)).collect();
+        let blobs = r.block(
+            self.deadline,
+            "reading blobs",
+            futures_util::stream::iter(reads)
+                .buffered(CONCURRENT_PULLS)
+                .try_collect::<Vec<Option<Vec<u8>>>>(),
+        )?;
+        ds.iter()
+            .zip(blobs)
+            .map(|(d, bytes)| self.checked(d, bytes))
+            .collect()
+    }
+}
+
+impl PullSource<'_> {
+    fn refuse(&self, why: String) -> OciError {
+        OciError::Refused {
             from: self.describe(),
             why,
-        };
+        }
+    }
+
+    /// `d` may be read: a sha256 digest, a size within `limit`.
+    fn check(&self, d: &Descriptor, limit: u64) -> Result<(), OciError> {
+        let refuse = |why: String| self.refuse(why);
         if super::sha256_hex(&d.digest).is_none() {
             return Err(refuse(format!("{:?} is not a sha256 digest", d.digest)));
         }
@@ -830,14 +866,13 @@ impl BlobSource for PullSource<'_> {
                 d.digest, d.size, d.media_type
             )));
         }
-        let r = self.registry;
-        let bytes = r
-            .block(
-                self.deadline,
-                "reading a blob",
-                r.blob(d, limit, &self.auth),
-            )?
-            .ok_or_else(|| refuse(format!("blob {} is missing", d.digest)))?;
+        Ok(())
+    }
+
+    /// The blob `d` names, as read: there, its size, its sha256.
+    fn checked(&self, d: &Descriptor, bytes: Option<Vec<u8>>) -> Result<Vec<u8>, OciError> {
+        let refuse = |why: String| self.refuse(why);
+        let bytes = bytes.ok_or_else(|| refuse(format!("blob {} is missing", d.digest)))?;
         if bytes.len() as u64 != d.size {
             return Err(refuse(format!(
                 "blob {} is {} bytes, its descriptor says {}",

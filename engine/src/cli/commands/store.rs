@@ -328,7 +328,12 @@ pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
                 .map_err(|_| anyhow::anyhow!("--compat-id {t:?} is not a compat id (64 hex digits, as `jitship ls` prints them)"))
         })
         .collect::<Result<Vec<_>>>()?;
-    let report = crate::oci::export(
+    let export = if crate::oci::layout::is_archive(&args.out) {
+        crate::oci::layout::export_archive
+    } else {
+        crate::oci::export
+    };
+    let report = export(
         session.store.as_ref(),
         &session.layout,
         &session.trust,
@@ -364,7 +369,12 @@ pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
 
 pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.store)?;
-    let report = crate::oci::import(session.store.as_ref(), &session.layout, &args.from)
+    let import = if args.from.is_file() {
+        crate::oci::layout::import_archive
+    } else {
+        crate::oci::import
+    };
+    let report = import(session.store.as_ref(), &session.layout, &args.from)
         .with_context(|| format!("importing from {}", args.from.display()))?;
     if args.common.json {
         emit_json("import", [&report], exit::OK);
