@@ -130,8 +130,8 @@ impl Registry {
         let reference = Reference::with_tag(host.to_owned(), repository.to_owned(), "x".into());
         let registry = reference.resolve_registry().to_owned();
         // reqwest is built without a crypto provider (see Cargo.toml): ring, installed once.
-        #[allow(deprecated)] // ring lacks post-quantum key exchange; aws-lc-rs, which has it, does
-        // not build under the glibc-baseline zig toolchain.
+        #[allow(deprecated)] // ring lacks post-quantum key exchange; aws-lc-rs has it, but its C
+        // build was not tried under the glibc-baseline zig toolchain (see Cargo.toml).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = Client::new(ClientConfig {
             protocol: if config.plain_http {
