@@ -88,7 +88,18 @@ pub struct Registry {
     registry: String,
     repository: String,
     scheme: &'static str,
-    runtime: tokio::runtime::Runtime,
+    /// `None` only while dropped (see `Drop`).
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Registry {
+    /// Without waiting: the last reference may go inside an async context (the watcher's loop),
+    /// where dropping a runtime, which waits for its workers, panics.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -175,7 +186,7 @@ impl Registry {
             registry,
             repository: repository.to_owned(),
             scheme: if config.plain_http { "http" } else { "https" },
-            runtime,
+            runtime: Some(runtime),
         })
     }
 
@@ -226,11 +237,9 @@ impl Registry {
         fut: impl std::future::Future<Output = Result<T, RegistryError>> + Send,
     ) -> Result<T, RegistryError> {
         let left = deadline.saturating_duration_since(Instant::now());
+        let runtime = self.runtime.as_ref().expect("present until dropped");
         std::thread::scope(|s| {
-            s.spawn(|| {
-                self.runtime
-                    .block_on(async { tokio::time::timeout(left, fut).await })
-            })
+            s.spawn(|| runtime.block_on(async { tokio::time::timeout(left, fut).await }))
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
