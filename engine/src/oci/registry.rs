@@ -240,8 +240,8 @@ impl Registry {
         let runtime = self.runtime.as_ref().expect("present until dropped");
         std::thread::scope(|s| {
             s.spawn(|| runtime.block_on(async { tokio::time::timeout(left, fut).await }))
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
         .unwrap_or_else(|_| {
             Err(RegistryError::Deadline {
