@@ -15,8 +15,8 @@ use serde::Serialize;
 use crate::catalog::KeyLayout;
 use crate::catalog::{self, CatalogError, FloorRecord, ManifestRead};
 use crate::generation::{
-    CompatId, ContentHash, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef, Producer,
-    slices_by_pack,
+    CompatId, ContentHash, ContentHasher, GenerationId, HeadRecord, Manifest, PackRef, PolicyRef,
+    Producer, slices_by_pack,
 };
 use crate::store::{Store, StoreError};
 use crate::trust::{Signer, TrustPolicy};
@@ -501,10 +501,10 @@ pub fn verify(
     // Per file: a hasher fed in chunk order. Chunks are visited pack by pack, so a file whose
     // chunks go back to an earlier pack is re-checked on its own afterwards.
     let by_pack = slices_by_pack(&manifest.files);
-    let mut hashers: Vec<(blake3::Hasher, usize)> = manifest
+    let mut hashers: Vec<(ContentHasher, usize)> = manifest
         .files
         .iter()
-        .map(|_| (blake3::Hasher::new(), 0))
+        .map(|_| (ContentHasher::new(), 0))
         .collect();
     let mut broken = vec![false; manifest.files.len()];
     let mut out_of_order: Vec<usize> = Vec::new();
@@ -531,7 +531,7 @@ pub fn verify(
         if broken[fi] {
             continue;
         }
-        let mut hasher = blake3::Hasher::new();
+        let mut hasher = ContentHasher::new();
         for c in &manifest.files[fi].chunks {
             let pack = &manifest.packs[c.pack as usize];
             match fetch_pack(store, layout, pack, &mut v)? {
@@ -551,7 +551,7 @@ pub fn verify(
             continue;
         }
         v.files_checked += 1;
-        let actual: ContentHash = hashers[fi].0.finalize().into();
+        let actual: ContentHash = hashers[fi].0.finish();
         if actual != f.blake3 {
             let mut packs: Vec<ContentHash> = f
                 .chunks

@@ -52,47 +52,46 @@
 //! install leaves a record of it beside the root (`record`: `.<name>.jitship-installed.json`,
 //! written through the parent's descriptor) for `jitship audit`.
 //!
-//! Size: about 600 lines with these docs: the job that picks a generation (candidates, trust,
-//! fallbacks, completeness) and drives the stages, which live in the submodules.
+//! The phases, one module each: `pick` (candidates, trust, fallbacks, completeness), `diff` (what
+//! the root already holds), `stage` (fetch packs, verify, write staging), `commit` (into the
+//! root), with `beside` (lock and staging names), `target` (the root resolved once), `gate` (the
+//! deadline and the commit gate) and `report`. This file is the job that runs them in order.
 
-use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, FileTimes};
-use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
-use std::time::{Duration, Instant, UNIX_EPOCH};
-
-use rayon::prelude::*;
-use serde::Serialize;
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use crate::catalog::KeyLayout;
-use crate::catalog::{self, CatalogError};
+use crate::confined::{Confined, Kind};
 use crate::facts::Facts;
-use crate::generation::{
-    CompatId, ContentHash, FileRecord, GenerationId, Manifest, hash_open_file,
-};
+use crate::generation::{CompatId, FileRecord, GenerationId, Manifest};
 use crate::interrupt::Interrupt;
-use crate::policy::{CachePolicy, PolicyError};
-use crate::scan::STAGING_PREFIX;
-use crate::store::{Fetched, Store, StoreError, StoreResult};
-use crate::trust::{Signer, TrustPolicy};
+use crate::policy::CachePolicy;
+use crate::store::{Store, StoreError};
+use crate::trust::TrustPolicy;
 
 mod beside;
 mod commit;
-
+mod diff;
+mod gate;
+mod pick;
 pub mod record;
 mod report;
 mod stage;
 mod target;
 
-use crate::confined::{self, Confined, Kind};
-use beside::*;
-use commit::*;
-pub use report::*;
-use stage::*;
-use target::*;
+use beside::{lock_root, remove_staging};
+use commit::commit;
+use diff::diff_with_disk;
+use gate::{CommitGate, Cutoff};
+use pick::{Candidates, PickContext, Picked};
+pub use report::{
+    InstallError, InstallOptions, InstallOutcome, InstallReport, PassReason, PassedOver,
+    RefusedHead,
+};
+use stage::{Materializer, Pending, Stager, staging_dir};
+use target::{Target, resolve_root};
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> InstallError + 'a {
     move |source| InstallError::Io {
@@ -158,8 +157,10 @@ fn install_from(
             root: root.to_owned(),
         },
         compat,
-        deadline: started + opts.deadline,
-        gate: gate.clone(),
+        cutoff: Cutoff {
+            gate: gate.clone(),
+            deadline: started + opts.deadline,
+        },
         fallback_depth: opts.fallback_depth,
         commit_pause: opts.commit_pause,
         trust: opts.trust.clone(),
@@ -182,12 +183,7 @@ fn install_from(
             if gate.cancel_unless_committing() {
                 // The job may still be writing (a store call can block); it writes only through
                 // the staging descriptor, so once the directory is unlinked it cannot add to it.
-                let staging = gate
-                    .staging
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                if let Some(dir) = staging {
+                if let Some(dir) = gate.take_staging() {
                     remove_staging(&dir);
                 }
                 report.detail = stopped_by.to_string();
@@ -235,48 +231,6 @@ fn wait_for_job<T>(
     }
 }
 
-#[derive(Default)]
-struct CommitGate {
-    state: Mutex<GateState>,
-    done: Condvar,
-    staging: Mutex<Option<PathBuf>>,
-}
-
-#[derive(Default, PartialEq, Eq)]
-enum GateState {
-    #[default]
-    Working,
-    Committing,
-    Cancelled,
-}
-
-impl CommitGate {
-    /// The job asks to start moving files into the root.
-    fn enter_commit(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if *s == GateState::Cancelled {
-            return false;
-        }
-        *s = GateState::Committing;
-        true
-    }
-
-    fn cancelled(&self) -> bool {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) == GateState::Cancelled
-    }
-
-    /// The deadline passed: cancel, unless the job is already committing.
-    fn cancel_unless_committing(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if *s == GateState::Committing {
-            return false;
-        }
-        *s = GateState::Cancelled;
-        self.done.notify_all();
-        true
-    }
-}
-
 struct Job {
     /// `None` once the job has read all it needs from the store (`release_store`).
     store: Option<Arc<dyn Store>>,
@@ -284,8 +238,7 @@ struct Job {
     root: PathBuf,
     materializer: Materializer,
     compat: CompatId,
-    deadline: Instant,
-    gate: Arc<CommitGate>,
+    cutoff: Cutoff,
     fallback_depth: usize,
     commit_pause: Duration,
     trust: Arc<TrustPolicy>,
@@ -297,36 +250,7 @@ struct Job {
     report: InstallReport,
 }
 
-/// How many heads an install passes over (refused by its trust, faulty, incomplete in the
-/// store) before it gives up: anyone can write heads, so the walk is bounded whatever is there.
-const MAX_PASSED_OVER: usize = 256;
-
-/// The heads an install may take, newest first, read from the store as they are needed: the
-/// newest first (an install's fixed cost), more only when it will not do.
-#[derive(Default)]
-struct Candidates {
-    read: Vec<Result<crate::generation::HeadRecord, catalog::FaultyHead>>,
-    /// No head below the last one read.
-    exhausted: bool,
-    /// Heads the trust admitted and that were tried: the newest and up to `fallback_depth` older.
-    admitted: usize,
-}
-
-/// What to write: a file of the manifest and where it goes in staging (relative to the staging
-/// directory's descriptor).
-struct Pending<'m> {
-    record: &'m FileRecord,
-    staged: String,
-}
-
 impl Job {
-    fn check_time(&self) -> Result<(), InstallError> {
-        if self.gate.cancelled() || Instant::now() >= self.deadline {
-            return Err(InstallError::Cancelled);
-        }
-        Ok(())
-    }
-
     /// The store, until the job let go of it.
     fn store(&self) -> Result<Arc<dyn Store>, InstallError> {
         self.store.clone().ok_or_else(|| {
@@ -346,38 +270,34 @@ impl Job {
 
     fn run(&mut self) -> Result<(InstallOutcome, String), InstallError> {
         let mut heads = Candidates::default();
-        let mut next = 0;
         // The lock (taken once, before the root is opened: a concurrent installer may be renaming
         // a whole tree into place) and where the root lives.
         let mut locked: Option<(File, PathBuf, String)> = None;
         loop {
             let t = Instant::now();
-            let picked = self.pick_complete(&mut heads, &mut next)?;
+            let picked = self.pick(&mut heads)?;
             tracing::debug!(
                 ms = t.elapsed().as_millis() as u64,
                 "manifest fetched and packs checked"
             );
-            let Some((id, manifest)) = picked else {
+            let Some(picked) = picked else {
                 if self.repair_from_registry()? {
                     // The store has it now: walk its heads again, from the newest.
                     heads = Candidates::default();
-                    next = 0;
                     self.report.passed_over.clear();
                     self.report.refused.clear();
                     continue;
                 }
                 return Ok(self.nothing_installable(&heads));
             };
-            self.report.generation = Some(id);
-            self.report.complete = Some(manifest.incomplete.is_none());
-            self.report.incomplete = manifest.incomplete.clone();
-            self.report.files_in_generation = manifest.files.len() as u64;
-            self.check_time()?;
+            let id = picked.id;
+            let manifest = self.take_picked(picked);
+            self.cutoff.check()?;
             if locked.is_none() {
                 let t = resolve_root(&self.root)?;
-                let lock = self.lock(&t)?;
+                let lock = lock_root(&t, &self.cutoff)?;
                 locked = Some((lock, t.parent.path().to_owned(), t.name));
-                self.check_time()?;
+                self.cutoff.check()?;
             }
             let (_, parent_path, name) = locked.as_ref().expect("locked above");
             let target = resolve_root(&parent_path.join(name))?;
@@ -392,7 +312,9 @@ impl Job {
                 ) => {
                     self.report.damaged.push(format!("generation {id}: {e}"));
                     let seq = self.report.taken_seq.take().unwrap_or(0);
-                    self.pass_over(seq, Some(id), PassReason::Damaged, e.to_string());
+                    let why = e.to_string();
+                    self.report
+                        .pass_over(seq, Some(id), PassReason::Damaged, why);
                     self.report.packs_fetched = 0;
                     self.report.bytes_fetched = 0;
                     self.report.files_materialized.clear();
@@ -400,6 +322,34 @@ impl Job {
                 other => return other,
             }
         }
+    }
+
+    /// The next generation to try (`pick`).
+    fn pick(&mut self, heads: &mut Candidates) -> Result<Option<Picked>, InstallError> {
+        let store = self.store()?;
+        let cx = PickContext {
+            store: store.as_ref(),
+            layout: &self.layout,
+            compat: self.compat,
+            cache_kind: &self.report.cache_kind.clone(),
+            trust: &self.trust,
+            fallback_depth: self.fallback_depth,
+            cutoff: &self.cutoff,
+        };
+        heads.pick(&cx, &mut self.report)
+    }
+
+    /// Puts what the report says of the picked generation into it; returns its manifest.
+    fn take_picked(&mut self, picked: Picked) -> Manifest {
+        let report = &mut self.report;
+        report.generation = Some(picked.id);
+        report.taken_seq = Some(picked.seq);
+        report.signer = Some(picked.signer);
+        report.newer_incomplete = picked.newer_incomplete;
+        report.complete = Some(picked.manifest.incomplete.is_none());
+        report.incomplete = picked.manifest.incomplete.clone();
+        report.files_in_generation = picked.manifest.files.len() as u64;
+        picked.manifest
     }
 
     /// Installs `manifest` (the lock is held): what is missing on disk, through staging.
@@ -410,23 +360,21 @@ impl Job {
         target: &Target,
     ) -> Result<(InstallOutcome, String), InstallError> {
         let t = Instant::now();
-        let (todo, conflicts, present) =
-            diff_with_disk(target.dir.as_ref(), manifest, &self.materializer)?;
+        let diff = diff_with_disk(target.dir.as_ref(), manifest, &self.materializer)?;
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,
-            missing = todo.len(),
-            present,
+            missing = diff.missing.len(),
+            present = diff.present,
             "compared with disk"
         );
-        self.report.conflicts = conflicts;
-        self.report.files_already_present = present;
-        if todo.is_empty() {
+        self.report.conflicts = diff.conflicts;
+        self.report.files_already_present = diff.present;
+        if diff.missing.is_empty() {
             self.release_store();
         } else {
-            let (staging_path, staging) = self.staging_dir(target)?;
-            *self.gate.staging.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(staging_path.clone());
-            let result = self.fetch_and_commit(manifest, &todo, &staging, target);
+            let (staging_path, staging) = staging_dir(target)?;
+            self.cutoff.gate.set_staging(Some(staging_path.clone()));
+            let result = self.fetch_and_commit(manifest, &diff.missing, &staging, target);
             drop(staging);
             remove_staging(&staging_path);
             result?;
@@ -456,7 +404,7 @@ impl Job {
             detail.push_str(&format!(
                 "; passed over {} newer head(s): {}",
                 self.report.passed_over.len(),
-                self.passed_over()
+                self.report.passed_over_in_words()
             ));
         }
         Ok((outcome, detail))
@@ -517,35 +465,6 @@ impl Job {
         }
     }
 
-    fn passed_over(&self) -> String {
-        self.report
-            .passed_over
-            .iter()
-            .map(|p| match &p.generation {
-                Some(g) => format!("seq {} (generation {g}): {}", p.seq, p.why),
-                None => format!("seq {}: {}", p.seq, p.why),
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-
-    /// Records a newer head passed over, and why (in the report and the log).
-    fn pass_over(
-        &mut self,
-        seq: u64,
-        generation: Option<GenerationId>,
-        reason: PassReason,
-        why: String,
-    ) {
-        tracing::warn!(seq, generation = ?generation, "passed over: {why}");
-        self.report.passed_over.push(PassedOver {
-            seq,
-            generation,
-            reason,
-            why,
-        });
-    }
-
     /// The store has nothing to install: asks the durable registry tier (once) for the newest
     /// generation it holds that the trust admits, verified into a scratch store on disk. The job
     /// then reads through the two (`TieredStore`: the store first, the scratch store for what it
@@ -572,11 +491,11 @@ impl Job {
             &self.layout,
             &self.trust,
             &self.compat,
-            self.deadline,
+            self.cutoff.deadline,
         );
         let served = pull.served.is_some();
         self.report.registry = Some(pull);
-        self.check_time()?;
+        self.cutoff.check()?;
         if !served {
             return Ok(false);
         }
@@ -590,13 +509,13 @@ impl Job {
     /// head that could have been used, `failed` if one was damaged (a corrupt or vanishing pack, a
     /// manifest of another place), else `miss`.
     fn nothing_installable(&self, heads: &Candidates) -> (InstallOutcome, String) {
-        if heads.read.is_empty() {
+        if heads.none_found() {
             return (
                 InstallOutcome::Miss,
                 format!("no generation published yet for compat id {}", self.compat),
             );
         }
-        let passed = self.passed_over();
+        let passed = self.report.passed_over_in_words();
         if !self.report.refused.is_empty() && heads.admitted == 0 {
             return (
                 InstallOutcome::Untrusted,
@@ -632,151 +551,6 @@ impl Job {
         )
     }
 
-    /// Reads up to `n` more heads below the last one read.
-    fn read_heads(
-        &self,
-        store: &dyn Store,
-        heads: &mut Candidates,
-        n: usize,
-    ) -> Result<(), InstallError> {
-        let mut walk = catalog::HeadWalk::new(store, &self.layout, &self.compat)?;
-        if let Some(last) = heads.read.last() {
-            walk.start_below(match last {
-                Ok(h) => h.seq,
-                Err(f) => f.seq,
-            });
-        }
-        for _ in 0..n {
-            match walk.next_head()? {
-                Some(entry) => heads.read.push(entry),
-                None => {
-                    heads.exhausted = true;
-                    break;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The next candidate from `heads.read[*next..]` whose head the trust admits and whose
-    /// manifest and packs are all in the store right now; every head passed over is in the report
-    /// with why.
-    fn pick_complete(
-        &mut self,
-        candidates: &mut Candidates,
-        next: &mut usize,
-    ) -> Result<Option<(GenerationId, Manifest)>, InstallError> {
-        let store = self.store()?;
-        let store = store.as_ref();
-        // The newest usable generation its policy recorded as incomplete, taken only when no
-        // complete one follows it: (seq, id, manifest, signer, index after it).
-        let mut newest_incomplete: Option<(u64, GenerationId, Manifest, Signer, usize)> = None;
-        let mut passed_incomplete = Vec::new();
-        loop {
-            if *next == candidates.read.len() {
-                if candidates.exhausted {
-                    break;
-                }
-                // The newest alone first; then a batch, read once it does not do.
-                let n = if candidates.read.is_empty() { 1 } else { 16 };
-                self.read_heads(store, candidates, n)?;
-                continue;
-            }
-            if *next >= MAX_PASSED_OVER || candidates.admitted > self.fallback_depth {
-                break;
-            }
-            self.check_time()?;
-            let entry = candidates.read[*next].clone();
-            *next += 1;
-            let h = match entry {
-                Ok(h) => h,
-                Err(f) => {
-                    self.pass_over(f.seq, None, PassReason::Faulty, f.fault.to_string());
-                    continue;
-                }
-            };
-            let signer = self.trust.judge(self.layout.namespace(), &h);
-            if !self
-                .trust
-                .admits(&signer, &format_args!("generation {}", h.generation))
-            {
-                self.pass_over(
-                    h.seq,
-                    Some(h.generation),
-                    PassReason::Untrusted,
-                    signer.to_string(),
-                );
-                self.report.refused.push(RefusedHead {
-                    seq: h.seq,
-                    generation: h.generation,
-                    signer,
-                });
-                continue;
-            }
-            candidates.admitted += 1;
-            let m = match catalog::read_manifest(store, &self.layout, &h.generation)? {
-                catalog::ManifestRead::Present(m) => m,
-                catalog::ManifestRead::Missing => {
-                    let why = "manifest missing (evicted or removed)".to_owned();
-                    self.pass_over(h.seq, Some(h.generation), PassReason::Missing, why);
-                    continue;
-                }
-                catalog::ManifestRead::Unreadable(e) => {
-                    let why = format!("manifest unreadable: {e}");
-                    self.pass_over(h.seq, Some(h.generation), PassReason::Damaged, why);
-                    continue;
-                }
-            };
-            if m.compat_id != self.compat || m.cache_kind != self.report.cache_kind {
-                let e = InstallError::CrossCompat {
-                    head: self.compat,
-                    kind: self.report.cache_kind.clone(),
-                    generation: h.generation,
-                    manifest_compat: m.compat_id,
-                    manifest_kind: m.cache_kind.clone(),
-                };
-                self.pass_over(
-                    h.seq,
-                    Some(h.generation),
-                    PassReason::Damaged,
-                    e.to_string(),
-                );
-                continue;
-            }
-            if !catalog::packs_present(store, &self.layout, &m)? {
-                let why = "packs missing (evicted or removed)".to_owned();
-                self.pass_over(h.seq, Some(h.generation), PassReason::Missing, why);
-                continue;
-            }
-            if m.incomplete.is_none() {
-                self.report.signer = Some(signer);
-                self.report.newer_incomplete = passed_incomplete;
-                self.report.taken_seq = Some(h.seq);
-                // The manifest decoded under the head's id, so that is its id (no re-encode).
-                return Ok(Some((h.generation, *m)));
-            }
-            tracing::info!(generation = %h.generation, "generation is an incomplete cache; looking for an older complete one");
-            passed_incomplete.push(h.generation);
-            if newest_incomplete.is_none() {
-                newest_incomplete = Some((h.seq, h.generation, *m, signer, *next));
-            }
-        }
-        if *next >= MAX_PASSED_OVER {
-            tracing::warn!(passed = *next, "gave up looking for an installable head");
-        }
-        // No complete one: the newest incomplete one, which the report marks as such. Should its
-        // packs turn out damaged, the caller's next try starts after it.
-        let Some((seq, id, m, signer, after)) = newest_incomplete else {
-            return Ok(None);
-        };
-        passed_incomplete.retain(|g| *g != id);
-        self.report.newer_incomplete = passed_incomplete;
-        self.report.signer = Some(signer);
-        self.report.taken_seq = Some(seq);
-        *next = after;
-        Ok(Some((id, m)))
-    }
-
     fn fetch_and_commit(
         &mut self,
         manifest: &Manifest,
@@ -784,24 +558,24 @@ impl Job {
         staging: &Confined,
         target: &Target,
     ) -> Result<(), InstallError> {
-        let pending: Vec<Pending> = todo
-            .iter()
-            .map(|r| Pending {
-                record: r,
-                staged: format!("{STAGED_TREE}/{}", r.path),
-            })
-            .collect();
-        self.write_staging(manifest, &pending, staging)?;
+        let pending = Pending::all(todo);
+        let stager = Stager {
+            store: self.store()?,
+            layout: &self.layout,
+            materializer: &self.materializer,
+            cutoff: &self.cutoff,
+        };
+        stager.write_staging(manifest, &pending, staging, &mut self.report)?;
         // Every pack is fetched and verified: a corrupt one would have sent the caller to an
         // older generation, which needs the store; from here on nothing does.
         self.release_store();
-        self.check_time()?;
+        self.cutoff.check()?;
         // The bytes are durable before any name appears in the root; losing the renames to a
         // crash only loses the install (staging is cleaned by the next one).
         staging
             .sync_filesystem()
             .map_err(io("flush the file system of", staging.path()))?;
-        if !self.gate.enter_commit() {
+        if !self.cutoff.gate.enter_commit() {
             return Err(InstallError::Cancelled);
         }
         commit(
@@ -812,25 +586,6 @@ impl Job {
             &mut self.report,
         )
     }
-}
-
-/// The commit keeps one descriptor per directory it writes into, and a cache can have thousands:
-/// raise the soft limit on open files to the hard one, as file-heavy tools commonly do.
-fn raise_open_file_limit() {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let limit = getrlimit(Resource::Nofile);
-        if limit.current != limit.maximum {
-            let raised = rustix::process::Rlimit {
-                current: limit.maximum,
-                ..limit
-            };
-            if let Err(e) = setrlimit(Resource::Nofile, raised) {
-                tracing::debug!(error = %e, "could not raise the open-file limit");
-            }
-        }
-    });
 }
 
 #[cfg(test)]

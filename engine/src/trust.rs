@@ -170,7 +170,7 @@ impl fmt::Display for Signer {
 
 /// A key id: the first 16 hex digits of the blake3 of the 32-byte public key.
 pub fn key_id(key: &VerifyingKey) -> String {
-    blake3::hash(key.as_bytes()).to_hex()[..16].to_owned()
+    crate::generation::ContentHash::of(key.as_bytes()).short_hex(16)
 }
 
 /// `ed25519:<64 hex digits>`.

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::ContentHash;
+use super::{ContentHash, ContentHasher};
 
 /// Which caches may be installed on which worker: two workers with the same compat id may share a
 /// generation. Full 256-bit width (a truncated id would let two keys collide silently).
@@ -14,12 +14,12 @@ pub struct CompatId(pub ContentHash);
 
 impl CompatId {
     pub fn new(cache_kind: &str, compat_key: &str) -> Self {
-        let mut h = blake3::Hasher::new();
+        let mut h = ContentHasher::new();
         h.update(b"jitship-compat-v1\0");
         h.update(cache_kind.as_bytes());
         h.update(b"\0");
         h.update(compat_key.as_bytes());
-        Self(h.finalize().into())
+        Self(h.finish())
     }
 }
 

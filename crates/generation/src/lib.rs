@@ -17,7 +17,7 @@ mod slices;
 
 pub use assemble::place_files;
 pub use compat::CompatId;
-pub use hash::{ContentHash, hash_open_file};
+pub use hash::{ContentHash, ContentHasher, hash_open_file};
 pub use head::{HeadRecord, HeadSignature};
 pub use manifest::{
     Chunk, FORMAT_VERSION, FileRecord, GenerationId, MAX_MANIFEST_BYTES, MAX_POLICY_SETTINGS,

@@ -5,7 +5,7 @@
 //! lengths it holds), not of its bytes: the bytes are already covered by the per-file hashes that
 //! every install verifies, so naming a pack costs no second pass over the data.
 
-use super::ContentHash;
+use super::{ContentHash, ContentHasher};
 
 /// A run of one content's bytes placed in a pack.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ fn content_defined_cut(content: &ContentHash, size: u64, target: u64) -> bool {
 }
 
 fn finish(pieces: Vec<Piece>, size: u64) -> PackPlan {
-    let mut h = blake3::Hasher::new();
+    let mut h = ContentHasher::new();
     h.update(b"jitship-pack-v1\0");
     for p in &pieces {
         h.update(&p.content.0);
@@ -91,7 +91,7 @@ fn finish(pieces: Vec<Piece>, size: u64) -> PackPlan {
         h.update(&p.len.to_le_bytes());
     }
     PackPlan {
-        id: h.finalize().into(),
+        id: h.finish(),
         size,
         pieces,
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::generation::PolicyRef;
+use crate::generation::{ContentHash, PolicyRef};
 use crate::policy::host::{PolicyConfig, PolicyEngine, WasmPolicy, describe};
 use crate::policy::native::NativeRules;
 use crate::policy::{CachePolicy, PolicySettings, builtin};
@@ -194,7 +194,7 @@ impl PolicyIndex {
                     path,
                 ) {
                     Ok(bytes) => {
-                        let digest = blake3::hash(&bytes).to_hex().to_string();
+                        let digest = ContentHash::of(&bytes).to_hex();
                         out.entry(digest).or_insert(Candidate {
                             origin,
                             path: Some(path.to_path_buf()),
@@ -213,7 +213,7 @@ impl PolicyIndex {
                 add_file(&mut out, path, origin);
             }
             for b in builtin::BUILTINS.iter().filter(|b| !b.wasm.is_empty()) {
-                out.entry(blake3::hash(b.wasm).to_hex().to_string())
+                out.entry(ContentHash::of(b.wasm).to_hex())
                     .or_insert(Candidate {
                         origin: PolicyOrigin::Builtin,
                         path: None,
@@ -310,7 +310,7 @@ impl PolicyFinder for PolicyIndex {
         let upgrade = builtin::lookup(kind)
             .filter(|_| !self.configured_modules.contains_key(kind))
             .map(|bytes| {
-                let digest = blake3::hash(bytes).to_hex().to_string();
+                let digest = ContentHash::of(bytes).to_hex();
                 let c = &self.digests()[&digest];
                 self.load(&digest, c)
             });
@@ -364,7 +364,7 @@ mod tests {
         PolicyRef {
             name: kind.into(),
             version: "0.0.1".into(),
-            digest: blake3::hash(bytes).to_hex().to_string(),
+            digest: ContentHash::of(bytes).to_hex(),
             settings: Default::default(),
         }
     }

@@ -16,7 +16,18 @@
 //! holding that root's lock, and only names of exactly that root's forms: any staging of another
 //! root, live or not, is never touched.
 
-use super::*;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::confined::{self, Confined, Kind};
+use crate::generation::{ContentHash, ContentHasher};
+use crate::scan::STAGING_PREFIX;
+
+use super::gate::Cutoff;
+use super::io;
+use super::report::InstallError;
+use super::target::Target;
 
 /// The lock file's name beside the root `root_name`.
 pub(super) fn lock_name(root_name: &str) -> String {
@@ -36,8 +47,7 @@ fn root_tag(root_name: &str) -> String {
     if STAGING_PREFIX.len() + spelled.len() + 1 + UNIQUE_LEN <= NAME_MAX {
         spelled
     } else {
-        let hash = blake3::hash(root_name.as_bytes()).to_hex();
-        format!("h{}", &hash[..32])
+        format!("h{}", ContentHash::of(root_name.as_bytes()).short_hex(32))
     }
 }
 
@@ -90,7 +100,7 @@ pub(super) fn is_inside_staging(entry: &str) -> bool {
 /// `mkdirat` fails on an existing name and the caller tries another).
 fn unique() -> String {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut h = blake3::Hasher::new();
+    let mut h = ContentHasher::new();
     h.update(&std::process::id().to_le_bytes());
     h.update(
         &COUNTER
@@ -102,7 +112,7 @@ fn unique() -> String {
         .unwrap_or_default();
     h.update(&now.as_nanos().to_le_bytes());
     h.update(format!("{:?}", std::thread::current().id()).as_bytes());
-    h.finalize().to_hex()[..UNIQUE_LEN].to_owned()
+    h.finish().short_hex(UNIQUE_LEN)
 }
 
 /// Makes a fresh staging directory (0700) named by `name()` in `dir`, through its descriptor, and
@@ -180,34 +190,32 @@ pub(super) fn beside_error(op: &'static str, path: PathBuf, e: std::io::Error) -
     }
 }
 
-impl Job {
-    /// Takes the root's install lock, waiting for another installer until the deadline. The lock
-    /// file is opened through the descriptor of the directory holding the root, never through a
-    /// link, and only if it is a regular file.
-    pub(super) fn lock(&self, target: &Target) -> Result<File, InstallError> {
-        let name = lock_name(&target.name);
-        let path = target.parent.display(&name);
-        let file = confined::open_or_create_regular_at(target.parent.fd(), &name, 0o644)
-            .map_err(|e| beside_error("open lock", path.clone(), e))?;
-        let mut told = false;
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(file),
-                Err(fs::TryLockError::WouldBlock) => {
-                    if !told {
-                        tracing::info!(lock = %path.display(), "another install holds this root's lock; waiting for it");
-                        told = true;
-                    }
-                    self.check_time()?;
-                    std::thread::sleep(Duration::from_millis(25));
+/// Takes the root's install lock, waiting for another installer until the cutoff. The lock
+/// file is opened through the descriptor of the directory holding the root, never through a
+/// link, and only if it is a regular file.
+pub(super) fn lock_root(target: &Target, cutoff: &Cutoff) -> Result<File, InstallError> {
+    let name = lock_name(&target.name);
+    let path = target.parent.display(&name);
+    let file = confined::open_or_create_regular_at(target.parent.fd(), &name, 0o644)
+        .map_err(|e| beside_error("open lock", path.clone(), e))?;
+    let mut told = false;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(fs::TryLockError::WouldBlock) => {
+                if !told {
+                    tracing::info!(lock = %path.display(), "another install holds this root's lock; waiting for it");
+                    told = true;
                 }
-                Err(fs::TryLockError::Error(e)) => {
-                    return Err(InstallError::Io {
-                        op: "lock",
-                        path,
-                        source: e,
-                    });
-                }
+                cutoff.check()?;
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(InstallError::Io {
+                    op: "lock",
+                    path,
+                    source: e,
+                });
             }
         }
     }

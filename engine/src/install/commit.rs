@@ -1,128 +1,19 @@
-//! Into the root: the diff of a manifest with what is on disk, and the commit that moves staged
-//! files in (markers last) and rolls back exactly what it moved.
+//! Into the root: the commit that moves staged files in (markers last), checks they are in
+//! place, and rolls back exactly what it moved.
 
-use super::*;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
 
-/// Files of the manifest missing on disk; paths present with other content (left alone); and how
-/// many are present already. A path whose parent on disk is a link or a file is a conflict too:
-/// the install never writes through a link. A root that does not exist yet needs every file.
-pub(super) fn diff_with_disk<'m>(
-    root: Option<&Confined>,
-    manifest: &'m Manifest,
-    materializer: &Materializer,
-) -> Result<(Vec<&'m FileRecord>, Vec<String>, u64), InstallError> {
-    let Some(root) = root else {
-        return Ok((manifest.files.iter().collect(), vec![], 0));
-    };
-    let looked = look_up_files(root, manifest)?;
-    let mut todo = Vec::new();
-    let mut conflicts = Vec::new();
-    let mut present = 0;
-    for (f, on_disk) in manifest.files.iter().zip(looked) {
-        let rel = f.path.as_str();
-        let shown = || root.display(rel);
-        let entry = match on_disk {
-            Looked::Blocked => {
-                conflicts.push(format!("{}: a parent on disk is not a directory", f.path));
-                continue;
-            }
-            Looked::At(entry) => entry,
-        };
-        match entry {
-            None => todo.push(f),
-            // Stored canonical: the size differs from the file's; compare in canonical form.
-            Some(e) if e.kind == Kind::File && f.canonical => {
-                let matches = e.size <= CANONICAL_COMPARE_LIMIT && {
-                    let file = root.open_read(rel).map_err(io("read", &shown()))?;
-                    materializer.on_disk_matches(f, file, &shown())?
-                };
-                if matches {
-                    present += 1;
-                } else {
-                    conflicts.push(format!("{}: present with other content", f.path));
-                }
-            }
-            // Same size and the exact mtime an install sets: the file is ours; skip rehashing it.
-            Some(e)
-                if e.kind == Kind::File
-                    && e.size == f.size
-                    && e.mtime_s == f.mtime_s
-                    && e.mtime_ns == i64::from(f.mtime_ns) =>
-            {
-                present += 1;
-            }
-            Some(e) if e.kind == Kind::File && e.size == f.size => {
-                let mut file = root.open_read(rel).map_err(io("read", &shown()))?;
-                let (h, _) = hash_open_file(&mut file).map_err(io("read", &shown()))?;
-                if h == f.blake3 {
-                    present += 1;
-                } else {
-                    conflicts.push(format!("{}: present with other content", f.path));
-                }
-            }
-            Some(_) => conflicts.push(format!("{}: present with another size or type", f.path)),
-        }
-    }
-    Ok((todo, conflicts, present))
-}
+use crate::confined::{self, Confined, Kind};
+use crate::generation::FileRecord;
 
-/// What the disk holds at a file's path: blocked by a parent that is not a directory, or the
-/// entry there (never following a link), if any.
-enum Looked {
-    Blocked,
-    At(Option<confined::Entry>),
-}
-
-/// Looks up every file of the manifest, in manifest order. Each directory holding files is
-/// opened once, beneath the root with no link followed, and its files are `fstatat`-ed through
-/// that descriptor, directories in parallel: an already-current install of a 20,000-file cache
-/// is mostly this, and a lookup from the root per file doubled its cost. The open also answers
-/// for the directories above: one of them that is a file or a link fails it (`ENOTDIR`,
-/// `ELOOP`), one that is missing makes it `ENOENT`.
-fn look_up_files(root: &Confined, manifest: &Manifest) -> Result<Vec<Looked>, InstallError> {
-    let paths: Vec<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
-    look_up(root, &paths)
-}
-
-/// [`look_up_files`] for any paths of the root, in the order given.
-fn look_up(root: &Confined, paths: &[&str]) -> Result<Vec<Looked>, InstallError> {
-    let mut files_by_dir: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, p) in paths.iter().enumerate() {
-        let (dir, _) = confined::split(p);
-        files_by_dir.entry(dir).or_default().push(i);
-    }
-    let looked: Vec<Vec<(usize, Looked)>> = files_by_dir
-        .into_par_iter()
-        .map(|(_, files)| {
-            let path = |i: usize| paths[i];
-            let fd = match root.parent_of(path(files[0])) {
-                Ok((fd, _)) => fd,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Ok(files.into_iter().map(|i| (i, Looked::At(None))).collect());
-                }
-                // Not a directory, a link, or not ours to look into: never written through.
-                Err(_) => return Ok(files.into_iter().map(|i| (i, Looked::Blocked)).collect()),
-            };
-            files
-                .into_iter()
-                .map(|i| {
-                    let (_, name) = confined::split(path(i));
-                    let entry = confined::entry_at(fd.as_fd(), name)
-                        .map_err(io("stat", &root.display(path(i))))?;
-                    Ok((i, Looked::At(entry)))
-                })
-                .collect()
-        })
-        .collect::<Result<_, InstallError>>()?;
-    let mut by_index: Vec<Option<Looked>> = (0..paths.len()).map(|_| None).collect();
-    for (i, l) in looked.into_iter().flatten() {
-        by_index[i] = Some(l);
-    }
-    Ok(by_index
-        .into_iter()
-        .map(|l| l.expect("every file belongs to one directory"))
-        .collect())
-}
+use super::diff::{Looked, look_up};
+use super::io;
+use super::report::{InstallError, InstallReport};
+use super::stage::{DIR_MODE, Pending, STAGED_TREE};
+use super::target::Target;
 
 /// Moves verified files into the root: non-marker files first, then markers, so the engine never
 /// finds a marker before what it marks. A root that does not exist yet, or is an empty directory,
@@ -137,53 +28,13 @@ pub(super) fn commit(
     pause: Duration,
     report: &mut InstallReport,
 ) -> Result<(), InstallError> {
-    let root_path = target.path();
-    let bytes: u64 = pending.iter().map(|p| p.record.size).sum();
-    let root_is_empty = match &target.dir {
-        None => true,
-        Some(dir) => dir.is_empty().map_err(io("read", &root_path))?,
-    };
-    if root_is_empty {
-        let old_mode = match &target.dir {
-            Some(dir) => Some(dir.stat().map_err(io("stat", &root_path))?.2),
-            None => None,
-        };
-        // rename(2) replaces an empty directory and nothing else (a link or a file fails).
-        match confined::rename_dir_over_empty(
-            staging.fd(),
-            STAGED_TREE,
-            target.parent.fd(),
-            &target.name,
-        ) {
-            Ok(()) => {
-                // The tree took the empty root's place: give it the root's permissions.
-                if let Some(mode) = old_mode {
-                    let dir = target
-                        .parent
-                        .open_dir(&target.name)
-                        .map_err(io("open", &root_path))?;
-                    confined::chmod(dir.fd(), mode).map_err(io("chmod", &root_path))?;
-                }
-                report.files_installed = pending.len() as u64;
-                report.bytes_installed = bytes;
-                return verify_in_place(target, pending.iter());
-            }
-            Err(e) if target.dir.is_none() => {
-                return Err(InstallError::Io {
-                    op: "rename into",
-                    path: root_path,
-                    source: e,
-                });
-            }
-            // The root is a mount point, or a file appeared in it: go file by file.
-            Err(_) => {}
-        }
+    if let Some(result) = commit_whole_tree(target, staging, pending, report) {
+        return result;
     }
     let root = target.dir.as_ref().expect("an existing root");
     raise_open_file_limit();
-    let mut dirs = DirCache::new(root).map_err(io("open", &root_path))?;
-    // (directory, name, device, inode, path in the root) of each file moved in.
-    let mut moved: Vec<(Arc<OwnedFd>, &str, u64, u64, &str)> = Vec::new();
+    let mut dirs = DirCache::new(root).map_err(io("open", &target.path()))?;
+    let mut moved: Vec<Moved> = Vec::new();
     let ordered = pending
         .iter()
         .filter(|p| !p.record.marker)
@@ -193,63 +44,18 @@ pub(super) fn commit(
         if !pause.is_zero() {
             std::thread::sleep(pause);
         }
-        let rel = p.record.path.as_str();
-        let (dir, name) = match rel.rsplit_once('/') {
-            Some((dir, name)) => (dir, name),
-            None => ("", rel),
-        };
-        let parent = match dirs.get_or_create(dir) {
-            Ok(fd) => fd,
-            Err(e) => {
-                result = Err(InstallError::Io {
-                    op: "install under",
-                    path: root.display(dir),
-                    source: e,
-                });
-                break;
-            }
-        };
-        let shown = staging.display(&p.staged);
-        let staged = staging
-            .parent_of(&p.staged)
-            .and_then(|(d, n)| Ok((confined::entry_at(d.as_fd(), n)?, d, n)));
-        let (identity, from_dir, from_name) = match staged {
-            Ok((Some(e), d, n)) => ((e.dev, e.ino), d, n),
-            Ok((None, ..)) => {
-                result = Err(InstallError::Io {
-                    op: "find staged",
-                    path: shown,
-                    source: std::io::ErrorKind::NotFound.into(),
-                });
-                break;
-            }
-            Err(e) => {
-                result = Err(InstallError::Io {
-                    op: "find staged",
-                    path: shown,
-                    source: e,
-                });
-                break;
-            }
-        };
-        match confined::rename_noreplace(from_dir.as_fd(), from_name, parent.as_fd(), name) {
-            Ok(()) => {
-                moved.push((parent, name, identity.0, identity.1, rel));
+        match move_one(root, staging, &mut dirs, p) {
+            Ok(Some(m)) => {
+                moved.push(m);
                 report.files_installed += 1;
                 report.bytes_installed += p.record.size;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                report.conflicts.push(format!(
-                    "{}: appeared during the install (left alone)",
-                    p.record.path
-                ));
-            }
+            Ok(None) => report.conflicts.push(format!(
+                "{}: appeared during the install (left alone)",
+                p.record.path
+            )),
             Err(e) => {
-                result = Err(InstallError::Io {
-                    op: "rename into",
-                    path: root.display(rel),
-                    source: e,
-                });
+                result = Err(e);
                 break;
             }
         }
@@ -258,13 +64,7 @@ pub(super) fn commit(
         result = verify_moved(root, &moved);
     }
     if result.is_err() {
-        // Only what this install put there: a file is removed if it is still the inode we moved.
-        for (dir, name, dev, ino, _) in moved.iter().rev() {
-            let _ = confined::remove_if_same(dir.as_fd(), name, *dev, *ino);
-        }
-        for (dir, name) in dirs.created.iter().rev() {
-            let _ = confined::remove_dir_at(dir.as_fd(), name);
-        }
+        roll_back(&moved, &dirs);
         report.files_installed = 0;
         report.bytes_installed = 0;
         report.files_materialized.clear();
@@ -272,23 +72,138 @@ pub(super) fn commit(
     result
 }
 
+/// The whole staged tree renamed into a root that does not exist or is empty, in one step; `None`
+/// when that cannot be done (the root is a mount point, or a file appeared in it) and the commit
+/// goes file by file.
+fn commit_whole_tree(
+    target: &Target,
+    staging: &Confined,
+    pending: &[Pending],
+    report: &mut InstallReport,
+) -> Option<Result<(), InstallError>> {
+    let root_path = target.path();
+    let old_mode = match &target.dir {
+        None => None,
+        Some(dir) => match dir.is_empty() {
+            Ok(true) => match dir.stat() {
+                Ok((_, _, mode)) => Some(mode),
+                Err(e) => return Some(Err(io("stat", &root_path)(e))),
+            },
+            Ok(false) => return None,
+            Err(e) => return Some(Err(io("read", &root_path)(e))),
+        },
+    };
+    // rename(2) replaces an empty directory and nothing else (a link or a file fails).
+    let renamed = confined::rename_dir_over_empty(
+        staging.fd(),
+        STAGED_TREE,
+        target.parent.fd(),
+        &target.name,
+    );
+    match renamed {
+        Ok(()) => {}
+        Err(e) if target.dir.is_none() => {
+            return Some(Err(InstallError::Io {
+                op: "rename into",
+                path: root_path,
+                source: e,
+            }));
+        }
+        // The root is a mount point, or a file appeared in it: go file by file.
+        Err(_) => return None,
+    }
+    // The tree took the empty root's place: give it the root's permissions.
+    if let Some(mode) = old_mode {
+        let chmod = target
+            .parent
+            .open_dir(&target.name)
+            .map_err(io("open", &root_path))
+            .and_then(|dir| confined::chmod(dir.fd(), mode).map_err(io("chmod", &root_path)));
+        if let Err(e) = chmod {
+            return Some(Err(e));
+        }
+    }
+    report.files_installed = pending.len() as u64;
+    report.bytes_installed = pending.iter().map(|p| p.record.size).sum();
+    Some(verify_in_place(target, pending.iter()))
+}
+
+/// A file the commit moved into the root: the directory it went into (the descriptor kept), its
+/// name there, its identity, and its path in the root.
+struct Moved<'r> {
+    dir: Arc<OwnedFd>,
+    name: &'r str,
+    dev: u64,
+    ino: u64,
+    path: &'r str,
+}
+
+/// Moves one staged file into its directory in the root (created as needed) without replacing
+/// anything: `None` when a file appeared at its path meanwhile (left alone).
+fn move_one<'r>(
+    root: &Confined,
+    staging: &Confined,
+    dirs: &mut DirCache<'r>,
+    p: &'r Pending,
+) -> Result<Option<Moved<'r>>, InstallError> {
+    let rel = p.record.path.as_str();
+    let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+    let parent = dirs.get_or_create(dir).map_err(|source| InstallError::Io {
+        op: "install under",
+        path: root.display(dir),
+        source,
+    })?;
+    let find_staged = |source| InstallError::Io {
+        op: "find staged",
+        path: staging.display(&p.staged),
+        source,
+    };
+    let (from_dir, from_name) = staging.parent_of(&p.staged).map_err(find_staged)?;
+    let entry = confined::entry_at(from_dir.as_fd(), from_name)
+        .map_err(find_staged)?
+        .ok_or_else(|| find_staged(std::io::ErrorKind::NotFound.into()))?;
+    match confined::rename_noreplace(from_dir.as_fd(), from_name, parent.as_fd(), name) {
+        Ok(()) => Ok(Some(Moved {
+            dir: parent,
+            name,
+            dev: entry.dev,
+            ino: entry.ino,
+            path: rel,
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+        Err(e) => Err(InstallError::Io {
+            op: "rename into",
+            path: root.display(rel),
+            source: e,
+        }),
+    }
+}
+
+/// Takes back out only what this commit put there: a file is removed if it is still the inode
+/// moved, then the directories it created, deepest first.
+fn roll_back(moved: &[Moved], dirs: &DirCache) {
+    for m in moved.iter().rev() {
+        let _ = confined::remove_if_same(m.dir.as_fd(), m.name, m.dev, m.ino);
+    }
+    for (dir, name) in dirs.created.iter().rev() {
+        let _ = confined::remove_dir_at(dir.as_fd(), name);
+    }
+}
+
 /// The file-by-file commit checks its own result before it reports it: every file it moved is
 /// still the inode it moved, in the directory it moved it into (reached through the descriptor
 /// it kept, so a directory another process swaps meanwhile does not fool it either way).
 /// Otherwise the commit is rolled back and fails.
-fn verify_moved(
-    root: &Confined,
-    moved: &[(Arc<OwnedFd>, &str, u64, u64, &str)],
-) -> Result<(), InstallError> {
-    for (dir, name, dev, ino, rel) in moved {
-        let why = match confined::entry_at(dir.as_fd(), name) {
-            Ok(Some(e)) if e.kind == Kind::File && (e.dev, e.ino) == (*dev, *ino) => continue,
+fn verify_moved(root: &Confined, moved: &[Moved]) -> Result<(), InstallError> {
+    for m in moved {
+        let why = match confined::entry_at(m.dir.as_fd(), m.name) {
+            Ok(Some(e)) if e.kind == Kind::File && (e.dev, e.ino) == (m.dev, m.ino) => continue,
             Ok(Some(_)) => "another file took its place".to_owned(),
             Ok(None) => "missing".to_owned(),
             Err(e) => e.to_string(),
         };
         return Err(InstallError::NotInPlace {
-            path: root.display(rel),
+            path: root.display(m.path),
             why,
         });
     }
@@ -384,4 +299,23 @@ impl<'r> DirCache<'r> {
         }
         Ok(at)
     }
+}
+
+/// The commit keeps one descriptor per directory it writes into, and a cache can have thousands:
+/// raise the soft limit on open files to the hard one, as file-heavy tools commonly do.
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let limit = getrlimit(Resource::Nofile);
+        if limit.current != limit.maximum {
+            let raised = rustix::process::Rlimit {
+                current: limit.maximum,
+                ..limit
+            };
+            if let Err(e) = setrlimit(Resource::Nofile, raised) {
+                tracing::debug!(error = %e, "could not raise the open-file limit");
+            }
+        }
+    });
 }

@@ -1,6 +1,17 @@
 //! What an install is asked and what it answers: options, outcome, report, errors.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::catalog::CatalogError;
+use crate::generation::{CompatId, ContentHash, GenerationId};
+use crate::interrupt::Interrupt;
+use crate::policy::PolicyError;
+use crate::store::StoreError;
+use crate::trust::{Signer, TrustPolicy};
 
 #[derive(Debug, Clone)]
 pub struct InstallOptions {
@@ -194,6 +205,35 @@ impl InstallReport {
             tiers: None,
             registry: None,
         }
+    }
+
+    /// Records a newer head passed over, and why (in the report and the log).
+    pub(crate) fn pass_over(
+        &mut self,
+        seq: u64,
+        generation: Option<GenerationId>,
+        reason: PassReason,
+        why: String,
+    ) {
+        tracing::warn!(seq, generation = ?generation, "passed over: {why}");
+        self.passed_over.push(PassedOver {
+            seq,
+            generation,
+            reason,
+            why,
+        });
+    }
+
+    /// The heads passed over, in words, for the detail line.
+    pub(crate) fn passed_over_in_words(&self) -> String {
+        self.passed_over
+            .iter()
+            .map(|p| match &p.generation {
+                Some(g) => format!("seq {} (generation {g}): {}", p.seq, p.why),
+                None => format!("seq {}: {}", p.seq, p.why),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 

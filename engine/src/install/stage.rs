@@ -1,35 +1,89 @@
 //! Writing fetched packs into staging: batches of packs to fetch, the files they hold written
 //! and verified in parallel, canonical files materialized for this root, final modes and times.
 
-use super::*;
-use crate::generation::{PackSlice, slices_by_pack};
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, FileTimes};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, UNIX_EPOCH};
 
-impl Job {
-    /// A fresh staging directory on the root's filesystem, open: beside the root, or inside it
-    /// when it is a mount point of its own (`beside`). Leftovers of crashed installs of this root
-    /// (we hold its lock, so nobody else is using them), and only of this root, are removed first.
-    pub(super) fn staging_dir(&self, target: &Target) -> Result<(PathBuf, Confined), InstallError> {
-        let name = target.name.as_str();
-        remove_stale(&target.parent, |e| is_beside_staging_of(e, name));
-        match &target.dir {
-            Some(dir) => {
-                let root = target.path();
-                let (root_dev, _, _) = dir.stat().map_err(io("stat", &root))?;
-                let (parent_dev, _, _) = target
-                    .parent
-                    .stat()
-                    .map_err(io("stat", target.parent.path()))?;
-                if root_dev == parent_dev {
-                    make_staging(&target.parent, || beside_staging_name(name))
-                } else {
-                    remove_stale(dir, is_inside_staging);
-                    make_staging(dir, inside_staging_name)
-                }
-            }
-            None => make_staging(&target.parent, || beside_staging_name(name)),
-        }
+use rayon::prelude::*;
+
+use crate::catalog::KeyLayout;
+use crate::confined::{self, Confined};
+use crate::generation::{
+    ContentHash, ContentHasher, FileRecord, Manifest, PackSlice, hash_open_file, slices_by_pack,
+};
+use crate::policy::CachePolicy;
+use crate::store::{Fetched, Store, StoreResult};
+
+use super::beside::{
+    beside_staging_name, inside_staging_name, is_beside_staging_of, is_inside_staging,
+    make_staging, remove_stale,
+};
+use super::gate::Cutoff;
+use super::io;
+use super::report::{InstallError, InstallReport};
+use super::target::Target;
+
+/// What to write: a file of the manifest and where it goes in staging (relative to the staging
+/// directory's descriptor).
+pub(super) struct Pending<'m> {
+    pub(super) record: &'m FileRecord,
+    pub(super) staged: String,
+}
+
+impl<'m> Pending<'m> {
+    /// Every file of `todo`, staged under `STAGED_TREE` at its path in the root.
+    pub(super) fn all(todo: &[&'m FileRecord]) -> Vec<Self> {
+        todo.iter()
+            .map(|r| Pending {
+                record: r,
+                staged: format!("{STAGED_TREE}/{}", r.path),
+            })
+            .collect()
     }
+}
 
+/// A fresh staging directory on the root's filesystem, open: beside the root, or inside it
+/// when it is a mount point of its own (`beside`). Leftovers of crashed installs of this root
+/// (we hold its lock, so nobody else is using them), and only of this root, are removed first.
+pub(super) fn staging_dir(target: &Target) -> Result<(PathBuf, Confined), InstallError> {
+    let name = target.name.as_str();
+    remove_stale(&target.parent, |e| is_beside_staging_of(e, name));
+    match &target.dir {
+        Some(dir) => {
+            let root = target.path();
+            let (root_dev, _, _) = dir.stat().map_err(io("stat", &root))?;
+            let (parent_dev, _, _) = target
+                .parent
+                .stat()
+                .map_err(io("stat", target.parent.path()))?;
+            if root_dev == parent_dev {
+                make_staging(&target.parent, || beside_staging_name(name))
+            } else {
+                remove_stale(dir, is_inside_staging);
+                make_staging(dir, inside_staging_name)
+            }
+        }
+        None => make_staging(&target.parent, || beside_staging_name(name)),
+    }
+}
+
+/// The fetch-and-stage phase: where packs come from, and how a verified file becomes this root's.
+pub(super) struct Stager<'a> {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) layout: &'a KeyLayout,
+    pub(super) materializer: &'a Materializer,
+    pub(super) cutoff: &'a Cutoff,
+}
+
+/// A batch of packs fetched in one call: (index into the packs needed, what the store answered).
+type FetchedBatch = Vec<(usize, StoreResult<Option<Fetched>>)>;
+
+impl Stager<'_> {
     /// Streams the needed packs and writes every file into staging, verifying its blake3 before
     /// it counts as written. Packs are fetched in batches of at most the largest pack's bytes
     /// (one `get_sized_batch` each) while the previous batch is written, so
@@ -37,24 +91,60 @@ impl Job {
     /// of a pack are written in parallel. A file is open only while a piece of it is written, so
     /// the number of descriptors stays bounded whatever the number of files.
     pub(super) fn write_staging(
-        &mut self,
+        &self,
         manifest: &Manifest,
         pending: &[Pending],
         staging: &Confined,
+        report: &mut InstallReport,
     ) -> Result<(), InstallError> {
-        let mut writer = StagingWriter::new(staging, &self.materializer)?;
+        let mut writer = StagingWriter::new(staging, self.materializer)?;
         for p in pending.iter().filter(|p| p.record.chunks.is_empty()) {
             writer.write_whole(p, &[])?;
         }
         // Which pending files need which pack, in pack order.
         let by_pack = slices_by_pack(pending.iter().map(|p| p.record));
-
         let packs: Vec<u32> = by_pack.keys().copied().collect();
-        let store = self.store()?;
+        for batch in self.fetch_in_background(manifest, &packs) {
+            for (i, received) in batch {
+                self.cutoff.check()?;
+                let pack = &manifest.packs[packs[i] as usize];
+                let bytes = received?.ok_or(InstallError::PackVanished(pack.id))?;
+                if bytes.len() as u64 != pack.size {
+                    return Err(InstallError::PackSize {
+                        id: pack.id,
+                        expected: pack.size,
+                        actual: bytes.len(),
+                    });
+                }
+                report.packs_fetched += 1;
+                report.bytes_fetched += bytes.len() as u64;
+                writer.write_pack(pending, &by_pack[&packs[i]], &bytes)?;
+            }
+        }
+        report.files_materialized = std::mem::take(&mut writer.materialized);
+        if let Some(fi) = writer.unfinished.keys().next() {
+            // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
+            return Err(InstallError::Corrupt {
+                path: pending[*fi].record.path.to_string(),
+                expected: pending[*fi].record.blake3,
+                actual: ContentHash::of(b""),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fetches `packs` (indices into the manifest's) on a thread of its own, a batch at a time,
+    /// handing each over only when the caller takes it (a rendezvous channel): one batch is
+    /// written while the next is fetched, never more. A batch holds at most the bytes of the
+    /// largest pack: small packs (a tree's tail, a small tree) share one call, and memory stays
+    /// at two packs' worth, as with one pack in flight.
+    fn fetch_in_background(
+        &self,
+        manifest: &Manifest,
+        packs: &[u32],
+    ) -> mpsc::IntoIter<FetchedBatch> {
+        let store = self.store.clone();
         let layout = self.layout.clone();
-        // A batch holds at most the bytes of the largest pack: small packs (a tree's tail, a
-        // small tree) share one call, and memory stays at two packs' worth, as with one pack in
-        // flight.
         let largest = packs
             .iter()
             .map(|&i| manifest.packs[i as usize].size)
@@ -67,10 +157,8 @@ impl Job {
             }),
             largest.min(store.max_value_size()),
         );
-        // A rendezvous channel: the fetcher hands a batch over only when the writer takes it, so
-        // one batch is written while the next is fetched, never more.
-        let (tx, rx) = mpsc::sync_channel::<Vec<(usize, StoreResult<Option<Fetched>>)>>(0);
-        let gate = self.gate.clone();
+        let (tx, rx) = mpsc::sync_channel::<FetchedBatch>(0);
+        let gate = self.cutoff.gate.clone();
         std::thread::spawn(move || {
             for batch in batches {
                 if gate.cancelled() {
@@ -88,33 +176,7 @@ impl Job {
                 }
             }
         });
-        for batch in rx {
-            for (i, received) in batch {
-                self.check_time()?;
-                let pack = &manifest.packs[packs[i] as usize];
-                let bytes = received?.ok_or(InstallError::PackVanished(pack.id))?;
-                if bytes.len() as u64 != pack.size {
-                    return Err(InstallError::PackSize {
-                        id: pack.id,
-                        expected: pack.size,
-                        actual: bytes.len(),
-                    });
-                }
-                self.report.packs_fetched += 1;
-                self.report.bytes_fetched += bytes.len() as u64;
-                writer.write_pack(pending, &by_pack[&packs[i]], &bytes)?;
-            }
-        }
-        self.report.files_materialized = std::mem::take(&mut writer.materialized);
-        if let Some(fi) = writer.unfinished.keys().next() {
-            // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
-            return Err(InstallError::Corrupt {
-                path: pending[*fi].record.path.to_string(),
-                expected: pending[*fi].record.blake3,
-                actual: ContentHash::of(b""),
-            });
-        }
-        Ok(())
+        rx.into_iter()
     }
 }
 
@@ -258,7 +320,7 @@ pub(super) struct StagingWriter<'s> {
 }
 
 pub(super) struct Unfinished {
-    pub(super) hasher: blake3::Hasher,
+    pub(super) hasher: ContentHasher,
     pub(super) hashed: u64,
     pub(super) written: u64,
     pub(super) in_order: bool,
@@ -351,7 +413,7 @@ impl<'s> StagingWriter<'s> {
     /// Verifies and stages one whole file whose parent exists; true if it was materialized for
     /// this root.
     pub(super) fn stage_whole(&self, p: &Pending, bytes: &[u8]) -> Result<bool, InstallError> {
-        let actual: ContentHash = blake3::hash(bytes).into();
+        let actual = ContentHash::of(bytes);
         if actual != p.record.blake3 {
             return Err(InstallError::Corrupt {
                 path: p.record.path.to_string(),
@@ -379,7 +441,7 @@ impl<'s> StagingWriter<'s> {
         file.write_all_at(bytes, offset)
             .map_err(io("write", &shown))?;
         let state = self.unfinished.entry(fi).or_insert_with(|| Unfinished {
-            hasher: blake3::Hasher::new(),
+            hasher: ContentHasher::new(),
             hashed: 0,
             written: 0,
             in_order: true,
@@ -396,7 +458,7 @@ impl<'s> StagingWriter<'s> {
         }
         let state = self.unfinished.remove(&fi).expect("present");
         let actual = if state.in_order {
-            state.hasher.finalize().into()
+            state.hasher.finish()
         } else {
             let mut f = self
                 .staging

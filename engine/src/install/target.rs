@@ -1,6 +1,12 @@
 //! The root an install writes into, resolved once: its path, its parent's descriptor, its name.
 
-use super::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::confined::Confined;
+
+use super::io;
+use super::report::InstallError;
 
 /// The root, resolved once at the start of an install.
 pub(super) struct Target {

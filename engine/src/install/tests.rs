@@ -2,8 +2,14 @@ use std::os::unix::fs::symlink;
 
 use proptest::prelude::*;
 
+use std::collections::HashSet;
+use std::fs;
+use std::time::{Duration, UNIX_EPOCH};
+
+use super::diff::diff_with_disk;
+use super::stage::{Materializer, fetch_batches};
 use super::*;
-use crate::generation::{Chunk, PackRef, RelPath};
+use crate::generation::{Chunk, ContentHash, PackRef, RelPath};
 use std::collections::BTreeMap;
 
 proptest! {
@@ -152,10 +158,10 @@ proptest! {
             policy: Arc::new(crate::policy::native::NativeRules::new("t")),
             root: root.clone(),
         };
-        let (todo, conflicts, present) = diff_with_disk(Some(&dir), &m, &plain).unwrap();
+        let diff = diff_with_disk(Some(&dir), &m, &plain).unwrap();
         prop_assert_eq!(listing(tmp.path()), before, "the diff wrote something");
-        prop_assert_eq!(todo.len() + conflicts.len() + present as usize, m.files.len());
-        let todo: HashSet<&str> = todo.iter().map(|f| f.path.as_str()).collect();
+        prop_assert_eq!(diff.missing.len() + diff.conflicts.len() + diff.present as usize, m.files.len());
+        let todo: HashSet<&str> = diff.missing.iter().map(|f| f.path.as_str()).collect();
         let mut expect_todo = HashSet::new();
         let mut expect_present = 0;
         for (p, state) in &files {
@@ -168,7 +174,7 @@ proptest! {
             }
         }
         prop_assert_eq!(todo, expect_todo);
-        prop_assert_eq!(present, expect_present);
+        prop_assert_eq!(diff.present, expect_present);
     }
 }
 

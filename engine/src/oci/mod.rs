@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::catalog::{self, CatalogError, KeyLayout};
-use crate::generation::{CompatId, ContentHash, GenerationId, HeadRecord, Manifest};
+use crate::generation::{CompatId, ContentHash, ContentHasher, GenerationId, HeadRecord, Manifest};
 use crate::store::{Store, StoreError, ValueClass};
 use crate::trust::{Signer, TrustPolicy};
 
@@ -405,7 +405,7 @@ pub fn check_files(manifest: &Manifest, packs: &[Option<&[u8]>]) -> Result<(), S
         }
     }
     'files: for f in &manifest.files {
-        let mut h = blake3::Hasher::new();
+        let mut h = ContentHasher::new();
         for c in &f.chunks {
             let Some(pack) = packs[c.pack as usize] else {
                 continue 'files;
@@ -414,7 +414,7 @@ pub fn check_files(manifest: &Manifest, packs: &[Option<&[u8]>]) -> Result<(), S
             let start = c.offset as usize;
             h.update(&pack[start..start + c.len as usize]);
         }
-        if ContentHash::from(h.finalize()) != f.blake3 {
+        if h.finish() != f.blake3 {
             return Err(format!("{} does not hash to its blake3 (altered)", f.path));
         }
     }

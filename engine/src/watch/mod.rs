@@ -40,6 +40,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::catalog::KeyLayout;
+use crate::generation::{ContentHash, ContentHasher};
 use crate::policy::CachePolicy;
 use crate::publish::{HashCache, PublishError, PublishOptions, PublishOutcome, PublishReport};
 use crate::ready::{Probe, ReadyUrl};
@@ -142,7 +143,7 @@ struct Slot {
     /// `None` while its cycle runs.
     worker: Option<Worker>,
     /// Digest of the root's listing at the last rescan.
-    listing: Option<blake3::Hash>,
+    listing: Option<ContentHash>,
     /// The root itself existed at the last watch sync.
     root_existed: bool,
     /// The facts its key is built from (`WatchedRoot::facts`).
@@ -159,7 +160,7 @@ enum JobDone {
         result: Box<CycleResult>,
     },
     Rescan {
-        listings: Vec<Result<blake3::Hash, String>>,
+        listings: Vec<Result<ContentHash, String>>,
     },
 }
 
@@ -357,9 +358,9 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Digest of a root's listing (paths, sizes, mtimes, inodes): equal digests, nothing changed.
-fn listing_digest(root: &std::path::Path) -> Result<blake3::Hash, String> {
+fn listing_digest(root: &std::path::Path) -> Result<ContentHash, String> {
     let snap = crate::scan::snapshot(root).map_err(|e| e.to_string())?;
-    let mut h = blake3::Hasher::new();
+    let mut h = ContentHasher::new();
     for f in &snap.files {
         h.update(f.path.as_str().as_bytes());
         h.update(&[0]);
@@ -372,7 +373,7 @@ fn listing_digest(root: &std::path::Path) -> Result<blake3::Hash, String> {
         h.update(p.as_bytes());
         h.update(&[1]);
     }
-    Ok(h.finalize())
+    Ok(h.finish())
 }
 
 impl Loop {
