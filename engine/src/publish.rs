@@ -42,12 +42,12 @@ use crate::catalog::KeyLayout;
 use crate::catalog::{self, ManifestRead, now_secs};
 use crate::generation::{
     CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord,
-    Manifest, RelPath, merge_files, place_files, plan_packs, prune_packs,
+    Manifest, PackPlan, RelPath, merge_files, place_files, plan_packs, prune_packs,
 };
-use crate::policy::{CachePolicy, Decision, ReasonCategory, Verdict};
+use crate::policy::{CachePolicy, PolicyError, ReasonCategory, Verdict};
 use crate::scan::{self, ScannedFile};
 use crate::store::Store;
-use crate::trust::PublishTrust;
+use crate::trust::{PublishTrust, Signer};
 
 pub use hashing::HashCache;
 pub use report::{
@@ -55,7 +55,7 @@ pub use report::{
     SkipDetail,
 };
 
-use hashing::{RootFiles, Stored, hash_selected};
+use hashing::{RootFiles, RootReader, Stored, hash_selected};
 use head::commit_head;
 use packs::{KeptContents, upload_packs};
 
@@ -123,6 +123,7 @@ pub fn publish(
     Ok(report)
 }
 
+/// The phases: select -> base -> hash -> plan and upload -> head.
 fn publish_to_store(
     store: &dyn Store,
     layout: &KeyLayout,
@@ -132,7 +133,86 @@ fn publish_to_store(
     hashes: Option<&mut HashCache>,
 ) -> Result<PublishReport, PublishError> {
     let started = Instant::now();
-    // Stopped before it began (the CLI's next cache after a signal): not even a scan.
+    check_can_start(opts)?;
+    let kind = policy.info().cache_kind.clone();
+    let compat_key = policy
+        .compat_key(&opts.facts)
+        .map_err(policy_error(policy))?;
+    let compat_id = CompatId::new(&kind, &compat_key);
+    let snap = scan_root(root)?;
+    let selection = select(policy, root, &snap)?;
+    let mut report = PublishReport::new(kind, root, compat_key, compat_id, &selection);
+    let base = find_base(store, layout, &compat_id, &opts.trust)?;
+    report.parent_signer = base.signer.clone();
+
+    let hashing = Instant::now();
+    let kept = KeptContents::new(opts.pack_size);
+    let files = RootFiles::open(root)?;
+    let reader = RootReader {
+        policy,
+        files: &files,
+        kept: &kept,
+        interrupt: &opts.interrupt,
+    };
+    let parent = base.parent.as_ref();
+    let local = hash_selected(&reader, &selection.files, parent, hashes, &mut report)?;
+    report.hash_ms = hashing.elapsed().as_millis() as u64;
+    let new_files = new_files(&local, parent);
+    report.files_new = new_files.len() as u64;
+    if !base.needs_generation(new_files.is_empty(), report.incomplete.is_none()) {
+        report.conflicts = conflicts_with_parent(&local, parent);
+        report.outcome = match parent {
+            Some(m) => PublishOutcome::Unchanged { generation: m.id() },
+            None => PublishOutcome::Empty,
+        };
+        report.duration_ms = started.elapsed().as_millis() as u64;
+        return Ok(report);
+    }
+
+    let (plans, source_of) = plan_new_contents(&new_files, parent, opts.pack_size);
+    let uploading = Instant::now();
+    upload_packs(store, layout, &reader, &plans, &source_of, &mut report)?;
+    report.upload_ms = uploading.elapsed().as_millis() as u64;
+    let candidate = new_manifest(
+        policy,
+        opts,
+        &base,
+        &new_files,
+        &selection,
+        &plans,
+        &mut report,
+    );
+
+    // Last point to stop at: from here on the head is written.
+    if let Some(signal) = opts.interrupt.signal_name() {
+        return Err(PublishError::Interrupted(signal));
+    }
+    // The compat index lets gc and `ls` find this compat id on stores that cannot list keys; it is
+    // written before the head, so no head exists that the index does not lead to.
+    let (kind, key) = (&candidate.cache_kind, &candidate.compat_key);
+    catalog::ensure_indexed(store, layout, &compat_id, kind, key)?;
+    let first_seq = base.first_seq;
+    let (generation, seq) = commit_head(store, layout, candidate, first_seq, opts, &mut report)?;
+    report.outcome = PublishOutcome::Published { generation, seq };
+    report.signed_by = opts
+        .trust
+        .signing_key
+        .as_ref()
+        .map(|k| k.key_id().to_owned());
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+fn policy_error(policy: &dyn CachePolicy) -> impl Fn(PolicyError) -> PublishError + '_ {
+    move |source| PublishError::Policy {
+        policy: policy.info().name.clone(),
+        source,
+    }
+}
+
+/// Refuses to start when stopped before it began (the CLI's next cache after a signal: not even
+/// a scan), or when the trust requires a signature and there is no key to sign with.
+fn check_can_start(opts: &PublishOptions) -> Result<(), PublishError> {
     if let Some(signal) = opts.interrupt.signal_name() {
         return Err(PublishError::Interrupted(signal));
     }
@@ -141,202 +221,263 @@ fn publish_to_store(
     {
         return Err(PublishError::NoSigningKey);
     }
-    let kind = policy.info().cache_kind.clone();
-    let policy_err = |source| PublishError::Policy {
-        policy: policy.info().name.clone(),
-        source,
-    };
-    let compat_key = policy.compat_key(&opts.facts).map_err(policy_err)?;
-    let compat_id = CompatId::new(&kind, &compat_key);
+    Ok(())
+}
 
-    // A file where the root should be is never a cache (a missing root is: not written yet).
+/// The root's files. A file where the root should be is never a cache (a missing root is: not
+/// written yet).
+fn scan_root(root: &Path) -> Result<scan::Snapshot, PublishError> {
     if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
         return Err(PublishError::RootNotDir(root.into()));
     }
-    let snap = scan::snapshot(root).map_err(|source| PublishError::Scan {
+    scan::snapshot(root).map_err(|source| PublishError::Scan {
         root: root.into(),
         source,
-    })?;
+    })
+}
+
+/// What the policy chose from the root: the files to publish and what it said of the rest.
+struct Selection<'s> {
+    /// The files to publish, each with whether it embeds the root (then stored in the policy's
+    /// root-independent form).
+    files: Vec<(&'s ScannedFile, bool)>,
+    markers: HashSet<&'s RelPath>,
+    skipped: BTreeMap<ReasonCategory, u64>,
+    skip_details: Vec<SkipDetail>,
+    incomplete: Option<String>,
+}
+
+fn select<'s>(
+    policy: &dyn CachePolicy,
+    root: &Path,
+    snap: &'s scan::Snapshot,
+) -> Result<Selection<'s>, PublishError> {
     let entries: Vec<_> = snap.files.iter().map(ScannedFile::entry).collect();
-    let selection = policy.select(root, &entries).map_err(policy_err)?;
-    let incomplete = selection.incomplete();
-    let decisions = selection.decisions;
+    let chosen = policy
+        .select(root, &entries)
+        .map_err(policy_error(policy))?;
+    let incomplete = chosen.incomplete();
+    let decisions = chosen.decisions;
     if decisions.len() != entries.len() {
+        let name = policy.info().name.clone();
         return Err(PublishError::PolicyContract(
-            policy.info().name.clone(),
+            name,
             decisions.len(),
             entries.len(),
         ));
     }
-    let mut skipped: BTreeMap<ReasonCategory, u64> = BTreeMap::new();
-    let mut skip_details = Vec::new();
-    let mut note_skip = |path: &str, category: ReasonCategory, detail: &str| {
-        *skipped.entry(category).or_default() += 1;
-        if skip_details.len() < MAX_SKIP_DETAILS {
-            skip_details.push(SkipDetail {
+    let mut selection = Selection {
+        files: Vec::new(),
+        markers: HashSet::new(),
+        skipped: BTreeMap::new(),
+        skip_details: Vec::new(),
+        incomplete,
+    };
+    // What the scan never offers (links, special files, names that are not UTF-8) is left out by
+    // jitship itself.
+    for (path, reason) in &snap.unpublishable {
+        selection.note_skip(path, ReasonCategory::Excluded, reason);
+    }
+    for (f, d) in snap.files.iter().zip(&decisions) {
+        match d.verdict {
+            Verdict::Publish => {
+                if d.marker {
+                    selection.markers.insert(&f.path);
+                }
+                selection.files.push((f, d.embeds_root));
+            }
+            Verdict::Skip => selection.note_skip(f.path.as_str(), d.category, &d.detail),
+        }
+    }
+    Ok(selection)
+}
+
+impl Selection<'_> {
+    fn note_skip(&mut self, path: &str, category: ReasonCategory, detail: &str) {
+        *self.skipped.entry(category).or_default() += 1;
+        if self.skip_details.len() < MAX_SKIP_DETAILS {
+            self.skip_details.push(SkipDetail {
                 path: path.to_owned(),
                 category,
                 detail: detail.to_owned(),
             });
         }
-    };
-    // What the scan never offers (links, special files, names that are not UTF-8) is left out by
-    // jitship itself.
-    for (path, reason) in &snap.unpublishable {
-        note_skip(path, ReasonCategory::Excluded, reason);
     }
-    let selected: Vec<(&ScannedFile, &Decision)> = snap
-        .files
-        .iter()
-        .zip(&decisions)
-        .filter_map(|(f, d)| match d.verdict {
-            Verdict::Publish => Some((f, d)),
-            Verdict::Skip => {
-                note_skip(f.path.as_str(), d.category, &d.detail);
-                None
-            }
-        })
-        .collect();
-    let markers: HashSet<&RelPath> = selected
-        .iter()
-        .filter(|(_, d)| d.marker)
-        .map(|(f, _)| &f.path)
-        .collect();
-    // Files that name the root are stored in the policy's root-independent form.
-    let selected: Vec<(&ScannedFile, bool)> = selected
-        .into_iter()
-        .map(|(f, d)| (f, d.embeds_root))
-        .collect();
+}
 
-    let mut report = PublishReport {
-        cache_kind: kind.clone(),
-        root: root.into(),
-        compat_key: compat_key.clone(),
-        compat_id,
-        outcome: PublishOutcome::Empty,
-        files_selected: selected.len() as u64,
-        skipped,
-        skip_details,
-        incomplete,
-        files_new: 0,
-        files_hashed: 0,
-        bytes_uploaded: 0,
-        bytes_deduplicated: 0,
-        packs_uploaded: 0,
-        packs_reused: 0,
-        conflicts: vec![],
-        merged: vec![],
-        signed_by: None,
-        parent_signer: None,
-        hash_ms: 0,
-        upload_ms: 0,
-        duration_ms: 0,
-        registry: None,
-    };
+impl PublishReport {
+    fn new(
+        cache_kind: String,
+        root: &Path,
+        compat_key: String,
+        compat_id: CompatId,
+        selection: &Selection,
+    ) -> Self {
+        Self {
+            cache_kind,
+            root: root.into(),
+            compat_key,
+            compat_id,
+            outcome: PublishOutcome::Empty,
+            files_selected: selection.files.len() as u64,
+            skipped: selection.skipped.clone(),
+            skip_details: selection.skip_details.clone(),
+            incomplete: selection.incomplete.clone(),
+            files_new: 0,
+            files_hashed: 0,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            packs_uploaded: 0,
+            packs_reused: 0,
+            conflicts: vec![],
+            merged: vec![],
+            signed_by: None,
+            parent_signer: None,
+            hash_ms: 0,
+            upload_ms: 0,
+            duration_ms: 0,
+            registry: None,
+        }
+    }
+}
 
-    // The newest seq anyone wrote (this publish writes above it) and the newest head this
-    // publisher may build on. Any head above that base (refused by the trust, corrupt, another
-    // place's) is covered: the publish writes a head even if nothing is new, so readers find
-    // this publisher's head first.
-    let mut walk = catalog::HeadWalk::new(store, layout, &compat_id)?;
+/// Where a publish builds: the newest head this publisher may build on, its manifest as the
+/// parent, and the seq to write first.
+struct Base {
+    /// The head this publish builds on (None: a fresh chain).
+    head: Option<HeadRecord>,
+    /// Who signed it.
+    signer: Option<Signer>,
+    /// Its manifest, less the files whose packs are gone; `None` when it is missing or corrupt.
+    parent: Option<Manifest>,
+    /// The parent lost packs (its files were dropped from `parent`).
+    parent_damaged: bool,
+    /// A head above the base (refused by the trust, corrupt, another place's) that this publish
+    /// must write above, so readers find this publisher's head first.
+    covers_refused_head: bool,
+    first_seq: u64,
+}
+
+/// The newest seq anyone wrote (this publish writes above it) and the newest head this
+/// publisher may build on. A head whose manifest was evicted (or is corrupt) is no parent: this
+/// publish starts a fresh chain above it. A parent with evicted packs is used without the files
+/// those packs held (they are uploaded again from this root if it has them), so one lost pack
+/// cannot make every later generation incomplete.
+fn find_base(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    compat_id: &CompatId,
+    trust: &PublishTrust,
+) -> Result<Base, PublishError> {
+    let mut walk = catalog::HeadWalk::new(store, layout, compat_id)?;
     let occupied = walk.newest_seq();
-    let head = admitted_base(&mut walk, layout, &opts.trust)?;
-    let covers_refused_head = occupied != head.as_ref().map(|h| h.seq);
-    let first_seq = first_seq_to_write(occupied, head.as_ref());
-    report.parent_signer = head
-        .as_ref()
-        .map(|h| opts.trust.policy.judge(layout.namespace(), h));
-    // A head whose manifest was evicted (or is corrupt) is no parent: this publish starts a fresh
-    // chain above it. A parent with evicted packs is used without the files those packs held
-    // (they are uploaded again from this root if it has them), so one lost pack cannot make every
-    // later generation incomplete.
-    let parent_id = head.as_ref().map(|h| h.generation);
+    let head = admitted_base(&mut walk, layout, trust)?;
     let (parent, parent_damaged) = match &head {
         Some(h) => usable_parent(store, layout, &h.generation)?,
         None => (None, false),
     };
+    Ok(Base {
+        signer: head
+            .as_ref()
+            .map(|h| trust.policy.judge(layout.namespace(), h)),
+        covers_refused_head: occupied != head.as_ref().map(|h| h.seq),
+        first_seq: first_seq_to_write(occupied, head.as_ref()),
+        head,
+        parent,
+        parent_damaged,
+    })
+}
 
-    let hashing = Instant::now();
-    let kept = KeptContents::new(opts.pack_size);
-    let files = RootFiles::open(root)?;
-    let local = hash_selected(
-        policy,
-        &files,
-        &selected,
-        parent.as_ref(),
-        hashes,
-        &kept,
-        &opts.interrupt,
-        &mut report,
-    )?;
-    report.hash_ms = hashing.elapsed().as_millis() as u64;
+impl Base {
+    /// Whether this publish writes a generation: new files, a damaged parent to repair, an
+    /// incomplete parent this complete root completes (the same files, now known to make a
+    /// complete cache), or a refused head above a parent to write over.
+    fn needs_generation(&self, nothing_new: bool, root_complete: bool) -> bool {
+        let completes_parent =
+            root_complete && self.parent.as_ref().is_some_and(|p| p.incomplete.is_some());
+        !nothing_new
+            || self.parent_damaged
+            || completes_parent
+            || (self.covers_refused_head && self.parent.is_some())
+    }
+}
+
+/// The hashed files the parent does not have at their path.
+fn new_files<'l, 's>(
+    local: &'l [(&'s ScannedFile, Stored)],
+    parent: Option<&Manifest>,
+) -> Vec<&'l (&'s ScannedFile, Stored)> {
+    let parent_paths: HashSet<&RelPath> = parent
+        .iter()
+        .flat_map(|m| &m.files)
+        .map(|f| &f.path)
+        .collect();
+    local
+        .iter()
+        .filter(|(f, _)| !parent_paths.contains(&f.path))
+        .collect()
+}
+
+/// Paths whose content here differs from the parent's (the parent's version is kept).
+fn conflicts_with_parent(
+    local: &[(&ScannedFile, Stored)],
+    parent: Option<&Manifest>,
+) -> Vec<Conflict> {
     let parent_paths: HashMap<&RelPath, &FileRecord> = parent
         .iter()
         .flat_map(|m| &m.files)
         .map(|f| (&f.path, f))
         .collect();
-    let new_files: Vec<&(&ScannedFile, Stored)> = local
+    local
         .iter()
-        .filter(|(f, _)| !parent_paths.contains_key(&f.path))
-        .collect();
-    report.files_new = new_files.len() as u64;
-    // A parent recorded as incomplete whose files this complete root holds no more of still gets
-    // a new generation: the same files, now known to make a complete cache.
-    let completes_parent =
-        report.incomplete.is_none() && parent.as_ref().is_some_and(|p| p.incomplete.is_some());
-    if new_files.is_empty()
-        && !parent_damaged
-        && !completes_parent
-        && (!covers_refused_head || parent.is_none())
-    {
-        report.conflicts = local
-            .iter()
-            .filter_map(|(f, s)| {
-                let p = parent_paths.get(&f.path)?;
-                (p.blake3 != s.hash).then(|| Conflict {
-                    path: f.path.clone(),
-                    kept: p.blake3,
-                    dropped: s.hash,
-                })
+        .filter_map(|(f, s)| {
+            let p = parent_paths.get(&f.path)?;
+            (p.blake3 != s.hash).then(|| Conflict {
+                path: f.path.clone(),
+                kept: p.blake3,
+                dropped: s.hash,
             })
-            .collect();
-        report.outcome = match &parent {
-            Some(m) => PublishOutcome::Unchanged { generation: m.id() },
-            None => PublishOutcome::Empty,
-        };
-        report.duration_ms = started.elapsed().as_millis() as u64;
-        return Ok(report);
-    }
+        })
+        .collect()
+}
 
-    // Contents the parent already stores are referenced, not uploaded again.
+/// Where each new content's bytes come from.
+type Sources<'s> = HashMap<ContentHash, (&'s ScannedFile, Stored)>;
+
+/// The packs for contents the parent does not already store (those are referenced, not uploaded
+/// again), and where each content is read from.
+fn plan_new_contents<'s>(
+    new_files: &[&(&'s ScannedFile, Stored)],
+    parent: Option<&Manifest>,
+    pack_size: u64,
+) -> (Vec<PackPlan>, Sources<'s>) {
     let parent_contents: HashSet<ContentHash> = parent
         .iter()
         .flat_map(|m| m.files.iter().map(|f| f.blake3))
         .collect();
     let mut order: Vec<(ContentHash, u64)> = Vec::new();
-    let mut source_of: HashMap<ContentHash, (&ScannedFile, Stored)> = HashMap::new();
-    for (f, s) in &new_files {
+    let mut source_of: Sources = HashMap::new();
+    for (f, s) in new_files {
         if !parent_contents.contains(&s.hash) && !source_of.contains_key(&s.hash) {
             source_of.insert(s.hash, (*f, *s));
             order.push((s.hash, s.size));
         }
     }
-    let plans = plan_packs(&order, opts.pack_size);
-    let uploading = Instant::now();
-    upload_packs(
-        store,
-        layout,
-        policy,
-        &files,
-        &plans,
-        &source_of,
-        &kept,
-        &opts.interrupt,
-        &mut report,
-    )?;
-    report.upload_ms = uploading.elapsed().as_millis() as u64;
+    (plan_packs(&order, pack_size), source_of)
+}
 
-    // Our side: the new files, located in parent packs or in the packs just uploaded.
+/// The new generation's manifest: the new files, located in parent packs or in the packs just
+/// uploaded, merged onto the parent (whose version wins a conflicting path).
+fn new_manifest(
+    policy: &dyn CachePolicy,
+    opts: &PublishOptions,
+    base: &Base,
+    new_files: &[&(&ScannedFile, Stored)],
+    selection: &Selection,
+    plans: &[PackPlan],
+    report: &mut PublishReport,
+) -> Manifest {
+    let parent = base.parent.as_ref();
     let unplaced: Vec<FileRecord> = new_files
         .iter()
         .map(|(f, s)| FileRecord {
@@ -347,58 +488,33 @@ fn publish_to_store(
             mtime_ns: f.mtime_ns,
             blake3: s.hash,
             chunks: vec![],
-            marker: markers.contains(&f.path),
+            marker: selection.markers.contains(&f.path),
             canonical: s.canonical,
         })
         .collect();
-    let (ours_files, ours_packs) = place_files(parent.as_ref(), unplaced, &plans);
-
-    let mut candidate = Manifest {
-        format: FORMAT_VERSION,
-        cache_kind: kind,
-        compat_key,
-        compat_id,
-        facts: opts.facts.as_map().clone(),
-        policy: policy.policy_ref(),
-        parent: parent_id.filter(|_| parent.is_some()),
-        merged: vec![],
-        producer: opts.producer.clone(),
-        created_at: now_secs(),
-        packs: vec![],
-        files: vec![],
-        incomplete: report.incomplete.clone(),
-    };
-    let (files, packs, conflicts) = match &parent {
+    let (ours_files, ours_packs) = place_files(parent, unplaced, plans);
+    let (files, packs, conflicts) = match parent {
         Some(p) => merge_files(&p.files, &p.packs, &ours_files, &ours_packs),
         None => merge_files(&[], &[], &ours_files, &ours_packs),
     };
-    candidate.files = files;
-    candidate.packs = packs;
     report.conflicts.extend(conflicts);
-    prune_packs(&mut candidate);
-
-    // Last point to stop at: from here on the head is written.
-    if let Some(signal) = opts.interrupt.signal_name() {
-        return Err(PublishError::Interrupted(signal));
-    }
-    // The compat index lets gc and `ls` find this compat id on stores that cannot list keys; it is
-    // written before the head, so no head exists that the index does not lead to.
-    catalog::ensure_indexed(
-        store,
-        layout,
-        &compat_id,
-        &candidate.cache_kind,
-        &candidate.compat_key,
-    )?;
-    let (generation, seq) = commit_head(store, layout, candidate, first_seq, opts, &mut report)?;
-    report.outcome = PublishOutcome::Published { generation, seq };
-    report.signed_by = opts
-        .trust
-        .signing_key
-        .as_ref()
-        .map(|k| k.key_id().to_owned());
-    report.duration_ms = started.elapsed().as_millis() as u64;
-    Ok(report)
+    let mut manifest = Manifest {
+        format: FORMAT_VERSION,
+        cache_kind: report.cache_kind.clone(),
+        compat_key: report.compat_key.clone(),
+        compat_id: report.compat_id,
+        facts: opts.facts.as_map().clone(),
+        policy: policy.policy_ref(),
+        parent: parent.and(base.head.as_ref().map(|h| h.generation)),
+        merged: vec![],
+        producer: opts.producer.clone(),
+        created_at: now_secs(),
+        packs,
+        files,
+        incomplete: report.incomplete.clone(),
+    };
+    prune_packs(&mut manifest);
+    manifest
 }
 
 /// How many heads a publish passes over (refused by its trust, or faulty) looking for its base

@@ -18,6 +18,16 @@ use crate::scan::ScannedFile;
 use super::packs::KeptContents;
 use super::{PublishError, PublishReport};
 
+/// What reads the root's selected files, to hash them and again to pack them: the policy (for
+/// the canonical form of files that embed the root), the root, the contents kept in between, and
+/// the interrupt looked at per file.
+pub(super) struct RootReader<'a> {
+    pub(super) policy: &'a dyn CachePolicy,
+    pub(super) files: &'a RootFiles<'a>,
+    pub(super) kept: &'a KeptContents,
+    pub(super) interrupt: &'a Interrupt,
+}
+
 /// Remembers file hashes between publishes of one root (the watcher keeps one), keyed by path and
 /// checked against size, mtime and inode, so an unchanged file is never hashed (or canonicalized)
 /// twice.
@@ -170,17 +180,19 @@ pub(super) fn canonical_bytes(
 /// mtime match, otherwise by reading the file (in parallel). A file that embeds the root
 /// (`embeds_root` in its decision) is hashed in its canonical form, never taken from the parent
 /// by size (the parent's size is that of the canonical bytes).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn hash_selected<'a>(
-    policy: &dyn CachePolicy,
-    files: &RootFiles,
+    reader: &RootReader,
     selected: &[(&'a ScannedFile, bool)],
     parent: Option<&Manifest>,
     mut cache: Option<&mut HashCache>,
-    kept: &KeptContents,
-    interrupt: &Interrupt,
     report: &mut PublishReport,
 ) -> Result<Vec<(&'a ScannedFile, Stored)>, PublishError> {
+    let &RootReader {
+        policy,
+        files,
+        kept,
+        interrupt,
+    } = reader;
     let known: HashMap<&RelPath, &FileRecord> = parent
         .iter()
         .flat_map(|m| &m.files)
@@ -223,26 +235,7 @@ pub(super) fn hash_selected<'a>(
                 };
                 return Ok((stored, false));
             }
-            let hash = if kept.reserve(f.size) {
-                // Small enough to keep: read whole, hashed from memory, and packed from memory.
-                let bytes = files.read(f, last)?;
-                let hash = ContentHash::of(&bytes);
-                kept.keep(hash, bytes, f.size);
-                hash
-            } else {
-                let (hash, len) = hash_open_file(&mut files.open_file(f, last)?)
-                    .map_err(|source| files.read_error(f, source))?;
-                if len != f.size {
-                    return Err(files.changed(f));
-                }
-                hash
-            };
-            let stored = Stored {
-                hash,
-                size: f.size,
-                canonical: false,
-            };
-            Ok((stored, true))
+            Ok((read_and_hash(files, kept, f, last)?, true))
         })
         .collect();
     let mut out = Vec::with_capacity(selected.len());
@@ -255,4 +248,32 @@ pub(super) fn hash_selected<'a>(
         out.push((*f, stored));
     }
     Ok(out)
+}
+
+/// Hashes a file as it is on disk: a small one read whole and kept for its pack (hashed and
+/// packed from memory), a larger one streamed (read again when its pack is filled).
+fn read_and_hash(
+    files: &RootFiles,
+    kept: &KeptContents,
+    f: &ScannedFile,
+    last: &mut LastDir,
+) -> Result<Stored, PublishError> {
+    let hash = if kept.reserve(f.size) {
+        let bytes = files.read(f, last)?;
+        let hash = ContentHash::of(&bytes);
+        kept.keep(hash, bytes, f.size);
+        hash
+    } else {
+        let (hash, len) = hash_open_file(&mut files.open_file(f, last)?)
+            .map_err(|source| files.read_error(f, source))?;
+        if len != f.size {
+            return Err(files.changed(f));
+        }
+        hash
+    };
+    Ok(Stored {
+        hash,
+        size: f.size,
+        canonical: false,
+    })
 }

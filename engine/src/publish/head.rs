@@ -26,116 +26,196 @@ pub(super) fn commit_head(
     opts: &PublishOptions,
     report: &mut PublishReport,
 ) -> Result<(GenerationId, u64), PublishError> {
-    let writer = writer_id();
-    let base_seq = seq.saturating_sub(1);
-    let mut included: HashSet<GenerationId> = candidate.parent.into_iter().collect();
+    let mut commit = HeadCommit {
+        store,
+        layout,
+        trust: &opts.trust,
+        writer: writer_id(),
+        base_seq: seq.saturating_sub(1),
+        included: candidate.parent.into_iter().collect(),
+    };
     for _ in 0..opts.max_head_attempts {
         if seq > catalog::MAX_SEQ {
-            return Err(catalog::CatalogError::SequenceFull(
-                layout.heads_prefix(&candidate.compat_id),
-            )
-            .into());
+            let heads = layout.heads_prefix(&candidate.compat_id);
+            return Err(catalog::CatalogError::SequenceFull(heads).into());
         }
-        candidate.normalize();
-        let bytes = candidate.encode();
-        let generation = candidate.id();
-        store.put(&layout.generation(&generation), &bytes, ValueClass::Record)?;
-        let mut record = HeadRecord {
-            compat_id: candidate.compat_id,
-            seq,
-            generation,
-            written_at: now_secs(),
-            writer: writer.clone(),
-            signature: None,
-        };
-        if let Some(key) = &opts.trust.signing_key {
-            key.sign(layout.namespace(), &mut record);
-        }
-        let admits = |h: &HeadRecord| opts.trust.admits(layout.namespace(), h);
-        let stored = match put_and_read_back(store, layout, &record)? {
-            Some(Ok(stored)) => stored,
+        let (generation, record) = commit.write(&mut candidate, seq)?;
+        let step = match put_and_read_back(store, layout, &record)? {
+            // Another publisher of the same generation counts as ours only if its head is
+            // admitted.
+            Some(Ok(stored))
+                if stored == record
+                    || (stored.generation == generation && commit.admits(&stored)) =>
+            {
+                commit.after_win(&mut candidate, generation, seq, report)?
+            }
+            Some(Ok(stored)) => {
+                commit.after_loss(&mut candidate, generation, &stored, seq, report)?
+            }
             Some(Err(fault)) => {
                 // Someone wrote junk at this seq first (anyone can write the store): above it.
                 tracing::warn!(
                     seq,
                     "this seq holds no usable head ({fault}); trying the next seq"
                 );
-                seq += 1;
-                continue;
+                Step::TrySeq(seq + 1)
             }
             None => {
                 // Nobody's head is readable at this seq even after retries (evicted at once):
-                // write above it; the check below merges it if it shows up after all.
+                // write above it; the check after a win merges it if it shows up after all.
                 tracing::warn!(
                     seq,
                     "head record unreadable right after writing it; trying the next seq"
                 );
-                seq += 1;
-                continue;
+                Step::TrySeq(seq + 1)
             }
         };
-        // Another publisher of the same generation counts as ours only if its head is admitted.
-        if stored == record || (stored.generation == generation && admits(&stored)) {
-            included.insert(generation);
-            // Won. A head below ours that we never merged (its put was in flight when we read its
-            // seq back) would be superseded without its files: merge it and write the next seq.
-            let below = seq - 1;
-            let missed = if below > base_seq {
-                // A refused head below needs no merging: ours supersedes it.
-                catalog::read_head_at(store, layout, &candidate.compat_id, below)?
-                    .and_then(Result::ok)
-                    .filter(|h| !included.contains(&h.generation) && admits(h))
-            } else {
-                None
-            };
-            let Some(missed) = missed else {
-                // And a head above ours written by someone who did not see ours (our put was the
-                // one in flight): merge onto it and write above it.
-                let Some(above) =
-                    head_above_without(store, layout, &candidate, seq, generation, &opts.trust)?
-                else {
-                    return Ok((generation, seq));
-                };
-                tracing::info!(seq = seq + 1, generation = %above.0, "a head above ours does not include ours; merging onto it");
-                included.insert(above.0);
-                if let Some(other) = above.1
-                    && merge(&mut candidate, generation, &other, Parent::Theirs, report)
-                {
-                    return Ok((other.id(), seq + 1));
-                }
-                seq += 2;
-                continue;
-            };
-            tracing::info!(seq = below, generation = %missed.generation, "a head below ours was never merged; merging it");
-            included.insert(missed.generation);
-            if let Some(other) = winner_manifest(store, layout, &missed.generation)? {
-                merge(&mut candidate, generation, &other, Parent::Ours, report);
-                seq += 1;
-                continue;
-            }
-            return Ok((generation, seq));
+        match step {
+            Step::Done(generation, seq) => return Ok((generation, seq)),
+            Step::TrySeq(next) => seq = next,
         }
-        // Another publisher won this seq: build on its generation (the union of both).
+    }
+    Err(PublishError::Contention(opts.max_head_attempts))
+}
+
+/// What a head write leads to: done (the generation and the seq whose head names it), or another
+/// try at a seq.
+enum Step {
+    Done(GenerationId, u64),
+    TrySeq(u64),
+}
+
+/// The state of one `commit_head`: who writes, and the generations its head already includes.
+struct HeadCommit<'a> {
+    store: &'a dyn Store,
+    layout: &'a KeyLayout,
+    trust: &'a PublishTrust,
+    writer: String,
+    /// The seq of the head the publish built on: heads above it were written meanwhile.
+    base_seq: u64,
+    /// Generations the candidate builds on or merged (never merged twice).
+    included: HashSet<GenerationId>,
+}
+
+impl HeadCommit<'_> {
+    fn admits(&self, head: &HeadRecord) -> bool {
+        self.trust.admits(self.layout.namespace(), head)
+    }
+
+    /// Puts the candidate's manifest and makes its head for `seq`, signed with this publisher's
+    /// key.
+    fn write(
+        &self,
+        candidate: &mut Manifest,
+        seq: u64,
+    ) -> Result<(GenerationId, HeadRecord), PublishError> {
+        candidate.normalize();
+        let bytes = candidate.encode();
+        let generation = candidate.id();
+        let key = self.layout.generation(&generation);
+        self.store.put(&key, &bytes, ValueClass::Record)?;
+        let mut record = HeadRecord {
+            compat_id: candidate.compat_id,
+            seq,
+            generation,
+            written_at: now_secs(),
+            writer: self.writer.clone(),
+            signature: None,
+        };
+        if let Some(key) = &self.trust.signing_key {
+            key.sign(self.layout.namespace(), &mut record);
+        }
+        Ok((generation, record))
+    }
+
+    /// Won `seq`. A head below ours that we never merged (its put was in flight when we read its
+    /// seq back) would be superseded without its files: merge it and write the next seq.
+    fn after_win(
+        &mut self,
+        candidate: &mut Manifest,
+        generation: GenerationId,
+        seq: u64,
+        report: &mut PublishReport,
+    ) -> Result<Step, PublishError> {
+        self.included.insert(generation);
+        let below = seq - 1;
+        let missed = if below > self.base_seq {
+            // A refused head below needs no merging: ours supersedes it.
+            catalog::read_head_at(self.store, self.layout, &candidate.compat_id, below)?
+                .and_then(Result::ok)
+                .filter(|h| !self.included.contains(&h.generation) && self.admits(h))
+        } else {
+            None
+        };
+        let Some(missed) = missed else {
+            return self.merge_head_above(candidate, generation, seq, report);
+        };
+        tracing::info!(seq = below, generation = %missed.generation, "a head below ours was never merged; merging it");
+        self.included.insert(missed.generation);
+        if let Some(other) = winner_manifest(self.store, self.layout, &missed.generation)? {
+            merge(candidate, generation, &other, Parent::Ours, report);
+            return Ok(Step::TrySeq(seq + 1));
+        }
+        Ok(Step::Done(generation, seq))
+    }
+
+    /// A head above ours written by someone who did not see ours (our put was the one in
+    /// flight): merge onto it and write above it.
+    fn merge_head_above(
+        &mut self,
+        candidate: &mut Manifest,
+        generation: GenerationId,
+        seq: u64,
+        report: &mut PublishReport,
+    ) -> Result<Step, PublishError> {
+        let above = head_above_without(
+            self.store,
+            self.layout,
+            candidate,
+            seq,
+            generation,
+            self.trust,
+        )?;
+        let Some((above, manifest)) = above else {
+            return Ok(Step::Done(generation, seq));
+        };
+        tracing::info!(seq = seq + 1, generation = %above, "a head above ours does not include ours; merging onto it");
+        self.included.insert(above);
+        if let Some(other) = manifest
+            && merge(candidate, generation, &other, Parent::Theirs, report)
+        {
+            return Ok(Step::Done(other.id(), seq + 1));
+        }
+        Ok(Step::TrySeq(seq + 2))
+    }
+
+    /// Another publisher won this seq: build on its generation (the union of both).
+    fn after_loss(
+        &mut self,
+        candidate: &mut Manifest,
+        generation: GenerationId,
+        stored: &HeadRecord,
+        seq: u64,
+        report: &mut PublishReport,
+    ) -> Result<Step, PublishError> {
         tracing::info!(seq, winner = %stored.generation, "another publisher won the head; merging");
-        included.insert(stored.generation);
-        let winner = if admits(&stored) {
-            winner_manifest(store, layout, &stored.generation)?
+        self.included.insert(stored.generation);
+        let winner = if self.admits(stored) {
+            winner_manifest(self.store, self.layout, &stored.generation)?
         } else {
             tracing::warn!(seq, winner = %stored.generation, "the head that won this seq is not trusted; not merging it, writing above it");
             None
         };
-        if winner.is_none() {
+        let Some(winner) = winner else {
             // Our candidate is unchanged and is written again (same id) at the next seq.
             tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
+            return Ok(Step::TrySeq(seq + 1));
+        };
+        if merge(candidate, generation, &winner, Parent::Theirs, report) {
+            return Ok(Step::Done(winner.id(), seq));
         }
-        if let Some(winner) = winner
-            && merge(&mut candidate, generation, &winner, Parent::Theirs, report)
-        {
-            return Ok((winner.id(), seq));
-        }
-        seq += 1;
+        Ok(Step::TrySeq(seq + 1))
     }
-    Err(PublishError::Contention(opts.max_head_attempts))
 }
 
 /// The head at `seq + 1` if it exists and its generation neither builds on nor merged `ours`

@@ -8,29 +8,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::catalog::KeyLayout;
 use crate::generation::{ContentHash, PackPlan};
-use crate::interrupt::Interrupt;
-use crate::policy::CachePolicy;
 use crate::scan::ScannedFile;
 use crate::store::{Store, ValueClass};
 
-use super::hashing::{LastDir, RootFiles, Stored, canonical_bytes};
+use super::hashing::{LastDir, RootReader, Stored, canonical_bytes};
 use super::{PublishError, PublishReport};
 
 /// Uploads the packs the store lacks. Two workers each fill a pack in place (in a Mooncake
 /// staging buffer: `Store::put_filled`) and put it, so one reads files while the other uploads:
 /// at most two pack buffers exist at once, whatever the tree size.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn upload_packs(
     store: &dyn Store,
     layout: &KeyLayout,
-    policy: &dyn CachePolicy,
-    files: &RootFiles,
+    reader: &RootReader,
     plans: &[PackPlan],
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
-    kept: &KeptContents,
-    interrupt: &Interrupt,
     report: &mut PublishReport,
 ) -> Result<(), PublishError> {
+    let interrupt = reader.interrupt;
     let keys: Vec<String> = plans.iter().map(|p| layout.pack(&p.id)).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let mut missing = Vec::new();
@@ -59,7 +54,7 @@ pub(super) fn upload_packs(
                 plan.size as usize,
                 ValueClass::Bulk,
                 &mut |buf| {
-                    fill_pack(policy, files, plan, source_of, kept, buf)
+                    fill_pack(reader, plan, source_of, buf)
                         .map_err(|e| fill_error = Some(e))
                         .is_ok()
                 },
@@ -96,13 +91,17 @@ pub(super) fn upload_packs(
 }
 
 fn fill_pack(
-    policy: &dyn CachePolicy,
-    files: &RootFiles,
+    reader: &RootReader,
     plan: &PackPlan,
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
-    kept: &KeptContents,
     buf: &mut [u8],
 ) -> Result<(), PublishError> {
+    let &RootReader {
+        policy,
+        files,
+        kept,
+        ..
+    } = reader;
     let mut last = LastDir::default();
     for piece in &plan.pieces {
         let (f, stored) = source_of[&piece.content];
