@@ -229,14 +229,23 @@ pub fn collect_registry(
     gc
 }
 
+/// What this run removes, as decided so far.
+#[derive(Default)]
 struct Plan {
     heads: Vec<(CompatId, u64)>,
     manifests: BTreeSet<GenerationId>,
-    /// Pack -> size where known.
-    packs: HashMap<ContentHash, u64>,
+    /// Packs of what is removed (and of a resumed journal), with their size where known: removed
+    /// unless a retained generation references them.
+    dropped_packs: HashMap<ContentHash, u64>,
+    /// (compat id, floor seq, seqs below the floor that stay).
     floors: Vec<(CompatId, u64, Vec<u64>)>,
+    /// Packs retained generations reference.
     retained: HashSet<ContentHash>,
+    /// Every generation some head names.
     known: HashSet<GenerationId>,
+    /// Keys of an interrupted earlier run's journal, removed again, and its seq.
+    resumed: Vec<String>,
+    resumed_journal: Option<u64>,
 }
 
 /// Decides and (unless `dry_run`) removes. `policies` finds the policy that governs each compat
@@ -253,143 +262,30 @@ pub fn collect(
         ..GcReport::default()
     };
     let survey = inspect::survey(store, layout, &opts.trust)?;
-    let mut plan = Plan {
-        heads: vec![],
-        manifests: BTreeSet::new(),
-        packs: HashMap::new(),
-        floors: vec![],
-        retained: HashSet::new(),
-        known: HashSet::new(),
-    };
-    let mut dropped_packs: HashMap<ContentHash, u64> = HashMap::new();
-    for c in &survey.compats {
-        for f in &c.faulty_heads {
-            report.faulty_heads.push(format!(
-                "compat id {} seq {}: {} (left in place; readers pass it over)",
-                c.compat_id, f.seq, f.fault
-            ));
-        }
-    }
-    // Only a generation that counts can hold up pack removal: an untrusted store writer's
-    // garbage manifest must not stop gc.
-    for (c, g) in survey.generations().filter(|(_, g)| counts(opts, g)) {
-        if let ManifestState::Corrupt { error } = &g.state {
-            report.unreadable.push(format!(
-                "compat id {} generation {}: {error}",
-                c.compat_id, g.id
-            ));
-        }
-    }
+    let mut plan = Plan::default();
+    note_faulty_and_unreadable(&survey, opts, &mut report);
     for compat in &survey.compats {
-        decide_compat(
-            compat,
-            policies,
-            opts,
-            &mut plan,
-            &mut dropped_packs,
-            &mut report,
-        );
+        decide_compat(compat, policies, opts, &mut plan, &mut report);
     }
-
-    // Manifests that lost a head race and were merged into a winner: never headed, so garbage.
-    let losers: BTreeSet<GenerationId> = survey
-        .generations()
-        .filter_map(|(_, g)| g.summary())
-        .flat_map(|s| s.merged.iter().copied())
-        .filter(|id| !plan.known.contains(id))
-        .collect();
-    for id in losers {
-        if let Some(m) = fetch_if_decodable(store, layout, &id)? {
-            plan.manifests.insert(id);
-            for p in &m.packs {
-                dropped_packs.insert(p.id, p.size);
-            }
-        }
-    }
-
-    // An interrupted earlier run: finish what it planned.
-    let previous = match catalog::newest_gc_journal(store, layout)? {
-        Some(j) if !catalog::gc_done(store, layout, j.seq)? => Some(j),
-        _ => None,
-    };
-    let mut resume_keys: Vec<String> = Vec::new();
-    if let Some(j) = &previous {
-        // Not probed with `exists` (on Mooncake a probe leases the key and blocks its removal);
-        // removing a key that is already gone is a no-op.
-        resume_keys.extend(j.keys.iter().cloned());
-        for p in &j.packs {
-            dropped_packs.entry(*p).or_insert(0);
-        }
-    }
-
-    // Orphans, where the store can list and date keys.
-    let grace_cutoff = SystemTime::UNIX_EPOCH + Duration::from_secs(opts.now)
-        - opts.grace.min(Duration::from_secs(opts.now));
-    let dates = store.capabilities().write_times;
-    let old_enough = |key: &str| -> Result<bool, StoreError> {
-        Ok(dates && store.modified(key)?.is_some_and(|t| t <= grace_cutoff))
-    };
-    if let Some(keys) = list_or_none(store, &layout.generations_prefix())? {
-        for key in keys {
-            let Some(id) = key
-                .strip_prefix(&layout.generations_prefix())
-                .and_then(|s| s.parse::<GenerationId>().ok())
-            else {
-                continue;
-            };
-            if plan.known.contains(&id) || plan.manifests.contains(&id) || !old_enough(&key)? {
-                continue;
-            }
-            plan.manifests.insert(id);
-        }
-    }
-    // Orphan packs are found only when every generation could be read (see `unreadable`).
-    let packs_listing = if report.unreadable.is_empty() {
-        list_or_none(store, &layout.packs_prefix())?
-    } else {
-        None
-    };
-    if let Some(keys) = packs_listing {
-        for key in keys {
-            let Some(id) = key
-                .strip_prefix(&layout.packs_prefix())
-                .and_then(|s| s.parse::<ContentHash>().ok())
-            else {
-                continue;
-            };
-            if !plan.retained.contains(&id) && !dropped_packs.contains_key(&id) && old_enough(&key)?
-            {
-                dropped_packs.insert(id, 0);
-            }
-        }
-    }
-
-    for (id, size) in dropped_packs {
-        if plan.retained.contains(&id) {
-            report.packs_shared += 1;
-        } else {
-            plan.packs.insert(id, size);
-        }
-    }
+    add_merged_losers(store, layout, &survey, &mut plan)?;
+    resume_interrupted_run(store, layout, &mut plan)?;
+    add_orphans(store, layout, opts, &mut plan, &report)?;
+    let mut packs = settle_packs(&mut plan, &mut report);
 
     report.heads = plan
         .heads
         .iter()
         .map(|(c, s)| layout.head(c, *s))
-        .chain(resume_keys.iter().filter(|k| k.contains("/head/")).cloned())
+        .chain(
+            plan.resumed
+                .iter()
+                .filter(|k| k.contains("/head/"))
+                .cloned(),
+        )
         .collect();
     report.manifests = plan.manifests.iter().copied().collect();
-    let resumed_manifests: Vec<String> = resume_keys
-        .iter()
-        .filter(|k| k.contains("/gen/"))
-        .cloned()
-        .collect();
-    let mut packs: Vec<(ContentHash, u64)> = plan.packs.iter().map(|(k, v)| (*k, *v)).collect();
-    packs.sort();
     report.floors = plan.floors.iter().map(|(c, f, _)| (*c, *f)).collect();
-    if previous.is_some() && !resume_keys.is_empty() {
-        report.resumed_journal = previous.as_ref().map(|j| j.seq);
-    }
+    report.resumed_journal = plan.resumed_journal.filter(|_| !plan.resumed.is_empty());
     // Failing closed: with a generation nobody here can read, no pack is removed this run; the
     // ones planned go into the journal (not marked done), so a later run reconsiders them.
     let deferred_packs: Vec<ContentHash> = if report.unreadable.is_empty() {
@@ -402,65 +298,233 @@ pub fn collect(
     };
     let nothing = report.heads.is_empty()
         && report.manifests.is_empty()
-        && resumed_manifests.is_empty()
+        && !plan.resumed.iter().any(|k| k.contains("/gen/"))
         && packs.is_empty();
     if opts.dry_run || nothing {
         report.packs = packs.iter().map(|p| p.0).collect();
         report.pack_bytes = packs.iter().map(|p| p.1).sum();
         return Ok(report);
     }
+    remove(
+        store,
+        layout,
+        opts,
+        &plan,
+        packs,
+        deferred_packs,
+        &mut report,
+    )?;
+    Ok(report)
+}
 
-    // 1. floors, 2. journal, 3. heads, manifests, packs.
+/// Faulty heads are reported and left in place; a manifest that counts but cannot be decoded
+/// makes gc fail closed (`unreadable`). Only a generation that counts can hold up pack removal:
+/// an untrusted store writer's garbage manifest must not stop gc.
+fn note_faulty_and_unreadable(survey: &inspect::Survey, opts: &GcOptions, report: &mut GcReport) {
+    for c in &survey.compats {
+        for f in &c.faulty_heads {
+            report.faulty_heads.push(format!(
+                "compat id {} seq {}: {} (left in place; readers pass it over)",
+                c.compat_id, f.seq, f.fault
+            ));
+        }
+    }
+    for (c, g) in survey.generations().filter(|(_, g)| counts(opts, g)) {
+        if let ManifestState::Corrupt { error } = &g.state {
+            report.unreadable.push(format!(
+                "compat id {} generation {}: {error}",
+                c.compat_id, g.id
+            ));
+        }
+    }
+}
+
+/// Manifests that lost a head race and were merged into a winner: never headed, so garbage.
+fn add_merged_losers(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    survey: &inspect::Survey,
+    plan: &mut Plan,
+) -> Result<(), GcError> {
+    let losers: BTreeSet<GenerationId> = survey
+        .generations()
+        .filter_map(|(_, g)| g.summary())
+        .flat_map(|s| s.merged.iter().copied())
+        .filter(|id| !plan.known.contains(id))
+        .collect();
+    for id in losers {
+        if let Some(m) = fetch_if_decodable(store, layout, &id)? {
+            plan.manifests.insert(id);
+            for p in &m.packs {
+                plan.dropped_packs.insert(p.id, p.size);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An interrupted earlier run: finish what it planned. Its keys are not probed with `exists` (on
+/// Mooncake a probe leases the key and blocks its removal); removing a key already gone is a
+/// no-op.
+fn resume_interrupted_run(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    plan: &mut Plan,
+) -> Result<(), GcError> {
+    let Some(j) = catalog::newest_gc_journal(store, layout)? else {
+        return Ok(());
+    };
+    if catalog::gc_done(store, layout, j.seq)? {
+        return Ok(());
+    }
+    plan.resumed.extend(j.keys.iter().cloned());
+    for p in &j.packs {
+        plan.dropped_packs.entry(*p).or_insert(0);
+    }
+    plan.resumed_journal = Some(j.seq);
+    Ok(())
+}
+
+/// Orphans, where the store can list and date keys: manifests and packs nothing references,
+/// written more than `grace` ago (crashed publishes). Orphan packs are looked for only when every
+/// generation could be read (see `unreadable`).
+fn add_orphans(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    opts: &GcOptions,
+    plan: &mut Plan,
+    report: &GcReport,
+) -> Result<(), GcError> {
+    let grace_cutoff = SystemTime::UNIX_EPOCH + Duration::from_secs(opts.now)
+        - opts.grace.min(Duration::from_secs(opts.now));
+    let dates = store.capabilities().write_times;
+    let old_enough = |key: &str| -> Result<bool, StoreError> {
+        Ok(dates && store.modified(key)?.is_some_and(|t| t <= grace_cutoff))
+    };
+    let manifests = layout.generations_prefix();
+    for key in list_or_none(store, &manifests)?.unwrap_or_default() {
+        let Some(id) = key.strip_prefix(&manifests).and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        if !plan.known.contains(&id) && !plan.manifests.contains(&id) && old_enough(&key)? {
+            plan.manifests.insert(id);
+        }
+    }
+    if !report.unreadable.is_empty() {
+        return Ok(());
+    }
+    let packs = layout.packs_prefix();
+    for key in list_or_none(store, &packs)?.unwrap_or_default() {
+        let Some(id) = key.strip_prefix(&packs).and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        if !plan.retained.contains(&id)
+            && !plan.dropped_packs.contains_key(&id)
+            && old_enough(&key)?
+        {
+            plan.dropped_packs.insert(id, 0);
+        }
+    }
+    Ok(())
+}
+
+/// The packs to remove, sorted: those dropped that no retained generation references (the
+/// others are counted as shared).
+fn settle_packs(plan: &mut Plan, report: &mut GcReport) -> Vec<(ContentHash, u64)> {
+    let mut packs = Vec::new();
+    for (id, size) in std::mem::take(&mut plan.dropped_packs) {
+        if plan.retained.contains(&id) {
+            report.packs_shared += 1;
+        } else {
+            packs.push((id, size));
+        }
+    }
+    packs.sort();
+    packs
+}
+
+/// Removes in an order a reader never half-sees: 1. floors, 2. journal, 3. heads, manifests,
+/// packs (sparing those of generations published while gc ran).
+fn remove(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    opts: &GcOptions,
+    plan: &Plan,
+    mut packs: Vec<(ContentHash, u64)>,
+    deferred_packs: Vec<ContentHash>,
+    report: &mut GcReport,
+) -> Result<(), GcError> {
     for (compat, floor, keep) in &plan.floors {
         catalog::write_floor(store, layout, compat, *floor, keep.clone())?;
     }
-    let mut journal_keys = report.heads.clone();
-    journal_keys.extend(report.manifests.iter().map(|id| layout.generation(id)));
-    journal_keys.extend(resumed_manifests.iter().cloned());
-    let journal = catalog::write_gc_journal(
-        store,
-        layout,
-        journal_keys,
-        packs
-            .iter()
-            .map(|p| p.0)
-            .chain(deferred_packs.iter().copied())
-            .collect(),
-    )?;
-    report.journal = Some(journal.seq);
-    let heads = report.heads.clone();
-    remove_all(store, &heads, opts, &mut report.errors);
     let manifest_keys: Vec<String> = report
         .manifests
         .iter()
         .map(|id| layout.generation(id))
-        .chain(resumed_manifests)
+        .chain(plan.resumed.iter().filter(|k| k.contains("/gen/")).cloned())
         .collect();
+    let mut journal_keys = report.heads.clone();
+    journal_keys.extend(manifest_keys.iter().cloned());
+    let journal_packs = packs.iter().map(|p| p.0).chain(deferred_packs).collect();
+    let journal = catalog::write_gc_journal(store, layout, journal_keys, journal_packs)?;
+    report.journal = Some(journal.seq);
+    let heads = report.heads.clone();
+    remove_all(store, &heads, opts, &mut report.errors);
     remove_all(store, &manifest_keys, opts, &mut report.errors);
-    // Publishes that committed while gc ran: spare every pack their generations reference.
-    let mut spared = plan.retained.clone();
-    for compat in catalog::compat_ids(store, layout)? {
-        if let Some(head) = catalog::newest_head(store, layout, &compat)?
-            && !plan.known.contains(&head.generation)
-            && counts_signer(opts, &opts.trust.judge(layout.namespace(), &head))
-        {
-            match catalog::read_manifest(store, layout, &head.generation)? {
-                ManifestRead::Present(m) => spared.extend(m.packs.iter().map(|p| p.id)),
-                ManifestRead::Missing => {}
-                // A generation published meanwhile that this jitship cannot read (a newer
-                // jitship's): it may reference any pack, so none is removed.
-                ManifestRead::Unreadable(source) => {
-                    report.unreadable.push(format!(
-                        "compat id {compat} generation {} (published during this gc): {source}",
-                        head.generation
-                    ));
-                }
-            }
-        }
-    }
+    let spared = spared_packs(store, layout, opts, plan, report)?;
     if !report.unreadable.is_empty() {
         packs.clear();
     }
+    remove_packs(store, layout, opts, packs, &spared, report);
+    if report.errors.is_empty() && report.unreadable.is_empty() {
+        catalog::mark_gc_done(store, layout, journal.seq)?;
+    }
+    Ok(())
+}
+
+/// Packs no run may remove now: those retained generations reference, and those of every
+/// generation published (and counting) while gc ran. A generation published meanwhile that this
+/// jitship cannot read (a newer jitship's) may reference any pack: it goes to `unreadable`, and
+/// no pack is removed.
+fn spared_packs(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    opts: &GcOptions,
+    plan: &Plan,
+    report: &mut GcReport,
+) -> Result<HashSet<ContentHash>, GcError> {
+    let mut spared = plan.retained.clone();
+    for compat in catalog::compat_ids(store, layout)? {
+        let Some(head) = catalog::newest_head(store, layout, &compat)? else {
+            continue;
+        };
+        if plan.known.contains(&head.generation)
+            || !counts_signer(opts, &opts.trust.judge(layout.namespace(), &head))
+        {
+            continue;
+        }
+        match catalog::read_manifest(store, layout, &head.generation)? {
+            ManifestRead::Present(m) => spared.extend(m.packs.iter().map(|p| p.id)),
+            ManifestRead::Missing => {}
+            ManifestRead::Unreadable(source) => {
+                report.unreadable.push(format!(
+                    "compat id {compat} generation {} (published during this gc): {source}",
+                    head.generation
+                ));
+            }
+        }
+    }
+    Ok(spared)
+}
+
+fn remove_packs(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    opts: &GcOptions,
+    packs: Vec<(ContentHash, u64)>,
+    spared: &HashSet<ContentHash>,
+    report: &mut GcReport,
+) {
     let mut pack_keys = Vec::new();
     let mut size_of: HashMap<String, (ContentHash, u64)> = HashMap::new();
     for (id, mut size) in packs {
@@ -485,169 +549,36 @@ pub fn collect(
             }
         }
     }
-    if report.errors.is_empty() && report.unreadable.is_empty() {
-        catalog::mark_gc_done(store, layout, journal.seq)?;
-    }
-    Ok(report)
 }
 
+/// Retention for one compat id: a verdict per generation, heads and manifests to remove, the
+/// packs retained and dropped, and the floor above the dropped heads.
 fn decide_compat(
     compat: &CompatView,
     policies: &dyn PolicyFinder,
     opts: &GcOptions,
     plan: &mut Plan,
-    dropped_packs: &mut HashMap<ContentHash, u64>,
     report: &mut GcReport,
 ) {
-    let grace = opts.grace.as_secs();
-    let unreadable = compat
-        .generations
-        .iter()
-        .filter(|g| counts(opts, g))
-        .any(|g| matches!(g.state, ManifestState::Corrupt { .. }));
-    // The newest generation that counts is the one installs take: never dropped.
-    let newest = compat.generations.iter().find(|g| counts(opts, g));
-    let newest_seq = newest.and_then(|g| g.seqs.iter().max().copied());
-    let summaries: Vec<GenerationSummary> = compat
-        .generations
-        .iter()
-        .filter(|g| counts(opts, g))
-        .filter_map(|g| {
-            let s = g.summary()?;
-            Some(GenerationSummary {
-                id: g.id,
-                compat_key: compat.compat_key.clone().unwrap_or_default(),
-                created_at: s.created_at,
-                size_bytes: s.size_bytes,
-                file_count: s.file_count,
-                pinned: g.pinned,
-            })
-        })
-        .collect();
-    // The policy that governs the compat id: the one its newest readable generation that counts
-    // was published with.
-    let published_with: Option<PolicyRef> = compat
-        .generations
-        .iter()
-        .filter(|g| counts(opts, g))
-        .find_map(|g| g.summary())
-        .map(|s| s.policy.clone());
-    let mut key = KeyPolicy {
-        compat_id: compat.compat_id,
-        cache_kind: compat.cache_kind.clone(),
-        published_with: published_with.clone(),
-        decided_by: None,
-        kept_whole: None,
-    };
-    // `Err`: why every generation is kept.
-    let policy_drops: Result<HashMap<GenerationId, RetentionDrop>, &str> = match (
-        &compat.cache_kind,
-        &published_with,
-    ) {
-        (Some(kind), Some(recorded)) => match policies.governing(kind, recorded) {
-            Governing::Found { policy, used } => {
-                key.decided_by = Some(used);
-                match policy.retain(&summaries, opts.now, &opts.limits) {
-                    Ok(drops) => Ok(drops.into_iter().map(|d| (d.id, d)).collect()),
-                    Err(e) => {
-                        let msg = format!(
-                            "{kind} (compat id {}): policy {} failed in retain: {e}; keeping every generation of it",
-                            compat.compat_id,
-                            policy.info().name
-                        );
-                        key.kept_whole = Some(msg.clone());
-                        report.policy_errors.push(msg);
-                        Err("policy failed; keeping")
-                    }
-                }
-            }
-            Governing::Missing { reason } => {
-                tracing::warn!(kind = %kind, compat_id = %compat.compat_id, "gc: {reason}");
-                key.kept_whole = Some(reason);
-                Err(
-                    "kept whole: the policy it was published with is not here (see its policy line)",
-                )
-            }
-        },
-        // No readable manifest at all: only dead heads, nothing for a policy to weigh.
-        _ => Ok(HashMap::new()),
-    };
-    if published_with.is_some() {
-        report.policies.push(key);
-    }
+    let rules = Rules::of(compat, policies, opts, report);
     let mut kept_seqs: Vec<u64> = Vec::new();
     let mut dropped_seqs: Vec<u64> = Vec::new();
     for g in &compat.generations {
         plan.known.insert(g.id);
-        let superseded_for = g.superseded_at.map(|s| opts.now.saturating_sub(s));
-        let past_grace = superseded_for.is_some_and(|s| s >= grace);
-        let (verdict, reason) = if newest.is_some_and(|n| n.id == g.id) {
-            (Verdict::Keep, "newest: the head installs read".to_owned())
-        } else if !counts(opts, g) {
-            untrusted_verdict(g, newest_seq)
-        } else if unreadable {
-            (
-                Verdict::Keep,
-                "its compat id has a manifest this jitship cannot decode: keeping everything"
-                    .to_owned(),
-            )
-        } else if g.pinned {
-            (Verdict::Keep, "pinned".to_owned())
-        } else if !matches!(g.state, ManifestState::Present(_)) {
-            if past_grace {
-                (Verdict::Drop, "manifest missing (head is dead)".to_owned())
-            } else {
-                (
-                    Verdict::Keep,
-                    "manifest missing, but superseded within the grace period".to_owned(),
-                )
-            }
-        } else {
-            match &policy_drops {
-                Err(why) => (Verdict::Keep, (*why).to_owned()),
-                Ok(drops) if drops.contains_key(&g.id) => {
-                    let why = &drops[&g.id];
-                    if past_grace {
-                        (
-                            Verdict::Drop,
-                            format!(
-                                "dropped by the retention policy ({}: {})",
-                                why.category, why.detail
-                            ),
-                        )
-                    } else {
-                        (
-                            Verdict::Keep,
-                            format!(
-                                "the policy drops it ({}: {}), but it was superseded {}s ago, within the {}s grace period (an install may still read it)",
-                                why.category,
-                                why.detail,
-                                superseded_for.unwrap_or(0),
-                                grace
-                            ),
-                        )
-                    }
-                }
-                Ok(_) => (Verdict::Keep, "retained by the policy".to_owned()),
-            }
-        };
+        let (verdict, reason) = rules.verdict(g);
+        let packs = g.summary().map(|s| s.packs.as_slice()).unwrap_or_default();
         match verdict {
             Verdict::Keep => {
                 kept_seqs.extend(&g.seqs);
-                if let Some(s) = g.summary() {
-                    plan.retained.extend(s.packs.iter().map(|p| p.id));
-                }
+                plan.retained.extend(packs.iter().map(|p| p.id));
             }
             Verdict::Drop => {
                 dropped_seqs.extend(&g.seqs);
                 plan.heads
                     .extend(g.seqs.iter().map(|s| (compat.compat_id, *s)));
                 plan.manifests.insert(g.id);
-                if let Some(s) = g.summary() {
-                    for p in &s.packs {
-                        dropped_packs.insert(p.id, p.size);
-                    }
-                }
+                plan.dropped_packs
+                    .extend(packs.iter().map(|p| (p.id, p.size)));
             }
         }
         report.decisions.push(Decision {
@@ -668,6 +599,159 @@ fn decide_compat(
         plan.floors
             .push((compat.compat_id, floor.max(old_floor), keep));
     }
+}
+
+/// What decides each generation of one compat id.
+struct Rules<'a> {
+    opts: &'a GcOptions,
+    /// The newest generation that counts: the one installs take, never dropped.
+    newest: Option<&'a inspect::GenerationView>,
+    newest_seq: Option<u64>,
+    /// A generation that counts has a manifest this jitship cannot decode: keep everything.
+    unreadable: bool,
+    /// What the governing policy drops, or why every generation is kept.
+    policy_drops: Result<HashMap<GenerationId, RetentionDrop>, &'static str>,
+}
+
+impl<'a> Rules<'a> {
+    fn of(
+        compat: &'a CompatView,
+        policies: &dyn PolicyFinder,
+        opts: &'a GcOptions,
+        report: &mut GcReport,
+    ) -> Self {
+        let counting = || compat.generations.iter().filter(|g| counts(opts, g));
+        let newest = counting().next();
+        Rules {
+            opts,
+            newest,
+            newest_seq: newest.and_then(|g| g.seqs.iter().max().copied()),
+            unreadable: counting().any(|g| matches!(g.state, ManifestState::Corrupt { .. })),
+            policy_drops: retention_drops(compat, policies, opts, report),
+        }
+    }
+
+    fn verdict(&self, g: &inspect::GenerationView) -> (Verdict, String) {
+        let keep = |why: &str| (Verdict::Keep, why.to_owned());
+        if self.newest.is_some_and(|n| n.id == g.id) {
+            return keep("newest: the head installs read");
+        }
+        if !counts(self.opts, g) {
+            return untrusted_verdict(g, self.newest_seq);
+        }
+        if self.unreadable {
+            return keep(
+                "its compat id has a manifest this jitship cannot decode: keeping everything",
+            );
+        }
+        if g.pinned {
+            return keep("pinned");
+        }
+        let grace = self.opts.grace.as_secs();
+        let superseded_for = g.superseded_at.map(|s| self.opts.now.saturating_sub(s));
+        let past_grace = superseded_for.is_some_and(|s| s >= grace);
+        if !matches!(g.state, ManifestState::Present(_)) {
+            return match past_grace {
+                true => (Verdict::Drop, "manifest missing (head is dead)".to_owned()),
+                false => keep("manifest missing, but superseded within the grace period"),
+            };
+        }
+        let why = match &self.policy_drops {
+            Err(why) => return keep(why),
+            Ok(drops) => match drops.get(&g.id) {
+                Some(why) => why,
+                None => return keep("retained by the policy"),
+            },
+        };
+        if past_grace {
+            let reason = format!(
+                "dropped by the retention policy ({}: {})",
+                why.category, why.detail
+            );
+            return (Verdict::Drop, reason);
+        }
+        let reason = format!(
+            "the policy drops it ({}: {}), but it was superseded {}s ago, within the {}s grace period (an install may still read it)",
+            why.category,
+            why.detail,
+            superseded_for.unwrap_or(0),
+            grace
+        );
+        (Verdict::Keep, reason)
+    }
+}
+
+/// What the policy that governs the compat id drops (the one its newest readable generation
+/// that counts was published with), given the operator's quotas; `Err`: why every generation is
+/// kept. Which policy decided, or why none did, goes into the report.
+fn retention_drops(
+    compat: &CompatView,
+    policies: &dyn PolicyFinder,
+    opts: &GcOptions,
+    report: &mut GcReport,
+) -> Result<HashMap<GenerationId, RetentionDrop>, &'static str> {
+    let counting: Vec<&inspect::GenerationView> = compat
+        .generations
+        .iter()
+        .filter(|g| counts(opts, g))
+        .collect();
+    let published_with: Option<PolicyRef> = counting
+        .iter()
+        .find_map(|g| g.summary())
+        .map(|s| s.policy.clone());
+    let mut key = KeyPolicy {
+        compat_id: compat.compat_id,
+        cache_kind: compat.cache_kind.clone(),
+        published_with: published_with.clone(),
+        decided_by: None,
+        kept_whole: None,
+    };
+    // No readable manifest at all: only dead heads, nothing for a policy to weigh.
+    let (Some(kind), Some(recorded)) = (&compat.cache_kind, &published_with) else {
+        if published_with.is_some() {
+            report.policies.push(key);
+        }
+        return Ok(HashMap::new());
+    };
+    let drops = match policies.governing(kind, recorded) {
+        Governing::Found { policy, used } => {
+            key.decided_by = Some(used);
+            let summaries: Vec<GenerationSummary> = counting
+                .iter()
+                .filter_map(|g| {
+                    let s = g.summary()?;
+                    Some(GenerationSummary {
+                        id: g.id,
+                        compat_key: compat.compat_key.clone().unwrap_or_default(),
+                        created_at: s.created_at,
+                        size_bytes: s.size_bytes,
+                        file_count: s.file_count,
+                        pinned: g.pinned,
+                    })
+                })
+                .collect();
+            match policy.retain(&summaries, opts.now, &opts.limits) {
+                Ok(drops) => Ok(drops.into_iter().map(|d| (d.id, d)).collect()),
+                Err(e) => {
+                    let msg = format!(
+                        "{kind} (compat id {}): policy {} failed in retain: {e}; keeping every generation of it",
+                        compat.compat_id,
+                        policy.info().name
+                    );
+                    key.kept_whole = Some(msg.clone());
+                    report.policy_errors.push(msg);
+                    Err("policy failed; keeping")
+                }
+            }
+        }
+        Governing::Missing { reason } => {
+            tracing::warn!(kind = %kind, compat_id = %compat.compat_id, "gc: {reason}");
+            key.kept_whole = Some(reason);
+            Err("kept whole: the policy it was published with is not here (see its policy line)")
+        }
+    };
+    report.policies.push(key);
+    drops
 }
 
 /// Whether `g` counts for retention: under `required`, only if a trusted key signed one of its
