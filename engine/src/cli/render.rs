@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::audit::AuditReport;
 use crate::install::{InstallOutcome, InstallReport};
+use crate::oci::BakeOutcome;
 use crate::policy::ReasonCategory;
 use crate::publish::{PublishOutcome, PublishReport};
 
@@ -163,7 +164,7 @@ pub(crate) fn print_publish(r: &PublishReport) {
                  publish pushes it)",
                 push.registry
             ),
-            (Some(g), None) if g.outcome == "already-present" => println!(
+            (Some(g), None) if g.outcome == BakeOutcome::AlreadyPresent => println!(
                 "  durable tier: {} already in {}",
                 short_id(&g.generation),
                 push.registry
@@ -241,7 +242,7 @@ pub(crate) fn print_install(r: &InstallReport) {
                 bytesize::ByteSize(g.bytes),
                 pull.registry,
                 pull.tag.as_deref().unwrap_or("?"),
-                if g.outcome == "imported" || g.outcome == "repaired" {
+                if g.outcome.put_into_store() {
                     "put back"
                 } else {
                     "found"

@@ -153,13 +153,12 @@ pub fn export(
             report.skipped.push(compat.to_string());
             continue;
         };
-        let (bytes, mut descriptor, mut baked) = super::write_artifact(&mut sink, layout, &g)?;
+        let (bytes, mut descriptor, baked) = super::write_artifact(&mut sink, layout, &g)?;
         sink.put_blob(&descriptor.media_type.clone(), &bytes)?;
         descriptor
             .annotations
             .insert(REF_NAME.into(), compat.to_string());
         index.manifests.push(descriptor);
-        baked.outcome = "exported".into();
         report.generations.push(baked);
     }
     let layout_file = dir.join("oci-layout");

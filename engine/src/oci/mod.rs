@@ -112,9 +112,51 @@ pub struct BakedGeneration {
     pub seq: u64,
     pub packs: usize,
     pub bytes: u64,
-    /// What happened to it: `exported`, `pushed`, `imported`, `repaired`, `already-present`, or
-    /// why it was left out.
-    pub outcome: String,
+    /// What happened to it.
+    pub outcome: BakeOutcome,
+}
+
+/// What an export, import, push or pull did with one generation. Written in reports as
+/// `exported`, `pushed to REGISTRY:TAG`, `imported`, `repaired`, `already-present` or
+/// `left out: WHY`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BakeOutcome {
+    Exported,
+    Pushed {
+        to: String,
+    },
+    /// Put into a store that held none of it.
+    Imported,
+    /// The store held this head: what it had lost was put back.
+    Repaired,
+    AlreadyPresent,
+    LeftOut(String),
+}
+
+impl BakeOutcome {
+    /// The generation is in the store now, through this run (imported or put back).
+    pub fn put_into_store(&self) -> bool {
+        matches!(self, Self::Imported | Self::Repaired)
+    }
+}
+
+impl std::fmt::Display for BakeOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exported => f.write_str("exported"),
+            Self::Pushed { to } => write!(f, "pushed to {to}"),
+            Self::Imported => f.write_str("imported"),
+            Self::Repaired => f.write_str("repaired"),
+            Self::AlreadyPresent => f.write_str("already-present"),
+            Self::LeftOut(why) => write!(f, "left out: {why}"),
+        }
+    }
+}
+
+impl Serialize for BakeOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 pub fn annotation(key: &str) -> String {
@@ -277,7 +319,7 @@ pub fn write_artifact(
         seq: g.head.seq,
         packs: g.packs.len(),
         bytes: g.manifest.packed_bytes(),
-        outcome: String::new(),
+        outcome: BakeOutcome::Exported,
     };
     Ok((bytes, descriptor, baked))
 }
@@ -441,15 +483,15 @@ pub fn put_generation(
         seq: g.head.seq,
         packs: g.pack_layers.len(),
         bytes: g.manifest.packed_bytes(),
-        outcome: String::new(),
+        outcome: BakeOutcome::Imported,
     };
     let held = catalog::all_heads(store, layout, &compat)?;
     let holds_this_head = held.heads.contains(&g.head);
     if !holds_this_head && (!held.heads.is_empty() || !held.faulty.is_empty()) {
-        baked.outcome = format!(
-            "left out: the store already has heads for compat id {compat} (newest seq {})",
+        baked.outcome = BakeOutcome::LeftOut(format!(
+            "the store already has heads for compat id {compat} (newest seq {})",
             held.heads.first().map_or(0, |h| h.seq)
-        );
+        ));
         return Ok(baked);
     }
     let mut put = 0;
@@ -475,9 +517,9 @@ pub fn put_generation(
     }
     if holds_this_head {
         baked.outcome = if put == 0 {
-            "already-present".into()
+            BakeOutcome::AlreadyPresent
         } else {
-            "repaired".into()
+            BakeOutcome::Repaired
         };
         return Ok(baked);
     }
@@ -485,10 +527,10 @@ pub fn put_generation(
     let head_bytes = g.head.encode();
     store.put(&head_key, &head_bytes, ValueClass::Record)?;
     if store.get_capped(&head_key, catalog::MAX_HEAD_BYTES)? != Some(head_bytes) {
-        baked.outcome = format!(
-            "left out: another writer took seq {} of compat id {compat} meanwhile",
+        baked.outcome = BakeOutcome::LeftOut(format!(
+            "another writer took seq {} of compat id {compat} meanwhile",
             g.head.seq
-        );
+        ));
         return Ok(baked);
     }
     // Head walks search from 1 and from floors: a floor at the put seq finds it.
@@ -502,6 +544,6 @@ pub fn put_generation(
         &g.manifest.cache_kind,
         &g.manifest.compat_key,
     )?;
-    baked.outcome = "imported".into();
+    baked.outcome = BakeOutcome::Imported;
     Ok(baked)
 }

@@ -29,8 +29,8 @@ use oci_client::{Client, Reference, RegistryOperation};
 use reqwest::StatusCode;
 
 use super::{
-    BakedGeneration, BlobSink, BlobSource, Descriptor, MAX_OCI_MANIFEST_BYTES, OCI_MANIFEST,
-    OciError, sha256_digest,
+    BakeOutcome, BakedGeneration, BlobSink, BlobSource, Descriptor, MAX_OCI_MANIFEST_BYTES,
+    OCI_MANIFEST, OciError, sha256_digest,
 };
 use crate::catalog::KeyLayout;
 use crate::generation::{CompatId, GenerationId};
@@ -436,9 +436,11 @@ impl Registry {
             Ok(true)
         })?;
         baked.outcome = if pushed {
-            format!("pushed to {}:{tag}", self.describe())
+            BakeOutcome::Pushed {
+                to: format!("{}:{tag}", self.describe()),
+            }
         } else {
-            "already-present".into()
+            BakeOutcome::AlreadyPresent
         };
         Ok(Some(baked))
     }
@@ -488,7 +490,7 @@ impl Registry {
             seq: head.seq,
             packs: packs.len(),
             bytes: packs.iter().map(|l| l.size).sum(),
-            outcome: "already-present".into(),
+            outcome: BakeOutcome::AlreadyPresent,
         }))
     }
 

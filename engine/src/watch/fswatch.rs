@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 
+use super::metrics::ErrorKind;
+
 const INBOX_CAP: usize = 4096;
 const ERRORS_CAP: usize = 64;
 
@@ -33,10 +35,22 @@ pub struct Drained {
     pub errors: Vec<WatchFault>,
 }
 
+/// How `FsWatches::sync` treats the watches it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resync {
+    /// Registers what is missing; a registration that failed before is not tried again.
+    Missing,
+    /// Registers what is missing, retrying registrations that failed before (on start, and
+    /// when the watcher retries after the watch limit).
+    RetryFailed,
+    /// Re-registers every watch (events were lost: an inotify queue overflow).
+    Everything,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchFault {
-    /// Metric label: `watch_limit` or `watch`.
-    pub kind: &'static str,
+    /// `WatchLimit` or `Watch`.
+    pub kind: ErrorKind,
     pub message: String,
 }
 
@@ -114,14 +128,14 @@ fn relevant(kind: &EventKind) -> bool {
 fn fault(e: &notify::Error) -> WatchFault {
     match e.kind {
         notify::ErrorKind::MaxFilesWatch => WatchFault {
-            kind: "watch_limit",
+            kind: ErrorKind::WatchLimit,
             message: format!(
                 "inotify watch limit reached ({e}); changes under some directories are only seen \
                  by the periodic rescan: raise fs.inotify.max_user_watches or lower --rescan-interval"
             ),
         },
         _ => WatchFault {
-            kind: "watch",
+            kind: ErrorKind::Watch,
             message: format!("file watch error: {e}"),
         },
     }
@@ -184,7 +198,7 @@ impl FsWatch {
             Err(e) => (
                 None,
                 Some(WatchFault {
-                    kind: "watch",
+                    kind: ErrorKind::Watch,
                     message: format!(
                         "file notifications unavailable ({e}); relying on the periodic rescan"
                     ),
@@ -210,16 +224,16 @@ impl FsWatch {
         self.active.get(path).copied()
     }
 
-    /// Brings the registered watches in line with `roots`. `retry_failed` also retries
-    /// registrations that failed before; `force` re-registers everything (after an overflow).
-    pub fn sync(&mut self, roots: &[PathBuf], retry_failed: bool, force: bool) -> Vec<WatchFault> {
+    /// Brings the registered watches in line with `roots`, as `how` says.
+    pub fn sync(&mut self, roots: &[PathBuf], how: Resync) -> Vec<WatchFault> {
         let mut faults = Vec::new();
         let Some(watcher) = self.watcher.as_mut() else {
             return faults;
         };
-        if retry_failed {
+        if how == Resync::RetryFailed {
             self.failed.clear();
         }
+        let force = how == Resync::Everything;
         let wanted = plan_watches(roots);
         let stale: Vec<PathBuf> = self
             .active

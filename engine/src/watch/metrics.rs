@@ -43,6 +43,46 @@ pub type PolicyStatusSource = Arc<dyn Fn() -> Vec<KindStatus> + Send + Sync>;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// Why the watcher counted an error: the `kind` label of the errors metric, a fixed set so the
+/// label stays bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Policy,
+    Scan,
+    Read,
+    Store,
+    Catalog,
+    Contention,
+    Config,
+    Interrupted,
+    Panic,
+    /// A watch could not be registered.
+    Watch,
+    /// The inotify watch limit was reached.
+    WatchLimit,
+    /// File events were lost (inotify queue overflow).
+    Overflow,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Policy => "policy",
+            Self::Scan => "scan",
+            Self::Read => "read",
+            Self::Store => "store",
+            Self::Catalog => "catalog",
+            Self::Contention => "contention",
+            Self::Config => "config",
+            Self::Interrupted => "interrupted",
+            Self::Panic => "panic",
+            Self::Watch => "watch",
+            Self::WatchLimit => "watch_limit",
+            Self::Overflow => "overflow",
+        }
+    }
+}
+
 /// Connections open at once. Every connection is accepted at once (none waits in the kernel's
 /// accept queue behind others); accepting one more than this drops the oldest still open.
 const MAX_CONNECTIONS: usize = 64;
@@ -313,16 +353,16 @@ impl Metrics {
             .set(i64::from(r.incomplete.is_some()));
     }
 
-    pub fn record_error(&self, cache: &str, kind: &str) {
+    pub fn record_error(&self, cache: &str, kind: ErrorKind) {
         self.errors
             .get_or_create(&vec![
                 ("cache", cache.to_owned()),
-                ("kind", kind.to_owned()),
+                ("kind", kind.as_str().to_owned()),
             ])
             .inc();
     }
 
-    pub fn record_cycle_error(&self, cache: &str, kind: &str) {
+    pub fn record_cycle_error(&self, cache: &str, kind: ErrorKind) {
         self.cycles
             .get_or_create(&vec![
                 ("cache", cache.to_owned()),
@@ -640,7 +680,7 @@ mod tests {
         let m = Metrics::new();
         m.record_report(&report(PublishOutcome::Empty, &[(ReasonCategory::Lock, 2)]));
         m.record_report(&report(PublishOutcome::Empty, &[]));
-        m.record_cycle_error("triton", "store");
+        m.record_cycle_error("triton", ErrorKind::Store);
         let text = m.encode();
         for line in [
             "jitship_watch_publish_cycles_total{cache=\"triton\",outcome=\"empty\"} 2",

@@ -46,7 +46,8 @@ use crate::publish::{HashCache, PublishError, PublishOptions, PublishOutcome, Pu
 use crate::ready::{Probe, ReadyUrl};
 use crate::store::Store;
 use fswatch::FsWatch;
-use metrics::Metrics;
+use fswatch::Resync;
+use metrics::{ErrorKind, Metrics};
 pub use schedule::Timing;
 use schedule::{Rescan, RootSchedule};
 
@@ -150,7 +151,13 @@ struct Slot {
     facts: Option<crate::facts::Facts>,
 }
 
-type CycleResult = Result<PublishReport, (&'static str, String)>;
+type CycleResult = Result<PublishReport, CycleError>;
+
+/// Why a publish cycle failed: the metric's kind, and the error in words.
+struct CycleError {
+    kind: ErrorKind,
+    message: String,
+}
 
 enum JobDone {
     Cycle {
@@ -264,7 +271,7 @@ pub async fn run_with_metrics(
     if let Some(f) = fault {
         lp.fault(&f);
     }
-    lp.sync_watches(true, false);
+    lp.sync_watches(Resync::RetryFailed);
     for s in &lp.slots {
         tracing::info!(
             cache = %s.kind,
@@ -331,22 +338,22 @@ async fn bounded<F: std::future::Future>(
     }
 }
 
-fn error_kind(e: &PublishError) -> &'static str {
+fn error_kind(e: &PublishError) -> ErrorKind {
     match e {
         PublishError::Policy { .. }
         | PublishError::PolicyContract(..)
-        | PublishError::Canonicalize { .. } => "policy",
+        | PublishError::Canonicalize { .. } => ErrorKind::Policy,
         PublishError::Scan { .. } | PublishError::RootMissing(_) | PublishError::RootNotDir(_) => {
-            "scan"
+            ErrorKind::Scan
         }
-        PublishError::Read { .. } => "read",
-        PublishError::Store(_) => "store",
-        PublishError::Catalog(_) => "catalog",
-        PublishError::Contention(_) => "contention",
-        PublishError::NoSigningKey => "config",
+        PublishError::Read { .. } => ErrorKind::Read,
+        PublishError::Store(_) => ErrorKind::Store,
+        PublishError::Catalog(_) => ErrorKind::Catalog,
+        PublishError::Contention(_) => ErrorKind::Contention,
+        PublishError::NoSigningKey => ErrorKind::Config,
         // The watcher passes no interrupt of its own (it stops through its loop); only a library
         // caller that raises one gets here.
-        PublishError::Interrupted(_) => "interrupted",
+        PublishError::Interrupted(_) => ErrorKind::Interrupted,
     }
 }
 
@@ -503,8 +510,14 @@ impl Loop {
             }));
             let result = match result {
                 Ok(Ok(report)) => Ok(report),
-                Ok(Err(e)) => Err((error_kind(&e), e.to_string())),
-                Err(p) => Err(("panic", panic_message(p.as_ref()))),
+                Ok(Err(e)) => Err(CycleError {
+                    kind: error_kind(&e),
+                    message: e.to_string(),
+                }),
+                Err(p) => Err(CycleError {
+                    kind: ErrorKind::Panic,
+                    message: panic_message(p.as_ref()),
+                }),
             };
             JobDone::Cycle {
                 index,
@@ -541,7 +554,7 @@ impl Loop {
                         log_report(&report);
                         self.summary.generations += u64::from(published);
                     }
-                    Err((kind, message)) => {
+                    Err(CycleError { kind, message }) => {
                         slot.sched.cycle_failed(now);
                         self.summary.failed_cycles += 1;
                         self.metrics.record_cycle_error(&slot.kind, kind);
@@ -552,7 +565,7 @@ impl Loop {
                         tracing::warn!(
                             cache = %slot.kind,
                             root = %slot.root.display(),
-                            error_kind = kind,
+                            error_kind = kind.as_str(),
                             error = %message,
                             retry_in_s = retry.map(|d| d.as_secs()),
                             "publish cycle failed"
@@ -574,17 +587,17 @@ impl Loop {
                             }
                         }
                         Err(e) => {
-                            self.metrics.record_error(&slot.kind, "scan");
+                            self.metrics.record_error(&slot.kind, ErrorKind::Scan);
                             tracing::warn!(cache = %slot.kind, error = %e, "rescan failed");
                         }
                     }
                 }
-                self.sync_watches(true, false);
+                self.sync_watches(Resync::RetryFailed);
             }
             Err(e) => {
                 // Cycles catch their panics, so this is unreachable in practice; the root whose
                 // worker was lost stays out of the rotation (and the error is counted).
-                self.metrics.record_error("*", "panic");
+                self.metrics.record_error("*", ErrorKind::Panic);
                 tracing::error!(error = %e, "background job failed");
                 self.rescan.done(now, &self.opts.timing);
             }
@@ -598,9 +611,9 @@ impl Loop {
 
     /// Registers the watches the roots need now; a root that just appeared is marked changed
     /// (files may have been written into it before its watch existed).
-    fn sync_watches(&mut self, retry_failed: bool, force: bool) {
+    fn sync_watches(&mut self, how: Resync) {
         let roots: Vec<PathBuf> = self.slots.iter().map(|s| s.root.clone()).collect();
-        for f in self.fs.sync(&roots, retry_failed, force) {
+        for f in self.fs.sync(&roots, how) {
             self.fault(&f);
         }
         let now = Instant::now().into_std();
@@ -623,7 +636,7 @@ impl Loop {
         let d = self.fs.inbox().drain();
         for f in &d.errors {
             self.fault(f);
-            if f.kind == "watch_limit" {
+            if f.kind == ErrorKind::WatchLimit {
                 self.rescan.soon(Instant::now().into_std());
             }
         }
@@ -634,7 +647,7 @@ impl Loop {
         let now = Instant::now().into_std();
         if d.overflowed {
             tracing::warn!("file events were lost (inotify queue overflow): rescanning");
-            self.metrics.record_error("*", "overflow");
+            self.metrics.record_error("*", ErrorKind::Overflow);
             self.rescan.soon(now);
         }
         for s in &mut self.slots {
@@ -648,7 +661,10 @@ impl Loop {
             }
         }
         // Roots appearing or vanishing show up as events on their ancestors.
-        self.sync_watches(false, d.overflowed);
+        self.sync_watches(match d.overflowed {
+            true => Resync::Everything,
+            false => Resync::Missing,
+        });
     }
 
     fn update_pending_metrics(&self) {
