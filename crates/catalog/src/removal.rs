@@ -1,7 +1,7 @@
 //! Removing what readers may hold: on Mooncake a key read in the last `default_kv_lease_ttl`
 //! (10 s by default) cannot be removed, so every removal waits leases out the same way.
 
-use super::*;
+use jitship_store::{Store, StoreError};
 
 /// How a removal waits out readers' leases (Mooncake refuses to remove a key read in the last
 /// `default_kv_lease_ttl`, 10 s by default): up to `rounds` more attempts, `interval` apart.
