@@ -1,6 +1,6 @@
 #!/bin/sh
 # Rebuilds every built-in policy (policies/<kind>/) to a component and writes policies/dist/<kind>.wasm,
-# the files engine/src/policy/builtin.rs embeds. Same build as `jitship policy build`
+# the files crates/policy/src/builtin.rs embeds. Same build as `jitship policy build`
 # (wasm32-unknown-unknown, reproducible `policy` profile, paths remapped), so the bytes do not depend
 # on the checkout path. Needs: rustup target add wasm32-unknown-unknown
 set -eu

@@ -138,7 +138,7 @@ fn worker_facts() -> Gathered {
         ("cuda.home", "/usr/local/cuda"),
         ("os.arch", "x86_64"),
         ("host.name", "pod-0"),
-        // TorchInductor's CPU facts (engine/src/facts/cpu.rs): the node's, the same for both
+        // TorchInductor's CPU facts (crates/facts/src/cpu.rs): the node's, the same for both
         // containers of the pod.
         ("python.include", "/usr/include/python3.12"),
         ("cpu.isa", "avx512"),

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Checks that dependencies point one way (ARCHITECTURE.md, "Layers").
+"""Checks that dependencies point one way (ARCHITECTURE.md, "Layers"): what the compiler cannot.
 
 Between crates, the compiler already refuses cycles; this also refuses an arrow the codemap does
 not allow (say, the store crate depending on the generation crate). Inside the engine crate,
-where the compiler allows any module to use any other, every non-comment `crate::<module>` path
+where the compiler allows any module to use any other, every non-comment path to a module of
+the crate (`crate::m`, each name of `crate::{a, b::c}`, and `super::super::m` from a submodule)
 must name a module of a lower layer. Run from anywhere; exits 1 listing each upward arrow.
 """
 import json
@@ -20,11 +21,19 @@ CRATES = {
     "mooncake-sys": set(),
     "jitship-store": {"mooncake-sys"},
     "jitship-catalog": {"jitship-generation", "jitship-store"},
-    "jitship": {"jitship-generation", "jitship-store", "jitship-catalog", "jitship-policy-sdk"},
+    "jitship-confined": set(),
+    "jitship-facts": {"jitship-generation"},
+    "jitship-policy": {
+        "jitship-generation", "jitship-confined", "jitship-facts", "jitship-policy-sdk",
+    },
+    "jitship": {
+        "jitship-generation", "jitship-store", "jitship-catalog", "jitship-confined",
+        "jitship-facts", "jitship-policy",
+    },
 }
 
-# Engine modules by layer: a module may use modules of lower layers only. `generation`, `store`
-# and `catalog` are the crates below, re-exported under those names.
+# Engine modules by layer: a module may use modules of lower layers only. `generation`,
+# `store`, `catalog`, `confined`, `facts` and `policy` are crates, re-exported under those names.
 LAYERS = [
     {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready"},
     {"policy", "trust"},
@@ -69,17 +78,49 @@ def module_problems():
         if own not in LAYER_OF:
             problems.append(f"{path.relative_to(ROOT)}: module {own} has no layer in {__file__}")
             continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("//", 1)[0]
-            for used in re.findall(r"\bcrate::([a-z_]+)", code):
-                if used == own or used not in LAYER_OF:
-                    continue
-                if LAYER_OF[used] >= LAYER_OF[own]:
-                    problems.append(
-                        f"{path.relative_to(ROOT)}:{n}: {own} (layer {LAYER_OF[own]}) uses "
-                        f"{used} (layer {LAYER_OF[used]})"
-                    )
+        code = "\n".join(line.split("//", 1)[0] for line in path.read_text().splitlines())
+        depth = len(path.relative_to(ROOT / "engine" / "src").parts) - 1
+        for offset, used in used_modules(code, depth):
+            if used == own or used not in LAYER_OF:
+                continue
+            if LAYER_OF[used] >= LAYER_OF[own]:
+                n = code.count("\n", 0, offset) + 1
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{n}: {own} (layer {LAYER_OF[own]}) uses "
+                    f"{used} (layer {LAYER_OF[used]})"
+                )
     return problems
+
+
+def used_modules(code, depth):
+    """(offset, module) of every top-level engine module `code` names: `crate::m`, the first name
+    of each item of `crate::{...}` (nested braces and lines included), and `super::...::m` that
+    climbs to the crate root from a file `depth` directories below engine/src."""
+    for m in re.finditer(r"\bcrate::([a-z_]+)", code):
+        yield m.start(), m.group(1)
+    for m in re.finditer(r"\bcrate::\{", code):
+        level, start, i = 1, m.end(), m.end()
+        while i < len(code) and level:
+            level += {"{": 1, "}": -1}.get(code[i], 0)
+            i += 1
+        items, level, item = [], 0, ""
+        for ch in code[start : i - 1]:
+            if ch == "," and level == 0:
+                items.append(item)
+                item = ""
+                continue
+            level += {"{": 1, "}": -1}.get(ch, 0)
+            item += ch
+        items.append(item)
+        for item in items:
+            name = re.match(r"\s*([a-z_]+)", item)
+            if name:
+                yield m.start(), name.group(1)
+    # A file a/b.rs below engine/src is module a::b: `super::super::m` names the crate's module m.
+    # (mod.rs-less layout: a.rs is at depth 0, a/b.rs at depth 1.)
+    climb = r"\bsuper::" * (depth + 1)
+    for m in re.finditer(climb + r"([a-z_]+)", code):
+        yield m.start(), m.group(1)
 
 
 def main():

@@ -10,8 +10,8 @@ use super::bindings::jitship::policy::host::{Host, Level};
 use super::bindings::jitship::policy::types;
 use rustix::io::Errno;
 
-use crate::confined::Confined;
-use crate::generation::RelPath;
+use jitship_confined::Confined;
+use jitship_generation::RelPath;
 
 /// Returned by the limiter when a policy grows its memory past the cap. Travels through wasmtime
 /// as the call's error, so the host can downcast it instead of parsing a trap message.

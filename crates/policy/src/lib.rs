@@ -11,8 +11,8 @@ pub mod settings;
 
 use std::path::Path;
 
-use crate::facts::Facts;
-use crate::generation::{GenerationId, PolicyRef, RelPath};
+use jitship_facts::Facts;
+use jitship_generation::{GenerationId, PolicyRef, RelPath};
 
 pub use self::settings::{PolicySettings, SettingKind, SettingSpec};
 

@@ -13,9 +13,9 @@ use super::PolicyError;
 pub type PolicySettings = BTreeMap<String, String>;
 
 /// Most settings a policy may declare (the manifest's bound, so every set it records fits).
-pub const MAX_SETTINGS: usize = crate::generation::MAX_POLICY_SETTINGS;
-pub const MAX_SETTING_NAME_BYTES: usize = crate::generation::MAX_SETTING_NAME_BYTES;
-pub const MAX_SETTING_VALUE_BYTES: usize = crate::generation::MAX_SETTING_VALUE_BYTES;
+pub const MAX_SETTINGS: usize = jitship_generation::MAX_POLICY_SETTINGS;
+pub const MAX_SETTING_NAME_BYTES: usize = jitship_generation::MAX_SETTING_NAME_BYTES;
+pub const MAX_SETTING_VALUE_BYTES: usize = jitship_generation::MAX_SETTING_VALUE_BYTES;
 
 /// How an operator's value is read (mirrors `setting-kind` in plugins-sdk/wit/policy.wit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -1,7 +1,14 @@
 //! Each source `gather` consults, one function each: the GPU (NVML, nvidia-smi, the driver's
 //! proc file), the bare interpreter and its packages, CUDA, the CPU, the deployment.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use jitship_generation::{ContentHash, ContentHasher};
+
+use crate::{
+    DEFAULT_PACKAGES, FACTS_ENV, FactsConfig, Gathered, ReportField, Source, command, cpu, gpu,
+    python,
+};
 
 pub(super) fn gather_gpu(cfg: &FactsConfig) -> Gathered {
     let settings = &cfg.settings;
@@ -244,7 +251,7 @@ pub(super) fn gather_cpu(cfg: &FactsConfig, g: &mut Gathered) {
         });
     match &flags {
         Ok(flags) => {
-            let digest = blake3::hash(flags.join(" ").as_bytes()).to_hex();
+            let digest = ContentHash::of(flags.join(" ").as_bytes()).to_hex();
             g.found(
                 "cpu.flags_digest",
                 digest.as_str(),
@@ -320,8 +327,8 @@ pub(super) fn gather_deployment(cfg: &FactsConfig, g: &mut Gathered) {
 pub(super) fn digest_file(path: &Path) -> Result<String, String> {
     let mut file =
         std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = ContentHasher::new();
     std::io::copy(&mut file, &mut hasher)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    Ok(hasher.finalize().to_hex().to_string())
+    Ok(hasher.finish().to_hex())
 }

@@ -335,7 +335,7 @@ mod tests {
     /// would write a crate that does not build: every file there must be in `SDK_FILES`.
     #[test]
     fn the_embedded_sdk_is_every_file_of_plugins_sdk() {
-        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins-sdk");
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins-sdk");
         let mut on_disk: Vec<String> = walkdir::WalkDir::new(&sdk)
             .into_iter()
             .filter_entry(|e| e.file_name() != "target")
@@ -351,7 +351,7 @@ mod tests {
         embedded.sort();
         assert_eq!(
             embedded, on_disk,
-            "engine/src/policy/scaffold.rs SDK_FILES must list every file of plugins-sdk/"
+            "crates/policy/src/scaffold.rs SDK_FILES must list every file of plugins-sdk/"
         );
         for (path, text) in SDK_FILES {
             assert_eq!(

@@ -59,7 +59,7 @@ mod python;
 mod sources;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sources::*;

@@ -13,6 +13,8 @@ use std::hash::Hash;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use jitship_generation::ContentHasher;
+
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
@@ -39,17 +41,17 @@ pub struct CompileCache {
     engine_key: String,
 }
 
-/// Feeds `Hash` into blake3, so the engine key is full width and does not depend on std's
-/// unspecified `DefaultHasher`.
-struct Blake3Hasher(blake3::Hasher);
+/// Feeds `Hash` into a content hash, so the engine key is full width and does not depend on
+/// std's unspecified `DefaultHasher`.
+struct KeyHasher(ContentHasher);
 
-impl std::hash::Hasher for Blake3Hasher {
+impl std::hash::Hasher for KeyHasher {
     fn write(&mut self, bytes: &[u8]) {
         self.0.update(bytes);
     }
     fn finish(&self) -> u64 {
-        let h = self.0.finalize();
-        u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or([0; 8]))
+        let h = self.0.finish();
+        u64::from_le_bytes(h.0[..8].try_into().unwrap_or([0; 8]))
     }
 }
 
@@ -92,10 +94,10 @@ impl CompileCache {
                 meta.mode() & 0o777
             )));
         }
-        let mut hasher = Blake3Hasher(blake3::Hasher::new());
+        let mut hasher = KeyHasher(ContentHasher::new());
         LAYOUT.hash(&mut hasher);
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        let engine_key = hasher.0.finalize().to_hex()[..32].to_string();
+        let engine_key = hasher.0.finish().short_hex(32);
         Ok(Self {
             dir: dir.to_path_buf(),
             engine_key,

@@ -13,6 +13,8 @@
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+
+use jitship_generation::ContentHash;
 use std::process::{Command, Stdio};
 
 /// The rustc target policies are built for.
@@ -265,7 +267,7 @@ pub fn build_policy_crate(
     let (name, core_module) = artifact.ok_or_else(|| BuildError::NoArtifact(manifest.clone()))?;
     let core = std::fs::read(&core_module).map_err(io_err(&core_module))?;
     let component = componentize(&core)?;
-    let digest = blake3::hash(&component).to_hex().to_string();
+    let digest = ContentHash::of(&component).to_hex();
     // Remapping keeps the checkout path out of embedded strings, but cargo also hashes the absolute
     // path of a path dependency outside the workspace into its symbol names, which reorders code:
     // the bytes then differ between checkouts (measured by the reproducibility test).

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use jitship_generation::{ContentHash, ContentHasher};
+
 use super::command;
 
 /// Inductor's vector ISA tiers, best first, with the `/proc/cpuinfo` flags each needs (torch's
@@ -127,7 +129,7 @@ pub(crate) fn compiler_identity(
         return Err(format!("{name} -v printed nothing"));
     }
     Ok((
-        blake3::hash(text.as_bytes()).to_hex().to_string(),
+        ContentHash::of(text.as_bytes()).to_hex(),
         format!("{name} -v ({})", program.display()),
     ))
 }
@@ -143,13 +145,13 @@ pub fn is_inductor_env(name: &str) -> bool {
 /// blake3 of `NAME=value\n` for every Inductor variable in `env`, sorted by name, and the names.
 /// None set is a value too (the digest of nothing).
 pub(crate) fn inductor_env_digest(env: &BTreeMap<String, String>) -> (String, Vec<&str>) {
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = ContentHasher::new();
     let mut names = Vec::new();
     for (k, v) in env.iter().filter(|(k, _)| is_inductor_env(k)) {
         hasher.update(format!("{k}={v}\n").as_bytes());
         names.push(k.as_str());
     }
-    (hasher.finalize().to_hex().to_string(), names)
+    (hasher.finish().to_hex(), names)
 }
 
 #[cfg(test)]

@@ -38,11 +38,11 @@ use super::{
     CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
     RetentionCategory, RetentionDrop, RetentionLimits, Selection, Verdict,
 };
-use crate::facts::Facts;
-use crate::generation::{PolicyRef, RelPath};
+use jitship_facts::Facts;
+use jitship_generation::{ContentHash, PolicyRef, RelPath};
 
 mod bindings {
-    wasmtime::component::bindgen!({ path: "../plugins-sdk/wit", world: "policy" });
+    wasmtime::component::bindgen!({ path: "../../plugins-sdk/wit", world: "policy" });
 }
 use bindings::jitship::policy::types as wit;
 
@@ -283,7 +283,7 @@ impl PolicyEngine {
     pub fn load(self: &Arc<Self>, bytes: &[u8], source: &str) -> Result<WasmPolicy, PolicyError> {
         let started = Instant::now();
         check_is_component(bytes, source)?;
-        let digest = blake3::hash(bytes).to_hex().to_string();
+        let digest = ContentHash::of(bytes).to_hex();
         let (component, from_cache) = self.compile(bytes, &digest, source)?;
         let compile_us = started.elapsed().as_micros() as u64;
         let contract = contract::check(&component, &self.engine, source)?;

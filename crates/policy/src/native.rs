@@ -12,8 +12,8 @@ use super::{
     CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
     RetentionCategory, RetentionDrop, RetentionLimits, Selection,
 };
-use crate::facts::Facts;
-use crate::generation::PolicyRef;
+use jitship_facts::Facts;
+use jitship_generation::PolicyRef;
 
 pub struct NativeRules {
     info: PolicyInfo,
