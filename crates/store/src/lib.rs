@@ -28,7 +28,8 @@ pub use mooncake::MooncakeStore;
 pub use settings::{Backend, DurableStoreConfig, StoreConfig};
 pub use tiered::{TierStats, TieredStore};
 
-#[derive(Debug, thiserror::Error)]
+/// `Clone`, so a batched call that fails as a whole can give every key its own copy.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached or answered with a failure that may pass (master or node down).
     #[error("store unavailable: {0}")]
@@ -55,7 +56,8 @@ pub enum StoreError {
     #[error("store I/O error on {path}: {source}")]
     Io {
         path: String,
-        source: std::io::Error,
+        /// Shared, as `io::Error` is not `Clone`.
+        source: Arc<std::io::Error>,
     },
     #[error("store error: {0}")]
     Other(String),

@@ -812,7 +812,7 @@ impl MooncakeStore {
                 Ok(l) => l,
                 Err(e) => {
                     for (i, _, _) in &items[start..] {
-                        results[*i] = Err(clone_err(&e));
+                        results[*i] = Err(e.clone());
                     }
                     return;
                 }
@@ -887,7 +887,7 @@ impl MooncakeStore {
                 }
                 Err(e) => {
                     for (i, _, _) in &items[start..end] {
-                        results[*i] = Err(clone_err(&e));
+                        results[*i] = Err(e.clone());
                     }
                 }
             }
@@ -901,30 +901,6 @@ fn put_result(inner: &Inner, code: i64, key: &str) -> StoreResult<()> {
         // An existing key keeps its old value: that is the immutable put of the contract.
         c if c >= 0 || c == sys::OBJECT_ALREADY_EXISTS => Ok(()),
         c => Err(inner.error(c, "put", key)),
-    }
-}
-
-/// StoreError holds an io::Error in one variant, so it is not Clone; batch failures are copied
-/// into each key's result by message.
-fn clone_err(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-        StoreError::MasterDown(m) => StoreError::MasterDown(m.clone()),
-        StoreError::NodeDown(m) => StoreError::NodeDown(m.clone()),
-        StoreError::NoSpace(m) => StoreError::NoSpace(m.clone()),
-        StoreError::TooLarge { size, limit } => StoreError::TooLarge {
-            size: *size,
-            limit: *limit,
-        },
-        StoreError::InvalidKey(k) => StoreError::InvalidKey(k.clone()),
-        StoreError::Leased(k) => StoreError::Leased(k.clone()),
-        StoreError::Unsupported(w) => StoreError::Unsupported(w),
-        StoreError::Timeout(d) => StoreError::Timeout(*d),
-        StoreError::Io { path, source } => StoreError::Io {
-            path: path.clone(),
-            source: std::io::Error::new(source.kind(), source.to_string()),
-        },
-        StoreError::Other(m) => StoreError::Other(m.clone()),
     }
 }
 
@@ -1141,7 +1117,7 @@ impl Store for MooncakeStore {
                 Ok(l) => l,
                 Err(e) => {
                     for (i, _) in group {
-                        results[*i] = Err(clone_err(&e));
+                        results[*i] = Err(e.clone());
                     }
                     continue;
                 }
@@ -1197,7 +1173,7 @@ impl Store for MooncakeStore {
                 }
                 Err(e) => {
                     for (i, _) in group {
-                        results[*i] = Err(clone_err(&e));
+                        results[*i] = Err(e.clone());
                     }
                 }
             }
@@ -1238,7 +1214,7 @@ impl Store for MooncakeStore {
                 Ok(l) => l,
                 Err(e) => {
                     for (i, _, _) in group {
-                        results[*i] = Some(Err(clone_err(&e)));
+                        results[*i] = Some(Err(e.clone()));
                     }
                     continue;
                 }
@@ -1255,7 +1231,7 @@ impl Store for MooncakeStore {
                 Ok(r) => r,
                 Err(e) => {
                     for (i, _, _) in group {
-                        results[*i] = Some(Err(clone_err(&e)));
+                        results[*i] = Some(Err(e.clone()));
                     }
                     continue;
                 }
@@ -1326,7 +1302,7 @@ impl Store for MooncakeStore {
                 }
                 Err(e) => {
                     for (i, _) in group {
-                        results[*i] = Err(clone_err(&e));
+                        results[*i] = Err(e.clone());
                     }
                 }
             }
