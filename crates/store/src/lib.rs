@@ -470,11 +470,15 @@ pub mod testing {
         }
     }
 
-    /// Delays every `get` of a key containing `/pack/` by `delay`, to hold an install in
-    /// progress.
-    pub fn slow_pack_gets<S: Store>(inner: S, delay: Duration) -> Hooked<S, Duration> {
-        Hooked::new(inner, delay).on_get(|inner, delay, key| {
-            if key.contains("/pack/") {
+    /// Delays every `get` of a key `slow` picks by `delay`, to hold a read in progress (an
+    /// install, with `slow` picking its pack keys: which keys those are is the caller's layout).
+    pub fn slow_gets<S: Store>(
+        inner: S,
+        delay: Duration,
+        slow: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Hooked<S, Duration> {
+        Hooked::new(inner, delay).on_get(move |inner, delay, key| {
+            if slow(key) {
                 std::thread::sleep(*delay);
             }
             inner.get(key)
