@@ -16,7 +16,7 @@
 
 pub mod conformance;
 pub mod local;
-pub mod mooncake;
+mod mooncake;
 pub mod settings;
 pub mod tiered;
 
@@ -24,7 +24,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use local::LocalStore;
-pub use mooncake::MooncakeStore;
+pub use mooncake::{MooncakeStore, defer_teardowns, wait_for_teardowns};
 pub use settings::{Backend, DurableStoreConfig, StoreConfig};
 pub use tiered::{TierStats, TieredStore};
 
