@@ -19,7 +19,7 @@ use jitship::catalog::now_secs;
 use jitship::generation::{CompatId, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::store::ValueClass;
-use jitship::store::testing::slow_pack_gets;
+use jitship::store::testing::slow_gets;
 use jitship::store::{LocalStore, Store};
 use jitship_tests::fixtures::{self, bytes, digest};
 use jitship_tests::harness::{Scenario, published};
@@ -349,7 +349,12 @@ fn a_deadline_removes_the_staging_before_install_returns() {
     let mut s = Scenario::new(local(t.path()), "triton");
     s.pack_size = 8 * 1024;
     s.publish(&src).unwrap();
-    s.store = Arc::new(slow_pack_gets(s.store.clone(), Duration::from_millis(40)));
+    let packs = s.layout.packs_prefix();
+    s.store = Arc::new(slow_gets(
+        s.store.clone(),
+        Duration::from_millis(40),
+        move |key| key.starts_with(&packs),
+    ));
     let root = t.path().join("root");
     fs::create_dir_all(&root).unwrap();
     fs::write(root.join("own"), b"keep").unwrap();

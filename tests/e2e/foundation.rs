@@ -10,7 +10,7 @@ use std::time::Duration;
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::publish::PublishOutcome;
-use jitship::store::testing::{Hooked, slow_pack_gets};
+use jitship::store::testing::{Hooked, slow_gets};
 use jitship::store::{LocalStore, Store, ValueClass};
 use jitship_tests::fixtures::{self, digest};
 use jitship_tests::harness::Scenario;
@@ -315,7 +315,12 @@ fn deadline_expiry_leaves_the_root_untouched() {
     s.pack_size = 16 * 1024; // many packs, each slow to fetch
     s.publish(&src).unwrap();
     // A slow or hung store node: every pack read takes 300 ms.
-    s.store = Arc::new(slow_pack_gets(s.store.clone(), Duration::from_millis(300)));
+    let packs = s.layout.packs_prefix();
+    s.store = Arc::new(slow_gets(
+        s.store.clone(),
+        Duration::from_millis(300),
+        move |key| key.starts_with(&packs),
+    ));
 
     let root = t.path().join("root");
     fs::create_dir_all(root.join("mine")).unwrap();

@@ -17,7 +17,7 @@ use jitship::install::InstallOutcome;
 use jitship::policy::RetentionLimits;
 use jitship::policy::native::NativeRules;
 use jitship::publish::PublishOutcome;
-use jitship::store::testing::{Hooked, slow_pack_gets};
+use jitship::store::testing::{Hooked, slow_gets};
 use jitship::store::{Store, StoreError, ValueClass};
 use jitship_tests::backends::{Backend, backends};
 use jitship_tests::fixtures::{bytes, digest, triton_tree};
@@ -307,9 +307,11 @@ fn an_install_running_during_gc_completes() {
         // Install gen2 through a store that delays every pack get, so the install outlasts gc
         // (on Mooncake gc waits out the 10 s read leases its own survey took: give it 45 s).
         let install_time = if b.name == "mooncake" { 45_000 } else { 5_000 };
-        let slow: Arc<dyn Store> = Arc::new(slow_pack_gets(
+        let packs = b.layout.packs_prefix();
+        let slow: Arc<dyn Store> = Arc::new(slow_gets(
             b.store.clone(),
             Duration::from_millis(install_time / g2_packs.len() as u64),
+            move |key| key.starts_with(&packs),
         ));
         let layout = b.layout.clone();
         let dst = tmp.path().join("dst");

@@ -107,7 +107,7 @@ fn publish_then_install_through_mooncake_round_trips_the_tree() {
 
 /// The Mooncake client of a CLI process puts an entry for itself in the metadata server
 /// (`mooncake/ram/<host>:<port>`) and its `destroy` removes it. The CLI ends with `_exit` a short
-/// grace after its teardown begins (`store::mooncake::exit`); an entry left behind would pile up
+/// grace after its teardown begins (`cli::exit::end`); an entry left behind would pile up
 /// in the master with every command run. Each command here must leave none: publish, an install
 /// that writes files, one that finds them current, `ls`, and a watcher stopped by SIGTERM as soon
 /// as its entry shows (during its start). The watcher's entry is seen while it runs (a watcher

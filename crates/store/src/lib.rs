@@ -16,7 +16,7 @@
 
 pub mod conformance;
 pub mod local;
-pub mod mooncake;
+mod mooncake;
 pub mod settings;
 pub mod tiered;
 
@@ -24,11 +24,12 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use local::LocalStore;
-pub use mooncake::MooncakeStore;
+pub use mooncake::{MooncakeStore, defer_teardowns, wait_for_teardowns};
 pub use settings::{Backend, DurableStoreConfig, StoreConfig};
 pub use tiered::{TierStats, TieredStore};
 
-#[derive(Debug, thiserror::Error)]
+/// `Clone`, so a batched call that fails as a whole can give every key its own copy.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached or answered with a failure that may pass (master or node down).
     #[error("store unavailable: {0}")]
@@ -55,7 +56,8 @@ pub enum StoreError {
     #[error("store I/O error on {path}: {source}")]
     Io {
         path: String,
-        source: std::io::Error,
+        /// Shared, as `io::Error` is not `Clone`.
+        source: Arc<std::io::Error>,
     },
     #[error("store error: {0}")]
     Other(String),
@@ -468,11 +470,15 @@ pub mod testing {
         }
     }
 
-    /// Delays every `get` of a key containing `/pack/` by `delay`, to hold an install in
-    /// progress.
-    pub fn slow_pack_gets<S: Store>(inner: S, delay: Duration) -> Hooked<S, Duration> {
-        Hooked::new(inner, delay).on_get(|inner, delay, key| {
-            if key.contains("/pack/") {
+    /// Delays every `get` of a key `slow` picks by `delay`, to hold a read in progress (an
+    /// install, with `slow` picking its pack keys: which keys those are is the caller's layout).
+    pub fn slow_gets<S: Store>(
+        inner: S,
+        delay: Duration,
+        slow: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Hooked<S, Duration> {
+        Hooked::new(inner, delay).on_get(move |inner, delay, key| {
+            if slow(key) {
                 std::thread::sleep(*delay);
             }
             inner.get(key)

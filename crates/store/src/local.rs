@@ -119,7 +119,7 @@ fn io_err(path: &Path, e: std::io::Error) -> StoreError {
     } else {
         StoreError::Io {
             path: path.display().to_string(),
-            source: e,
+            source: std::sync::Arc::new(e),
         }
     }
 }

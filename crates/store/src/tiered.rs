@@ -109,6 +109,27 @@ impl TieredStore {
         }
     }
 
+    /// One read of `key`: the fast tier's `answer` unless it falls through, else what `durable`
+    /// reads, whose value is counted and put back in the fast tier as `class`, then handed out
+    /// through `wrap`.
+    fn read_through<T>(
+        &self,
+        key: &str,
+        answer: StoreResult<Option<T>>,
+        durable: impl FnOnce() -> StoreResult<Option<Vec<u8>>>,
+        class: ValueClass,
+        wrap: impl FnOnce(Vec<u8>) -> T,
+    ) -> StoreResult<Option<T>> {
+        if !Self::falls_through(&answer) {
+            Self::count(&self.counters.fast_hits, 1);
+            return answer;
+        }
+        Ok(durable()?.map(|v| {
+            self.repaired(key, &v, class);
+            wrap(v)
+        }))
+    }
+
     /// Whether a fast-tier answer sends the read on to the durable tier: a miss, or a failure
     /// that may pass (a restarting master, a dead node) or that the fast tier cannot answer.
     fn falls_through<T>(answer: &StoreResult<Option<T>>) -> bool {
@@ -168,28 +189,13 @@ impl Store for TieredStore {
 
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
         let fast = self.fast.get(key);
-        if !Self::falls_through(&fast) {
-            Self::count(&self.counters.fast_hits, 1);
-            return fast;
-        }
-        let value = self.durable.get(key)?;
-        if let Some(v) = &value {
-            self.repaired(key, v, ValueClass::Bulk);
-        }
-        Ok(value)
+        self.read_through(key, fast, || self.durable.get(key), ValueClass::Bulk, |v| v)
     }
 
     fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
         let fast = self.fast.get_capped(key, limit);
-        if !Self::falls_through(&fast) {
-            Self::count(&self.counters.fast_hits, 1);
-            return fast;
-        }
-        let value = self.durable.get_capped(key, limit)?;
-        if let Some(v) = &value {
-            self.repaired(key, v, ValueClass::Record);
-        }
-        Ok(value)
+        let durable = || self.durable.get_capped(key, limit);
+        self.read_through(key, fast, durable, ValueClass::Record, |v| v)
     }
 
     fn exists(&self, key: &str) -> StoreResult<bool> {
@@ -259,15 +265,13 @@ impl Store for TieredStore {
         keys.iter()
             .zip(fast)
             .map(|(key, answer)| {
-                if !Self::falls_through(&answer) {
-                    Self::count(&self.counters.fast_hits, 1);
-                    return answer;
-                }
-                let value = self.durable.get(key)?;
-                if let Some(v) = &value {
-                    self.repaired(key, v, ValueClass::Bulk);
-                }
-                Ok(value)
+                self.read_through(
+                    key,
+                    answer,
+                    || self.durable.get(key),
+                    ValueClass::Bulk,
+                    |v| v,
+                )
             })
             .collect()
     }
@@ -289,15 +293,8 @@ impl Store for TieredStore {
             .iter()
             .zip(fast)
             .map(|((key, _), answer)| {
-                if !Self::falls_through(&answer) {
-                    Self::count(&self.counters.fast_hits, 1);
-                    return answer;
-                }
-                let value = self.durable.get(key)?;
-                Ok(value.map(|v| {
-                    self.repaired(key, &v, ValueClass::Bulk);
-                    Fetched::from(v)
-                }))
+                let durable = || self.durable.get(key);
+                self.read_through(key, answer, durable, ValueClass::Bulk, Fetched::from)
             })
             .collect()
     }

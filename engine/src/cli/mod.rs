@@ -29,11 +29,11 @@ use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
 /// Entry point of the binary: runs the command and ends the process with its exit code, without
-/// waiting for the Mooncake library's slow teardown (see `store::mooncake::exit`).
+/// waiting for the Mooncake library's slow teardown (see `exit::end`).
 pub fn main_and_exit() -> ! {
-    crate::store::mooncake::defer_teardown_to_exit();
+    crate::store::defer_teardowns();
     let code = main();
-    crate::store::mooncake::exit(code)
+    exit::end(code)
 }
 
 /// Runs the command line: returns the process exit code.

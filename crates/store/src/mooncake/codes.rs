@@ -1,0 +1,89 @@
+//! What the library's return codes mean: RPC_FAIL (-900) `MasterDown`, TRANSFER_FAIL (-800)
+//! `NodeDown`, NO_AVAILABLE_HANDLE (-200) `NoSpace`, OBJECT_HAS_LEASE (-706) `Leased`,
+//! OBJECT_NOT_FOUND (-704) a miss, and per call what counts as success.
+
+use std::ffi::CString;
+
+use mooncake_sys as sys;
+
+use super::Inner;
+use super::pool::Staging;
+use crate::{StoreError, StoreResult};
+
+impl Inner {
+    /// What a negative code means, for an operation on `key`.
+    pub(super) fn error(&self, code: i64, op: &str, key: &str) -> StoreError {
+        let name = sys::code_name(code);
+        match code {
+            sys::RPC_FAIL => StoreError::MasterDown(format!(
+                "{op} {key}: the master {} did not answer ({name} {code}); is mooncake_master running and reachable?",
+                self.master
+            )),
+            sys::TRANSFER_FAIL => StoreError::NodeDown(format!(
+                "{op} {key}: the store node holding the object did not answer ({name} {code}); are the mooncake_client store nodes up?"
+            )),
+            sys::NO_AVAILABLE_HANDLE => StoreError::NoSpace(format!(
+                "{op} {key}: no store node has room ({name} {code}); add store nodes or segment space, or unpin objects"
+            )),
+            sys::OBJECT_HAS_LEASE => StoreError::Leased(key.to_owned()),
+            sys::INVALID_KEY => StoreError::InvalidKey(key.to_owned()),
+            _ => StoreError::Other(format!("{op} {key}: Mooncake returned {code} ({name})")),
+        }
+    }
+}
+
+/// A put's code. An existing key keeps its old value (OBJECT_ALREADY_EXISTS): that is the
+/// immutable put of the contract.
+pub(super) fn put_result(inner: &Inner, code: i64, key: &str) -> StoreResult<()> {
+    match code {
+        c if c >= 0 || c == sys::OBJECT_ALREADY_EXISTS => Ok(()),
+        c => Err(inner.error(c, "put", key)),
+    }
+}
+
+/// An `is_exist` code.
+pub(super) fn exists_result(inner: &Inner, code: i64, key: &str) -> StoreResult<bool> {
+    match code {
+        1 => Ok(true),
+        0 | sys::OBJECT_NOT_FOUND => Ok(false),
+        c => Err(inner.error(c, "exists", key)),
+    }
+}
+
+/// A `remove` code.
+pub(super) fn remove_result(inner: &Inner, code: i64, key: &str) -> StoreResult<bool> {
+    match code {
+        c if c >= 0 => Ok(true),
+        sys::OBJECT_NOT_FOUND => Ok(false),
+        c => Err(inner.error(c, "remove", key)),
+    }
+}
+
+/// What one `get_into` with a leased buffer found.
+pub(super) enum GetOnce {
+    Done(StoreResult<Option<Vec<u8>>>),
+    /// The value is this many bytes, more than the buffer tried.
+    Bigger(u64),
+}
+
+/// A get's code `n` for `key` read into `buf`: the value copied out, a miss, an error, or (asking
+/// the library for the size when the buffer was too small) the size to read it with.
+pub(super) fn get_result(inner: &Inner, n: i64, key: &CString, buf: &Staging) -> GetOnce {
+    let k = key.to_string_lossy();
+    match n {
+        n if n >= 0 => GetOnce::Done(Ok(Some(buf.bytes(n as usize).to_vec()))),
+        // Not stored, evicted, removed, or still being written by someone: a miss.
+        sys::OBJECT_NOT_FOUND | sys::REPLICA_IS_NOT_READY => GetOnce::Done(Ok(None)),
+        sys::INVALID_PARAMS | sys::BUFFER_OVERFLOW => {
+            // SAFETY: key is NUL-terminated; get_size only reads metadata.
+            let size = unsafe { (inner.lib.get_size)(inner.handle.0, key.as_ptr()) };
+            match size {
+                s if s > 0 && s as u64 > buf.len() as u64 => GetOnce::Bigger(s as u64),
+                // Gone since the read: a miss like any other.
+                sys::OBJECT_NOT_FOUND => GetOnce::Done(Ok(None)),
+                _ => GetOnce::Done(Err(inner.error(n, "get", &k))),
+            }
+        }
+        n => GetOnce::Done(Err(inner.error(n, "get", &k))),
+    }
+}

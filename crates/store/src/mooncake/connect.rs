@@ -1,0 +1,231 @@
+//! Connecting: load the library, probe the master, set up a pure client. Every setting goes to
+//! `mooncake_store_setup` as an argument; nothing is written to the process environment.
+
+use std::ffi::CString;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use mooncake_sys as sys;
+
+use super::call::Handle;
+use super::pool::Pool;
+use super::{Inner, MooncakeStore, teardown};
+use crate::settings::{MooncakeConfig, parse_host_port};
+use crate::{StoreError, StoreResult};
+
+impl MooncakeStore {
+    /// Loads the library, probes the master and sets up a pure client; staging buffers are made
+    /// by the calls that need them. Fails within about `probe_timeout` when the master is
+    /// unreachable.
+    pub fn connect(config: &MooncakeConfig) -> StoreResult<Self> {
+        config
+            .validate()
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        let (lib, path) = load_library(config)?;
+        probe_master(config)?;
+        let handle = set_up(&lib, &path, config)?;
+        tracing::debug!("mooncake: client set up");
+        let size = config.staging_buffer_size.as_u64() as usize;
+        let inner = Inner {
+            lib,
+            handle,
+            pool: Pool::new(config.staging_buffers, size),
+            replica_num: config.replicas as usize,
+            soft_pin: config.soft_pin,
+            soft_pin_catalog: config.soft_pin_catalog,
+            hard_pin: config.hard_pin,
+            master: config.master.clone(),
+            in_flight: AtomicUsize::new(0),
+        };
+        teardown::opened();
+        Ok(Self {
+            inner: Arc::new(inner),
+            master: config.master.clone(),
+            call_timeout: config.call_timeout,
+            limit: size as u64,
+        })
+    }
+}
+
+fn load_library(config: &MooncakeConfig) -> StoreResult<(Arc<sys::MooncakeLib>, PathBuf)> {
+    let path = config
+        .library_path()
+        .map_err(|e| StoreError::Other(e.to_string()))?;
+    // SAFETY: the operator configured this path as libmooncake_store.so (store_c.h); loading it
+    // runs its initializers, which is what the library expects.
+    let lib =
+        unsafe { sys::MooncakeLib::load(&path) }.map_err(|e| StoreError::Other(e.to_string()))?;
+    tracing::debug!(library = %path.display(), "mooncake: library loaded");
+    Ok((lib, path))
+}
+
+/// Probes the master's TCP port, and an HTTP metadata server's, so a dead master fails in seconds
+/// with a message saying what to check instead of setup's ~90 s hang.
+fn probe_master(config: &MooncakeConfig) -> StoreResult<()> {
+    let secs = config.probe_timeout.as_secs_f64();
+    probe(&config.master, config.probe_timeout).map_err(|e| {
+        StoreError::MasterDown(format!(
+            "master {} unreachable (probe of {secs:.1} s: {e}); is mooncake_master running? check store.mooncake.master",
+            config.master
+        ))
+    })?;
+    if let Some(rest) = config.metadata_server.strip_prefix("http://") {
+        let host_port = rest.split('/').next().unwrap_or(rest);
+        if parse_host_port(host_port).is_some() {
+            probe(host_port, config.probe_timeout).map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "metadata server {} unreachable (probe of {secs:.1} s: {e}); is the master's HTTP metadata server enabled \
+                     (--enable_http_metadata_server)? check store.mooncake.metadata_server",
+                    config.metadata_server
+                ))
+            })?;
+        }
+    }
+    tracing::debug!("mooncake: master and metadata server answer the probe");
+    Ok(())
+}
+
+/// Creates a handle and sets it up as a pure client (`global_segment_size = 0`: what jitship
+/// writes lives on store nodes and survives its exit), waiting at most `setup_timeout`.
+fn set_up(
+    lib: &Arc<sys::MooncakeLib>,
+    path: &Path,
+    config: &MooncakeConfig,
+) -> StoreResult<Handle> {
+    let hostname = match &config.local_hostname {
+        Some(h) => h.clone(),
+        None => gethostname::gethostname().to_string_lossy().into_owned(),
+    };
+    let args = [
+        c_arg("local hostname", &hostname)?,
+        c_arg("metadata server", &config.metadata_server)?,
+        c_arg("protocol", config.protocol.as_str())?,
+        c_arg("rdma devices", &config.rdma_devices.join(","))?,
+        c_arg("master", &config.master)?,
+    ];
+    // SAFETY: create takes no arguments and returns a new handle or NULL.
+    let raw = unsafe { (lib.create)() };
+    if raw.is_null() {
+        return Err(StoreError::Other(format!(
+            "mooncake_store_create in {} returned NULL",
+            path.display()
+        )));
+    }
+    let (rc, handle) = run_setup(lib, Handle(raw), args, config)?;
+    if rc != 0 {
+        // SAFETY: setup failed; the handle is ours alone.
+        unsafe { (lib.destroy)(handle.0) };
+        return Err(StoreError::Unavailable(format!(
+            "Mooncake setup failed ({rc}) with master {}, metadata server {}, protocol {}, local hostname {hostname}: check \
+             that they are reachable from this host; on a network without a routable address Mooncake needs \
+             MC_TCP_BIND_ADDRESS=127.0.0.1 in its environment; its log on stderr says more",
+            config.master,
+            config.metadata_server,
+            config.protocol.as_str()
+        )));
+    }
+    Ok(handle)
+}
+
+/// Runs `mooncake_store_setup` on its own thread: it can block for a long time (the master
+/// answers the probe but not RPCs). If we stop waiting, that thread destroys the handle when
+/// done. The setup's code and the handle back.
+fn run_setup(
+    lib: &Arc<sys::MooncakeLib>,
+    handle: Handle,
+    args: [CString; 5],
+    config: &MooncakeConfig,
+) -> StoreResult<(i32, Handle)> {
+    let local_buffer = config.local_buffer_size.as_u64();
+    let (tx, rx) = mpsc::sync_channel::<(i32, Handle)>(1);
+    let lib = lib.clone();
+    std::thread::Builder::new()
+        .name("mooncake-setup".into())
+        .spawn(move || {
+            let [host, meta, proto, dev, master] = &args;
+            // SAFETY: the handle is fresh from create; every string is NUL-terminated and
+            // outlives the call (the library copies what it keeps).
+            let rc = unsafe {
+                (lib.setup)(
+                    handle.0,
+                    host.as_ptr(),
+                    meta.as_ptr(),
+                    0,
+                    local_buffer,
+                    proto.as_ptr(),
+                    dev.as_ptr(),
+                    master.as_ptr(),
+                )
+            };
+            if let Err(mpsc::SendError((_, handle))) = tx.send((rc, handle)) {
+                // SAFETY: nobody else has the handle: the caller gave up on it.
+                unsafe { (lib.destroy)(handle.0) };
+            }
+        })
+        .map_err(|e| StoreError::Other(format!("cannot start the setup thread: {e}")))?;
+    rx.recv_timeout(config.setup_timeout).map_err(|_| {
+        StoreError::MasterDown(format!(
+            "Mooncake setup with master {} did not finish within {:?}; check that the master answers and that the \
+             metadata server {} is reachable",
+            config.master, config.setup_timeout, config.metadata_server
+        ))
+    })
+}
+
+fn c_arg(what: &str, value: &str) -> StoreResult<CString> {
+    CString::new(value)
+        .map_err(|_| StoreError::Other(format!("{what} {value:?} contains a NUL byte")))
+}
+
+/// Connects to `addr` within `timeout`, trying each address it resolves to.
+fn probe(addr: &str, timeout: Duration) -> Result<(), String> {
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .collect();
+    let mut last = format!("{addr} resolves to no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = format!("{a}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    use super::{MooncakeConfig, MooncakeStore, probe};
+
+    #[test]
+    fn missing_library_is_a_clear_error() {
+        let config = MooncakeConfig {
+            library: Some(PathBuf::from("/nowhere/libmooncake_store.so")),
+            ..Default::default()
+        };
+        let err = MooncakeStore::connect(&config).unwrap_err().to_string();
+        assert!(
+            err.contains("/nowhere/libmooncake_store.so") && err.contains("store.mooncake.library"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unreachable_port_fails_the_probe_fast() {
+        // A port nobody listens on: bind one, note it, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let started = Instant::now();
+        let err = probe(&format!("127.0.0.1:{port}"), Duration::from_secs(2)).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(3), "{err}");
+    }
+}

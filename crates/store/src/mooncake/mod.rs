@@ -1,0 +1,263 @@
+//! The Mooncake Store backend, over Mooncake's C ABI (`mooncake-sys`, loaded at run time).
+//!
+//! - `connect`: every setting goes to `mooncake_store_setup` as an argument; the master (and an
+//!   HTTP metadata server) is probed first, so a dead master fails in seconds instead of setup's
+//!   ~90 s hang. jitship is a pure client (`global_segment_size = 0`): objects it writes live on
+//!   store nodes and survive its exit.
+//! - `pool`: staging buffers are allocated and registered lazily, sized to the work: a buffer is
+//!   made when a call needs one and none that fits is free, rounded up to a power of two between
+//!   8 MiB and `staging_buffer_size`; at most `staging_buffers` exist at once, so staging memory is
+//!   bounded by `staging_buffers x staging_buffer_size` and a small tree registers one 8 MiB
+//!   buffer. Values are copied into one and moved with `put_from` / `batch_put_from` /
+//!   `get_into` / `batch_get_into`. A value larger than `staging_buffer_size` is refused
+//!   (`TooLarge`); `max_value_size()` is that size. A get whose value is bigger than the buffer it
+//!   tried asks for the size and reads again with a big enough buffer.
+//! - `call`: every call runs on its own thread and the caller waits at most `call_timeout`; a call
+//!   the library never returns from is reported as `StoreError::Timeout`, and its thread keeps the
+//!   handle (and its buffer) alive until the library lets go, so nothing is freed under it. The
+//!   last drop of the client unregisters the buffers and `destroy`s the handle.
+//! - `teardown`: `destroy` removes the client's metadata entries within milliseconds, then waits up
+//!   to 1 s for the library's handshake listener thread to notice (it polls `accept` with a 1 s
+//!   timeout). A process that called [`defer_teardowns`] does not wait for that: the last drop
+//!   hands the teardown to a thread, and the process waits for it with [`wait_for_teardowns`]
+//!   before it ends itself (the CLI: `cli::exit::end` in the engine).
+//! - `batch`: batched calls pack a group of keys into one buffer and one library call and scatter
+//!   the answers back per key.
+//! - `codes`: return codes become typed errors (RPC_FAIL `MasterDown`, TRANSFER_FAIL `NodeDown`,
+//!   NO_AVAILABLE_HANDLE `NoSpace`, OBJECT_HAS_LEASE `Leased`, OBJECT_NOT_FOUND a miss).
+//! - Immutable put: Mooncake keeps the old value of an existing key and reports success (or
+//!   OBJECT_ALREADY_EXISTS, taken as success), which is the store contract. No listing.
+//!
+//! The unsafe rules of the FFI span these modules: a staging buffer stays registered and leased
+//! until the call that uses it has returned (`pool`, `call`); every call runs on a thread of its
+//! own holding the client (`call`); the handle is destroyed only after the last call (`call`).
+
+mod batch;
+mod call;
+mod codes;
+mod connect;
+mod pool;
+mod teardown;
+
+use std::ffi::{CString, c_int};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use mooncake_sys as sys;
+
+use self::call::Handle;
+use self::codes::{GetOnce, exists_result, get_result, put_result, remove_result};
+use self::pool::{Lease, Need, Pool};
+pub use self::teardown::{defer_teardowns, wait_for_teardowns};
+use crate::{Fetched, Store, StoreError, StoreResult, ValueClass, check_key};
+
+pub struct MooncakeStore {
+    inner: Arc<Inner>,
+    master: String,
+    call_timeout: Duration,
+    limit: u64,
+}
+
+impl std::fmt::Debug for MooncakeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MooncakeStore")
+            .field("master", &self.master)
+            .field("library", &self.inner.lib.path)
+            .field("staging_buffer_size", &self.limit)
+            .finish()
+    }
+}
+
+/// The client: the handle, its staging buffers and the settings every call uses. Shared by the
+/// store and every call and lease in flight; dropping the last reference tears the client down
+/// (`call`).
+struct Inner {
+    lib: Arc<sys::MooncakeLib>,
+    handle: Handle,
+    pool: Pool,
+    replica_num: usize,
+    soft_pin: bool,
+    soft_pin_catalog: bool,
+    hard_pin: bool,
+    master: String,
+    /// Calls whose thread is still inside the library.
+    in_flight: AtomicUsize,
+}
+
+impl Inner {
+    /// Whether a value of `class` is soft-pinned: everything with `soft_pin`, records with
+    /// `soft_pin_catalog`.
+    fn soft_pinned(&self, class: ValueClass) -> bool {
+        self.soft_pin || (self.soft_pin_catalog && class == ValueClass::Record)
+    }
+
+    fn replicate_config(&self, soft_pin: bool) -> sys::mooncake_replicate_config {
+        sys::mooncake_replicate_config {
+            replica_num: self.replica_num,
+            with_soft_pin: c_int::from(soft_pin),
+            with_hard_pin: c_int::from(self.hard_pin),
+            preferred_segments: std::ptr::null(),
+            preferred_segments_count: 0,
+        }
+    }
+}
+
+impl MooncakeStore {
+    /// Bytes of staging buffers that exist now (registered with the library): grows with the
+    /// largest values moved and the calls in flight at once, bounded by `staging_buffers x
+    /// staging_buffer_size`.
+    pub fn registered_staging_bytes(&self) -> u64 {
+        self.inner.pool.bytes() as u64
+    }
+
+    fn check_size(&self, len: usize) -> StoreResult<()> {
+        if len as u64 > self.limit {
+            return Err(StoreError::TooLarge {
+                size: len as u64,
+                limit: self.limit,
+            });
+        }
+        if len == 0 {
+            return Err(StoreError::Other(
+                "Mooncake cannot store an empty value".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn c_key(key: &str) -> StoreResult<CString> {
+    check_key(key)?;
+    CString::new(key).map_err(|_| StoreError::InvalidKey(key.to_owned()))
+}
+
+/// One `get_into` with the whole leased buffer: the value copied out, a miss, or the size of a
+/// value too big for this buffer. A value over `limit` is refused before it is copied out.
+fn get_once(inner: &Inner, lease: &mut Lease, key: &CString, limit: u64) -> GetOnce {
+    let buf = lease.buf_mut();
+    let len = buf.len();
+    // SAFETY: the buffer is registered, `len` bytes, and held by this lease for the call.
+    let n = unsafe { (inner.lib.get_into)(inner.handle.0, key.as_ptr(), buf.as_mut_ptr(), len) };
+    if n >= 0 && n as u64 > limit {
+        return GetOnce::Done(Err(StoreError::TooLarge {
+            size: n as u64,
+            limit,
+        }));
+    }
+    get_result(inner, n, key, buf)
+}
+
+impl Store for MooncakeStore {
+    fn describe(&self) -> String {
+        format!("mooncake:{}", self.master)
+    }
+
+    fn max_value_size(&self) -> u64 {
+        self.limit
+    }
+
+    fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()> {
+        self.put_filled(key, value.len(), class, &mut |buf| {
+            buf.copy_from_slice(value);
+            true
+        })
+        .map(|_| ())
+    }
+
+    /// Fills a leased staging buffer in place and puts it from there.
+    fn put_filled(
+        &self,
+        key: &str,
+        len: usize,
+        class: ValueClass,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> StoreResult<bool> {
+        let k = c_key(key)?;
+        self.check_size(len)?;
+        let mut lease = self.lease(Need::AtLeast(len))?;
+        if !fill(&mut lease.buf_mut().bytes_mut()[..len]) {
+            return Ok(false);
+        }
+        self.call(move |inner| {
+            let cfg = inner.replicate_config(inner.soft_pinned(class));
+            // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
+            // thread's lease until the call returns; the key is NUL-terminated.
+            let rc = unsafe {
+                (inner.lib.put_from)(
+                    inner.handle.0,
+                    k.as_ptr(),
+                    lease.buf_mut().as_mut_ptr(),
+                    len,
+                    &cfg,
+                )
+            };
+            put_result(inner, i64::from(rc), &k.to_string_lossy()).map(|()| true)
+        })?
+    }
+
+    fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.get_capped(key, self.limit)
+    }
+
+    /// A value over `limit` is refused from the size the first read reports, before a buffer
+    /// that could hold it is made; one that fits the first buffer is refused before it is copied
+    /// out of that (registered) buffer, so the heap never holds it.
+    fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+        let limit = limit.min(self.limit);
+        let k = c_key(key)?;
+        // The size is unknown: try the largest free buffer (or a small new one), then, if the
+        // value is bigger, one that fits it.
+        let mut lease = self.lease(Need::Any)?;
+        let key2 = k.clone();
+        let size = match self.call(move |inner| get_once(inner, &mut lease, &key2, limit))? {
+            GetOnce::Done(r) => return r,
+            GetOnce::Bigger(size) => size,
+        };
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
+        }
+        let mut lease = self.lease(Need::AtLeast(size as usize))?;
+        match self.call(move |inner| get_once(inner, &mut lease, &k, limit))? {
+            GetOnce::Done(r) => r,
+            // Removed and written again bigger in between (puts do not overwrite).
+            GetOnce::Bigger(size) => Err(StoreError::Other(format!(
+                "get {key}: the value changed size ({size} bytes) while it was read; retry"
+            ))),
+        }
+    }
+
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        let k = c_key(key)?;
+        self.call(move |inner| {
+            // SAFETY: the key is NUL-terminated.
+            let rc = unsafe { (inner.lib.is_exist)(inner.handle.0, k.as_ptr()) };
+            exists_result(inner, i64::from(rc), &k.to_string_lossy())
+        })?
+    }
+
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        let k = c_key(key)?;
+        self.call(move |inner| {
+            // SAFETY: the key is NUL-terminated; force=0 respects readers' leases.
+            let rc = unsafe { (inner.lib.remove)(inner.handle.0, k.as_ptr(), 0) };
+            remove_result(inner, i64::from(rc), &k.to_string_lossy())
+        })?
+    }
+
+    fn put_batch(&self, items: &[(&str, &[u8])], class: ValueClass) -> Vec<StoreResult<()>> {
+        self.batch_put(items, class)
+    }
+
+    fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+        self.batch_get(keys)
+    }
+
+    fn get_sized_batch(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Option<Fetched>>> {
+        self.batch_get_sized(items)
+    }
+
+    fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
+        self.batch_exists(keys)
+    }
+}
