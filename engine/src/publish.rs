@@ -237,7 +237,7 @@ fn scan_root(root: &Path) -> Result<scan::Snapshot, PublishError> {
 }
 
 /// What the policy chose from the root: the files to publish and what it said of the rest.
-struct Selection<'s> {
+struct Chosen<'s> {
     /// The files to publish, each with whether it embeds the root (then stored in the policy's
     /// root-independent form).
     files: Vec<(&'s ScannedFile, bool)>,
@@ -251,7 +251,7 @@ fn select<'s>(
     policy: &dyn CachePolicy,
     root: &Path,
     snap: &'s scan::Snapshot,
-) -> Result<Selection<'s>, PublishError> {
+) -> Result<Chosen<'s>, PublishError> {
     let entries: Vec<_> = snap.files.iter().map(ScannedFile::entry).collect();
     let chosen = policy
         .select(root, &entries)
@@ -266,7 +266,7 @@ fn select<'s>(
             entries.len(),
         ));
     }
-    let mut selection = Selection {
+    let mut selection = Chosen {
         files: Vec::new(),
         markers: HashSet::new(),
         skipped: BTreeMap::new(),
@@ -292,7 +292,7 @@ fn select<'s>(
     Ok(selection)
 }
 
-impl Selection<'_> {
+impl Chosen<'_> {
     fn note_skip(&mut self, path: &str, category: ReasonCategory, detail: &str) {
         *self.skipped.entry(category).or_default() += 1;
         if self.skip_details.len() < MAX_SKIP_DETAILS {
@@ -311,7 +311,7 @@ impl PublishReport {
         root: &Path,
         compat_key: String,
         compat_id: CompatId,
-        selection: &Selection,
+        selection: &Chosen,
     ) -> Self {
         Self {
             cache_kind,
@@ -473,7 +473,7 @@ fn new_manifest(
     opts: &PublishOptions,
     base: &Base,
     new_files: &[&(&ScannedFile, Stored)],
-    selection: &Selection,
+    selection: &Chosen,
     plans: &[PackPlan],
     report: &mut PublishReport,
 ) -> Manifest {

@@ -124,7 +124,7 @@ impl std::fmt::Display for FinalPublish {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WatchSummary {
     /// The signal (or reason) that stopped the watcher.
-    pub stopped_by: String,
+    pub stopped_by: &'static str,
     pub cycles: u64,
     pub generations: u64,
     pub failed_cycles: u64,
@@ -198,7 +198,7 @@ pub async fn run(
     layout: KeyLayout,
     roots: Vec<WatchedRoot>,
     opts: WatchOptions,
-    stop: mpsc::Receiver<String>,
+    stop: mpsc::Receiver<&'static str>,
 ) -> Result<WatchSummary, WatchError> {
     run_with_metrics(store, layout, roots, opts, stop, Arc::new(Metrics::new())).await
 }
@@ -209,7 +209,7 @@ pub async fn run_with_metrics(
     layout: KeyLayout,
     roots: Vec<WatchedRoot>,
     opts: WatchOptions,
-    mut stop: mpsc::Receiver<String>,
+    mut stop: mpsc::Receiver<&'static str>,
     metrics: Arc<Metrics>,
 ) -> Result<WatchSummary, WatchError> {
     if roots.is_empty() {
@@ -261,7 +261,7 @@ pub async fn run_with_metrics(
         metrics,
         gate,
         summary: WatchSummary {
-            stopped_by: String::new(),
+            stopped_by: "",
             cycles: 0,
             generations: 0,
             failed_cycles: 0,
@@ -326,7 +326,7 @@ enum Bounded<T> {
 async fn bounded<F: std::future::Future>(
     fut: F,
     deadline: Instant,
-    stop: &mut mpsc::Receiver<String>,
+    stop: &mut mpsc::Receiver<&'static str>,
 ) -> Bounded<F::Output> {
     tokio::select! {
         out = fut => Bounded::Done(out),
@@ -387,8 +387,8 @@ impl Loop {
     /// Runs until a stop message; returns its name and the job still running, if any.
     async fn main_loop(
         &mut self,
-        stop: &mut mpsc::Receiver<String>,
-    ) -> (String, Option<JoinHandle<JobDone>>) {
+        stop: &mut mpsc::Receiver<&'static str>,
+    ) -> (&'static str, Option<JoinHandle<JobDone>>) {
         let inbox = self.fs.inbox();
         let mut job: Option<JoinHandle<JobDone>> = None;
         // Every root starts pending: say so at once, not after the first wake-up.
@@ -410,7 +410,7 @@ impl Loop {
             let wake = self.next_wake();
             tokio::select! {
                 sig = stop.recv() => {
-                    return (sig.unwrap_or_else(|| "stop channel closed".into()), job);
+                    return (sig.unwrap_or("stop channel closed"), job);
                 }
                 done = join(&mut job) => {
                     job = None;
@@ -678,7 +678,7 @@ impl Loop {
     async fn final_publish(
         &mut self,
         running: Option<JoinHandle<JobDone>>,
-        stop: &mut mpsc::Receiver<String>,
+        stop: &mut mpsc::Receiver<&'static str>,
     ) -> FinalPublish {
         let deadline = Instant::now() + self.opts.grace;
         if let Some(h) = running {

@@ -127,7 +127,7 @@ async fn a_failing_root_is_counted_and_retried_while_the_others_publish() {
         assert!(Instant::now() < deadline, "no second generation");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tx.send("SIGTERM".into()).await.unwrap();
+    tx.send("SIGTERM").await.unwrap();
     let summary = task.await.unwrap().unwrap();
     assert_eq!(summary.stopped_by, "SIGTERM");
     assert_eq!(summary.generations, 2);
@@ -183,7 +183,7 @@ async fn the_rescan_alone_finds_changes_when_no_event_comes() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tx.send("SIGTERM".into()).await.unwrap();
+    tx.send("SIGTERM").await.unwrap();
     let summary = task.await.unwrap().unwrap();
     assert_eq!(summary.generations, 1);
     assert_eq!(summary.final_publish, FinalPublish::Done);

@@ -293,7 +293,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
     let policies = session.policies.clone();
     metrics.watch_policies(std::sync::Arc::new(move || policies.status()));
     let result = rt.block_on(async move {
-        let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
+        let (tx, rx) = tokio::sync::mpsc::channel::<&'static str>(4);
         tokio::spawn(async move {
             loop {
                 let name = tokio::select! {
@@ -301,7 +301,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
                     Some(()) = int.recv() => "SIGINT",
                     else => break,
                 };
-                if tx.send(name.into()).await.is_err() {
+                if tx.send(name).await.is_err() {
                     break;
                 }
             }
