@@ -364,6 +364,112 @@ pub(crate) fn audit_lines(r: &AuditReport) -> Vec<String> {
 }
 
 /// `kind: what: why` on stderr, for a cache whose work failed.
+pub(crate) fn print_gc(report: &crate::gc::GcReport) {
+    let rows: Vec<Vec<String>> = report
+        .decisions
+        .iter()
+        .map(|d| {
+            vec![
+                d.cache_kind.clone().unwrap_or_else(|| "?".into()),
+                short(&d.generation),
+                serde_json::to_value(d.verdict)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                bytesize::ByteSize(d.size_bytes).to_string(),
+                d.reason.clone(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        table(&["KIND", "GENERATION", "VERDICT", "SIZE", "WHY"], &rows);
+    }
+    let rows: Vec<Vec<String>> = report
+        .policies
+        .iter()
+        .map(|k| {
+            vec![
+                k.cache_kind.clone().unwrap_or_else(|| "?".into()),
+                k.compat_id.to_string().chars().take(12).collect(),
+                match (&k.kept_whole, &k.decided_by) {
+                    (Some(why), _) => format!("kept whole: {why}"),
+                    (None, Some(used)) => used.to_string(),
+                    (None, None) => String::new(),
+                },
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        table(&["KIND", "COMPAT ID", "DECIDED BY"], &rows);
+    }
+    for e in &report.policy_errors {
+        println!("policy error: {e}");
+    }
+    for f in &report.faulty_heads {
+        println!("not a usable head: {f}");
+    }
+    for u in &report.unreadable {
+        println!(
+            "cannot read {u}; keeping every generation of that compat id and removing no pack \
+             this run (run gc with a jitship that reads it, or remove that generation)"
+        );
+    }
+    let verb = if report.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    let unknown = match report.packs_unknown_size {
+        0 => String::new(),
+        n => format!(" and {n} packs of unknown size"),
+    };
+    println!(
+        "{verb} {} head records, {} manifests, {} packs ({}{unknown}); {} packs kept because a retained generation shares them",
+        report.heads.len(),
+        report.manifests.len(),
+        report.packs.len(),
+        bytesize::ByteSize(report.pack_bytes),
+        report.packs_shared
+    );
+    if report.dry_run {
+        for h in &report.heads {
+            println!("  head      {h}");
+        }
+        for m in &report.manifests {
+            println!("  manifest  {m}");
+        }
+        for p in &report.packs {
+            println!("  pack      {p}");
+        }
+    }
+    if let Some(j) = report.resumed_journal {
+        println!("finished the interrupted gc run of journal {j}");
+    }
+    for e in &report.errors {
+        println!("could not remove {e}");
+    }
+    if let Some(r) = &report.registry {
+        println!(
+            "durable tier {}: {verb} {} generation(s){}",
+            r.registry,
+            r.deleted.len(),
+            if r.absent > 0 {
+                format!(" ({} dropped generation(s) were not there)", r.absent)
+            } else {
+                String::new()
+            }
+        );
+        if report.dry_run {
+            for t in &r.deleted {
+                println!("  tag       {t}");
+            }
+        }
+        for e in &r.errors {
+            println!("could not delete {e}");
+        }
+    }
+}
+
 pub(crate) fn print_failed(kind: &str, what: &str, why: &str) {
     eprintln!("{kind}: {what}: {why}");
 }

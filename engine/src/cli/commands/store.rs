@@ -6,7 +6,7 @@ use crate::catalog::now_secs;
 use crate::cli::args::{
     ExportArgs, GcArgs, ImportArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs,
 };
-use crate::cli::render::{age, short, spinner, table};
+use crate::cli::render::{age, print_gc, short, spinner, table};
 use crate::cli::session::Session;
 use crate::cli::{exit, output};
 use crate::generation::GenerationId;
@@ -441,29 +441,7 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
     let mut session = Session::open_store(&args.common.store)?;
     crate::config::apply_cache_args(&mut session.config, &args.caches)?;
     session.config.validate()?;
-    let retention = &session.config.retention;
-    let mut limits = retention.limits();
-    if let Some(n) = args.keep {
-        if n == 0 {
-            bail!("--keep must be at least 1 (the newest generation is always kept)");
-        }
-        limits.max_generations = Some(n);
-    }
-    if let Some(b) = args.max_bytes {
-        limits.max_bytes = Some(b.as_u64());
-    }
-    if let Some(a) = args.max_age {
-        limits.max_age_secs = Some(a.as_secs());
-    }
-    let opts = crate::gc::GcOptions {
-        now: args.now.unwrap_or_else(now_secs),
-        grace: args.grace.unwrap_or(retention.grace),
-        limits,
-        dry_run: args.dry_run,
-        lease_wait: retention.lease_wait,
-        lease_rounds: crate::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
-        trust: session.trust.clone(),
-    };
+    let opts = gc_options(&args, &session)?;
     // Each compat id is decided by the policy it was published with (found by digest), never by
     // the rule this host configures for its kind.
     let policies = crate::gc::PolicyIndex::new(&session.config, args.policy_dir.clone());
@@ -485,109 +463,7 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
     if args.common.json {
         emit_json("gc", [&report], code);
     } else {
-        let rows: Vec<Vec<String>> = report
-            .decisions
-            .iter()
-            .map(|d| {
-                vec![
-                    d.cache_kind.clone().unwrap_or_else(|| "?".into()),
-                    short(&d.generation),
-                    serde_json::to_value(d.verdict)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default(),
-                    bytesize::ByteSize(d.size_bytes).to_string(),
-                    d.reason.clone(),
-                ]
-            })
-            .collect();
-        if !rows.is_empty() {
-            table(&["KIND", "GENERATION", "VERDICT", "SIZE", "WHY"], &rows);
-        }
-        let rows: Vec<Vec<String>> = report
-            .policies
-            .iter()
-            .map(|k| {
-                vec![
-                    k.cache_kind.clone().unwrap_or_else(|| "?".into()),
-                    k.compat_id.to_string().chars().take(12).collect(),
-                    match (&k.kept_whole, &k.decided_by) {
-                        (Some(why), _) => format!("kept whole: {why}"),
-                        (None, Some(used)) => used.to_string(),
-                        (None, None) => String::new(),
-                    },
-                ]
-            })
-            .collect();
-        if !rows.is_empty() {
-            table(&["KIND", "COMPAT ID", "DECIDED BY"], &rows);
-        }
-        for e in &report.policy_errors {
-            println!("policy error: {e}");
-        }
-        for f in &report.faulty_heads {
-            println!("not a usable head: {f}");
-        }
-        for u in &report.unreadable {
-            println!(
-                "cannot read {u}; keeping every generation of that compat id and removing no pack \
-                 this run (run gc with a jitship that reads it, or remove that generation)"
-            );
-        }
-        let verb = if report.dry_run {
-            "would remove"
-        } else {
-            "removed"
-        };
-        let unknown = match report.packs_unknown_size {
-            0 => String::new(),
-            n => format!(" and {n} packs of unknown size"),
-        };
-        println!(
-            "{verb} {} head records, {} manifests, {} packs ({}{unknown}); {} packs kept because a retained generation shares them",
-            report.heads.len(),
-            report.manifests.len(),
-            report.packs.len(),
-            bytesize::ByteSize(report.pack_bytes),
-            report.packs_shared
-        );
-        if report.dry_run {
-            for h in &report.heads {
-                println!("  head      {h}");
-            }
-            for m in &report.manifests {
-                println!("  manifest  {m}");
-            }
-            for p in &report.packs {
-                println!("  pack      {p}");
-            }
-        }
-        if let Some(j) = report.resumed_journal {
-            println!("finished the interrupted gc run of journal {j}");
-        }
-        for e in &report.errors {
-            println!("could not remove {e}");
-        }
-        if let Some(r) = &report.registry {
-            println!(
-                "durable tier {}: {verb} {} generation(s){}",
-                r.registry,
-                r.deleted.len(),
-                if r.absent > 0 {
-                    format!(" ({} dropped generation(s) were not there)", r.absent)
-                } else {
-                    String::new()
-                }
-            );
-            if report.dry_run {
-                for t in &r.deleted {
-                    println!("  tag       {t}");
-                }
-            }
-            for e in &r.errors {
-                println!("could not delete {e}");
-            }
-        }
+        print_gc(&report);
     }
     if !report.errors.is_empty() {
         eprintln!(
@@ -596,4 +472,31 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         );
     }
     Ok(code)
+}
+
+/// The retention quotas (`[retention]`, overridden by the flags) and gc's other options.
+fn gc_options(args: &GcArgs, session: &Session) -> Result<crate::gc::GcOptions> {
+    let retention = &session.config.retention;
+    let mut limits = retention.limits();
+    if let Some(n) = args.keep {
+        if n == 0 {
+            bail!("--keep must be at least 1 (the newest generation is always kept)");
+        }
+        limits.max_generations = Some(n);
+    }
+    if let Some(b) = args.max_bytes {
+        limits.max_bytes = Some(b.as_u64());
+    }
+    if let Some(a) = args.max_age {
+        limits.max_age_secs = Some(a.as_secs());
+    }
+    Ok(crate::gc::GcOptions {
+        now: args.now.unwrap_or_else(now_secs),
+        grace: args.grace.unwrap_or(retention.grace),
+        limits,
+        dry_run: args.dry_run,
+        lease_wait: retention.lease_wait,
+        lease_rounds: crate::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
+        trust: session.trust.clone(),
+    })
 }
