@@ -5,8 +5,8 @@
 //! whose bytes do not match so the next publish uploads them again. Who signed each head is judged
 //! with the caller's `TrustPolicy`. Works on stores without listing.
 //!
-//! Size: survey, show, verify and repair share their readers (the index walk, the tolerant
-//! manifest fetch, the per-pack check); splitting them would export those readers for three callers.
+//! Survey, show, verify and repair share their readers (the index walk, the tolerant
+//! manifest fetch, the per-pack check), which is why they live in one module.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -1,7 +1,7 @@
 //! The command-line definitions (clap) and how flags, JITSHIP_* env and the config file resolve
 //! into one `Config`.
 //!
-//! Size: declarations, nearly all of it: the clap definitions of every command and option group,
+//! Declarations, nearly all of it: the clap definitions of every command and option group,
 //! with their help text; the logic is the short resolution of flags, env and file at the end.
 
 use std::path::PathBuf;

@@ -21,7 +21,7 @@
 //! One root failing (its policy, its disk, the store) is logged, counted, backed off and retried;
 //! the other roots go on.
 //!
-//! Size: `Loop` owns all per-root state, and every transition (an event, a root due, a cycle done,
+//! `Loop` owns all per-root state, and every transition (an event, a root due, a cycle done,
 //! a signal, the ready gate) is one of its methods, so the state machine reads top to bottom here;
 //! scheduling, file watching and metrics, which need no state of the loop, live in submodules.
 

@@ -8,7 +8,7 @@
 //! without a deadline traps at once), the memory cap and the read budget of `[policy]`. Every answer
 //! is validated before anyone above this module sees it.
 //!
-//! Size: the engine, the per-call sandbox and one validator per export of the contract. The
+//! The engine, the per-call sandbox and one validator per export of the contract. The
 //! validators are the contract as the host enforces it, so they stay beside the calls they check.
 
 mod cache;
