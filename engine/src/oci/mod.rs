@@ -217,6 +217,23 @@ pub enum PackBlob {
 /// The newest admitted head of `compat` whose generation is whole in `store` (a pack named in
 /// `in_sink`, by store key, counts as there); `None` if none is. The files of every pack read
 /// are checked against their blake3 (a pack's id names its layout, not its bytes).
+/// The next head of the walk the trust admits, with its signer (faulty heads passed over, at most
+/// `MAX_FAULTY_PASSED` of them).
+pub(crate) fn next_admitted_head(
+    walk: &mut catalog::HeadWalk<'_>,
+    layout: &KeyLayout,
+    trust: &TrustPolicy,
+) -> Result<Option<(HeadRecord, Signer)>, OciError> {
+    while let Some(head) = walk.next_usable(catalog::MAX_FAULTY_PASSED)? {
+        let signer = trust.judge(layout.namespace(), &head);
+        let what = format_args!("head {} of {}", head.seq, head.compat_id);
+        if trust.admits(&signer, &what) {
+            return Ok(Some((head, signer)));
+        }
+    }
+    Ok(None)
+}
+
 pub fn newest_whole(
     store: &dyn Store,
     layout: &KeyLayout,
@@ -225,11 +242,7 @@ pub fn newest_whole(
     in_sink: &std::collections::HashMap<String, Descriptor>,
 ) -> Result<Option<StoredGeneration>, OciError> {
     let mut walk = catalog::HeadWalk::new(store, layout, compat)?;
-    while let Some(head) = walk.next_usable(catalog::MAX_FAULTY_PASSED)? {
-        let signer = trust.judge(layout.namespace(), &head);
-        if !trust.admits(&signer, &format_args!("head {} of {compat}", head.seq)) {
-            continue;
-        }
+    while let Some((head, signer)) = next_admitted_head(&mut walk, layout, trust)? {
         let Some(manifest) = catalog::fetch_manifest(store, layout, &head.generation)? else {
             continue;
         };

@@ -457,16 +457,8 @@ impl Registry {
         deadline: Instant,
     ) -> Result<Option<BakedGeneration>, OciError> {
         let mut walk = crate::catalog::HeadWalk::new(store, layout, compat)?;
-        let head = loop {
-            match walk.next_usable(crate::catalog::MAX_FAULTY_PASSED)? {
-                None => return Ok(None),
-                Some(h) => {
-                    let signer = trust.judge(layout.namespace(), &h);
-                    if trust.admits(&signer, &format_args!("head {} of {compat}", h.seq)) {
-                        break h;
-                    }
-                }
-            }
+        let Some((head, _)) = super::next_admitted_head(&mut walk, layout, trust)? else {
+            return Ok(None);
         };
         let tag = Self::generation_tag(compat, head.seq, &head.generation);
         let found = self.block(deadline, "reading a manifest", async {
