@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 
 use jitship::config::{Backend as BackendKind, Config, StoreConfig};
 use jitship_tests::fixtures::triton_tree;
+use jitship_tests::output::{code, json, show, text};
 use serde_json::Value;
 
 const EXE: &str = env!("CARGO_BIN_EXE_jitship-e2e");
@@ -43,27 +44,6 @@ impl Env {
     fn run(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("run jitship-e2e")
     }
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited, not killed")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn show(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(out)))
 }
 
 fn cache_flags(env: &Env, root: &str, tag: &str) -> Vec<String> {

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use jitship_tests::fixtures::{digest, triton_tree};
+use jitship_tests::output::{code, show, text};
 use jitship_tests::registry::{TestRegistry, skopeo_tags};
 use serde_json::Value;
 
@@ -98,23 +99,6 @@ fn run(args: &[&str]) -> Output {
         .env("DOCKER_CONFIG", "/nonexistent")
         .output()
         .expect("run jitship-e2e")
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().expect("exited, not killed")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn show(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
 }
 
 fn result(out: &Output) -> Value {

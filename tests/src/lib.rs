@@ -7,6 +7,7 @@ pub mod child;
 pub mod fixtures;
 pub mod harness;
 pub mod mooncake;
+pub mod output;
 pub mod policy_fixtures;
 pub mod policy_scale;
 pub mod registry;
