@@ -20,7 +20,9 @@ CRATES = {
     "mooncake-sys": set(),
     "jitship-store": {"mooncake-sys"},
     "jitship-catalog": {"jitship-generation", "jitship-store"},
-    "jitship": {"jitship-generation", "jitship-store", "jitship-catalog", "jitship-policy-sdk"},
+    "jitship-policy-contract": set(),
+    "jitship-policy-sdk": {"jitship-policy-contract"},
+    "jitship": {"jitship-generation", "jitship-store", "jitship-catalog", "jitship-policy-contract"},
 }
 
 # Engine modules by layer: a module may use modules of lower layers only. `generation`, `store`
