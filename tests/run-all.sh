@@ -17,11 +17,43 @@ if [ "${free_kib:-0}" -lt $((14 * 1024 * 1024)) ]; then
     echo "warning: only $((free_kib / 1024)) MiB free here; the suite needs about 14 GiB (README, Quickstart)" >&2
 fi
 
-step "toolchain: wasm32-unknown-unknown (policies are built from source and checked against the embedded ones)"
+step "toolchain: the one rust-toolchain.toml pins, with wasm32-unknown-unknown, clippy and rustfmt (policies are built from source and checked byte for byte against the embedded ones)"
+# Before any cargo call: cargo and rustc resolve through rust-toolchain.toml, so a missing pinned
+# toolchain would fail (or, with RUSTUP_AUTO_INSTALL, install itself without its targets) later.
+pinned=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
+if ! rustup toolchain install; then
+    # No network or no dist server: a stable toolchain that is exactly the pinned release is the
+    # same compiler, so name it after the pin (with the target and components the file asks for).
+    have=$(rustc +stable -V 2>/dev/null || true)
+    case "$have" in
+    "rustc $pinned "*)
+        echo "rustup toolchain install failed; linking the installed stable ($have) as $pinned" >&2
+        rustup target add --toolchain stable wasm32-unknown-unknown
+        rustup component add --toolchain stable clippy rustfmt
+        # `rustup toolchain link "$pinned" ...` is refused (rustup will not give a custom
+        # toolchain an official name), so make the link rustup would: toolchains/<pin>-<host>.
+        tc="$(rustup show home)/toolchains/$pinned-$(rustc +stable -vV | sed -n 's/^host: //p')"
+        if [ -e "$tc" ] && [ ! -L "$tc" ]; then
+            echo "error: $tc exists (a partial install?) and is not the pinned toolchain; remove it and rerun" >&2
+            exit 1
+        fi
+        ln -sfn "$(rustc +stable --print sysroot)" "$tc"
+        ;;
+    *)
+        echo "error: rust-toolchain.toml pins Rust $pinned; \`rustup toolchain install\` failed and the installed stable is ${have:-absent}, not $pinned. Install it with \`rustup toolchain install $pinned --profile minimal --target wasm32-unknown-unknown --component clippy,rustfmt\`." >&2
+        exit 1
+        ;;
+    esac
+fi
+rustc -V
+case "$(rustc -V)" in
+"rustc $pinned "*) ;;
+*) echo "error: rustc here is $(rustc -V), not the $pinned rust-toolchain.toml pins (is RUSTUP_TOOLCHAIN set?)" >&2; exit 1 ;;
+esac
 rustup target add wasm32-unknown-unknown
+rustup component add rustfmt clippy
 
 step "formatting and lints: cargo fmt --check, cargo clippy -D warnings ([workspace.lints] in Cargo.toml)"
-rustup component add rustfmt clippy
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 

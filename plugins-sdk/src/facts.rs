@@ -1,6 +1,11 @@
+//! The facts a policy keys on: [`Facts`], the view `compat-key` gets, and the names of the facts
+//! jitship gathers (`facts::GPU_ARCH`, `facts::PKG_TORCH`, ..., from `jitship-policy-contract`).
+
 use std::collections::BTreeMap;
 
 use crate::{Fact, PolicyError};
+
+pub use jitship_policy_contract::facts::*;
 
 /// The facts handed to `compat-key`, by name. A fact that is absent, or present with an empty
 /// value, is missing: [`Facts::require`] refuses it with `missing-fact(name)`.

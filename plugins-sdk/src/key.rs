@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use crate::{Facts, PolicyError};
+use jitship_policy_contract::{MAX_FACTOR_BYTES, PER_HOST_FACTS, encode_key_part};
 
 /// Builds a compatibility key from named factors, canonically: `<kind>@<schema>` then
 /// `;name=value` for every factor in name order. The kind and every value are encoded by
@@ -26,15 +27,6 @@ pub struct KeyBuilder {
     factors: BTreeMap<String, String>,
     error: Option<PolicyError>,
 }
-
-/// Longest factor value a key takes.
-pub const MAX_FACTOR_BYTES: usize = 256;
-
-/// Facts that describe one host or one installation, never a class of workers: keying on them
-/// would give every pod (or every image layout) its own key and nothing would be shared.
-/// [`KeyBuilder`] refuses them as factors, and jitship's native policy (the generic rules for a
-/// kind without a policy module) leaves them out of its key: both read this one list.
-pub const PER_HOST_FACTS: &[&str] = &["host.name", "python.executable"];
 
 impl KeyBuilder {
     /// `schema` is the policy's key schema version: bump it whenever the factor set changes.
@@ -109,39 +101,6 @@ impl KeyBuilder {
         }
         Ok(key)
     }
-}
-
-/// Encodes one part of a key (a kind, a fact name or a value) so that the separators of a key,
-/// `;` between factors and `=` between a name and its value, never occur inside a part: `%`, `;`,
-/// `=` and control characters (`char::is_control`: newlines, tabs, NUL, ...) become `%XX`, one
-/// per UTF-8 byte, upper-case hex. Decoding is unambiguous (`%` itself is encoded), so two
-/// different sets of `name=value` parts joined by `;` never give one key.
-///
-/// Every other character is left as it is: a part made only of ordinary characters (letters,
-/// digits, `.`, `/`, `+`, `-`, `_`, `:`, spaces, any non-control Unicode) is byte-identical to
-/// the raw text, so the keys, and the compat ids hashed from them, of facts without these
-/// characters are the same as before any encoding was applied. jitship's native policy builds its
-/// key with this function too.
-///
-/// ```
-/// use jitship_policy_sdk::encode_key_part;
-/// assert_eq!(encode_key_part("Qwen/Qwen3-8B"), "Qwen/Qwen3-8B");
-/// assert_eq!(encode_key_part("Q;gpu.arch=sm_80"), "Q%3Bgpu.arch%3Dsm_80");
-/// assert_eq!(encode_key_part("50%\n"), "50%25%0A");
-/// ```
-pub fn encode_key_part(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c == '%' || c == ';' || c == '=' || c.is_control() {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

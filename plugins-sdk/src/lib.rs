@@ -145,7 +145,7 @@
 //! jitship policy test my-cache.wasm --root ~/.cache/my-cache --fact gpu.arch=sm_90 ...
 //! ```
 
-mod facts;
+pub mod facts;
 mod host;
 mod key;
 mod retention;
@@ -154,10 +154,16 @@ mod settings;
 
 pub use facts::Facts;
 pub use host::{DirHost, Host, WasmHost, read_to_end};
-pub use key::{KeyBuilder, MAX_FACTOR_BYTES, PER_HOST_FACTS, encode_key_part};
+pub use jitship_policy_contract as contract;
+pub use jitship_policy_contract::{
+    MAX_DETAIL_BYTES, MAX_FACTOR_BYTES, MAX_KEY_BYTES, PER_HOST_FACTS, encode_key_part, truncate,
+};
+pub use key::KeyBuilder;
 pub use retention::{RetentionDefaults, default_retain};
 pub use rules::{file_name, never_publish, parent_dir};
 pub use settings::Settings;
+
+use jitship_policy_contract::{RootRewrite, category, no_root_rewrite};
 
 /// What `canonicalize` puts where a file named its absolute root (and `materialize` replaces by
 /// the installing root). Chosen so that no real path contains it: `$` and braces are legal in
@@ -183,23 +189,6 @@ pub use bindings::jitship::policy::types::{
     ReasonCategory, RetentionCategory, RetentionDrop, RetentionLimits, Selection, Setting,
     SettingKind, SettingSpec, Verdict,
 };
-
-/// Longest detail the SDK lets through (the host refuses details over 1 KiB as a policy failure;
-/// details often quote paths read from cache files, which can be any length).
-pub const MAX_DETAIL_BYTES: usize = 512;
-
-/// `s` cut to at most `max` bytes at a character boundary, marked with "..." when cut.
-pub fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max.saturating_sub(3);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("...");
-    }
-    s
-}
 
 impl Decision {
     /// Publish: the file is complete (category `Complete`, no traits).
@@ -252,15 +241,15 @@ impl ReasonCategory {
     /// The contract's name, e.g. `per-host`.
     pub fn as_str(self) -> &'static str {
         match self {
-            ReasonCategory::Complete => "complete",
-            ReasonCategory::Temporary => "temporary",
-            ReasonCategory::Lock => "lock",
-            ReasonCategory::PerHost => "per-host",
-            ReasonCategory::Incomplete => "incomplete",
-            ReasonCategory::ForeignRoot => "foreign-root",
-            ReasonCategory::Unparseable => "unparseable",
-            ReasonCategory::NotCache => "not-cache",
-            ReasonCategory::Excluded => "excluded",
+            ReasonCategory::Complete => category::COMPLETE,
+            ReasonCategory::Temporary => category::TEMPORARY,
+            ReasonCategory::Lock => category::LOCK,
+            ReasonCategory::PerHost => category::PER_HOST,
+            ReasonCategory::Incomplete => category::INCOMPLETE,
+            ReasonCategory::ForeignRoot => category::FOREIGN_ROOT,
+            ReasonCategory::Unparseable => category::UNPARSEABLE,
+            ReasonCategory::NotCache => category::NOT_CACHE,
+            ReasonCategory::Excluded => category::EXCLUDED,
         }
     }
 }
@@ -334,18 +323,20 @@ pub trait Policy {
     /// has nothing to canonicalize.
     fn canonicalize(&self, root: &str, path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
         let _ = (root, content);
-        Err(PolicyError::InvalidInput(format!(
-            "policy {} marks no file as embedding the root, so it cannot canonicalize {path}",
-            self.info().name
+        Err(PolicyError::InvalidInput(no_root_rewrite(
+            &self.info().name,
+            RootRewrite::Canonicalize,
+            path,
         )))
     }
 
     /// The inverse of [`Policy::canonicalize`] for the installing `root`. The default refuses.
     fn materialize(&self, root: &str, path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
         let _ = (root, content);
-        Err(PolicyError::InvalidInput(format!(
-            "policy {} marks no file as embedding the root, so it cannot materialize {path}",
-            self.info().name
+        Err(PolicyError::InvalidInput(no_root_rewrite(
+            &self.info().name,
+            RootRewrite::Materialize,
+            path,
         )))
     }
 
@@ -610,6 +601,18 @@ mod contract_tests {
                 "{bad}"
             );
         }
+    }
+
+    /// The SDK cuts details to the limit the host enforces (the contract's `MAX_DETAIL_BYTES`),
+    /// not shorter.
+    #[test]
+    fn long_details_are_cut_to_the_hosts_limit() {
+        let d = Decision::skip(ReasonCategory::NotCache, "é".repeat(MAX_DETAIL_BYTES));
+        assert!(d.detail.len() <= MAX_DETAIL_BYTES && d.detail.len() > MAX_DETAIL_BYTES - 4);
+        assert!(d.detail.ends_with("..."));
+        let fits = "x".repeat(MAX_DETAIL_BYTES);
+        assert_eq!(Decision::publish(fits.clone()).detail, fits);
+        assert_eq!(MAX_DETAIL_BYTES, 1024);
     }
 
     #[test]

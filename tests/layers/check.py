@@ -21,14 +21,16 @@ CRATES = {
     "mooncake-sys": set(),
     "jitship-store": {"mooncake-sys"},
     "jitship-catalog": {"jitship-generation", "jitship-store"},
+    "jitship-policy-contract": set(),
+    "jitship-policy-sdk": {"jitship-policy-contract"},
     "jitship-confined": set(),
-    "jitship-facts": {"jitship-generation"},
+    "jitship-facts": {"jitship-generation", "jitship-policy-contract"},
     "jitship-policy": {
-        "jitship-generation", "jitship-confined", "jitship-facts", "jitship-policy-sdk",
+        "jitship-generation", "jitship-confined", "jitship-facts", "jitship-policy-contract",
     },
     "jitship": {
         "jitship-generation", "jitship-store", "jitship-catalog", "jitship-confined",
-        "jitship-facts", "jitship-policy",
+        "jitship-facts", "jitship-policy", "jitship-policy-contract",
     },
 }
 

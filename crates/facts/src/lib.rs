@@ -62,8 +62,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sources::*;
+use sources::{gather_cpu, gather_cuda, gather_deployment, gather_gpu, gather_python};
 
+use jitship_policy_contract::facts as fact;
 use serde::{Deserialize, Serialize};
 
 pub use cpu::is_inductor_env;
@@ -420,7 +421,12 @@ pub fn probe(cfg: &FactsConfig) -> Gathered {
     match gpu_facts {
         Ok(gpu) => g.absorb(gpu),
         Err(_) => {
-            for name in ["gpu.name", "gpu.count", "gpu.cc", "driver.version"] {
+            for name in [
+                fact::GPU_NAME,
+                fact::GPU_COUNT,
+                fact::GPU_CC,
+                fact::DRIVER_VERSION,
+            ] {
                 g.lack(name, "the GPU probe panicked (a bug in jitship)");
             }
         }
@@ -429,17 +435,20 @@ pub fn probe(cfg: &FactsConfig) -> Gathered {
     gather_cpu(cfg, &mut g);
     gather_deployment(cfg, &mut g);
     g.found(
-        "os.arch",
+        fact::OS_ARCH,
         std::env::consts::ARCH,
         Source::Target,
         "the build target of jitship",
     );
     match gethostname::gethostname().into_string() {
         Ok(name) if !name.is_empty() => {
-            g.found("host.name", name, Source::Hostname, "gethostname(2)")
+            g.found(fact::HOST_NAME, name, Source::Hostname, "gethostname(2)")
         }
-        Ok(_) => g.lack("host.name", "gethostname(2) returned an empty name"),
-        Err(raw) => g.lack("host.name", format!("the host name {raw:?} is not UTF-8")),
+        Ok(_) => g.lack(fact::HOST_NAME, "gethostname(2) returned an empty name"),
+        Err(raw) => g.lack(
+            fact::HOST_NAME,
+            format!("the host name {raw:?} is not UTF-8"),
+        ),
     }
     g.derive();
     g
@@ -534,8 +543,8 @@ impl Gathered {
     /// `gpu.arch` from `gpu.cc` and `driver.major` from `driver.version`, unless overridden.
     fn derive(&mut self) {
         let rules: [(&str, &str, Derivation); 2] = [
-            ("gpu.arch", "gpu.cc", gpu::arch_from_cc),
-            ("driver.major", "driver.version", gpu::driver_major),
+            (fact::GPU_ARCH, fact::GPU_CC, gpu::arch_from_cc),
+            (fact::DRIVER_MAJOR, fact::DRIVER_VERSION, gpu::driver_major),
         ];
         for (name, from, rule) in rules {
             if self

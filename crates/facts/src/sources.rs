@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use jitship_generation::{ContentHash, ContentHasher};
 
 use crate::{
-    DEFAULT_PACKAGES, FACTS_ENV, FactsConfig, Gathered, ReportField, Source, command, cpu, gpu,
-    python,
+    DEFAULT_PACKAGES, FACTS_ENV, FactsConfig, Gathered, ReportField, Source, command, cpu, fact,
+    gpu, python,
 };
 
 pub(super) fn gather_gpu(cfg: &FactsConfig) -> Gathered {
@@ -36,10 +36,10 @@ pub(super) fn gather_gpu(cfg: &FactsConfig) -> Gathered {
     }
     let mut g = Gathered::default();
     let fields: [(&str, ReportField); 4] = [
-        ("gpu.name", |r| r.name.clone()),
-        ("gpu.count", |r| r.count.map(|c| c.to_string())),
-        ("gpu.cc", |r| r.cc.clone()),
-        ("driver.version", |r| r.driver.clone()),
+        (fact::GPU_NAME, |r| r.name.clone()),
+        (fact::GPU_COUNT, |r| r.count.map(|c| c.to_string())),
+        (fact::GPU_CC, |r| r.cc.clone()),
+        (fact::DRIVER_VERSION, |r| r.driver.clone()),
     ];
     for (name, field) in fields {
         match reports
@@ -85,17 +85,17 @@ pub(super) fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf>
     let asked = match probed {
         Ok((path, info)) => {
             let detail = format!("{} -I -S", path.display());
-            g.found("python.version", info.version, Source::Python, &detail);
+            g.found(fact::PYTHON_VERSION, info.version, Source::Python, &detail);
             g.found(
-                "python.executable",
+                fact::PYTHON_EXECUTABLE,
                 info.executable.clone(),
                 Source::Python,
                 &detail,
             );
             match &info.include {
-                Some(dir) => g.found("python.include", dir.clone(), Source::Python, &detail),
+                Some(dir) => g.found(fact::PYTHON_INCLUDE, dir.clone(), Source::Python, &detail),
                 None => g.lack(
-                    "python.include",
+                    fact::PYTHON_INCLUDE,
                     format!("{} has no sysconfig include path", info.executable),
                 ),
             }
@@ -109,9 +109,9 @@ pub(super) fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf>
             }
         }
         Err(reason) => {
-            g.lack("python.version", reason.clone());
-            g.lack("python.executable", reason.clone());
-            g.lack("python.include", reason.clone());
+            g.lack(fact::PYTHON_VERSION, reason.clone());
+            g.lack(fact::PYTHON_EXECUTABLE, reason.clone());
+            g.lack(fact::PYTHON_INCLUDE, reason.clone());
             Err(format!("no interpreter to ask: {reason}"))
         }
     };
@@ -129,22 +129,27 @@ pub(super) fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf>
     let site_dirs = match site_dirs {
         Ok((dirs, source, detail)) => {
             match std::env::join_paths(&dirs) {
-                Ok(v) => g.found("python.site_packages", v.to_string_lossy(), source, detail),
-                Err(e) => g.lack("python.site_packages", format!("cannot be listed: {e}")),
+                Ok(v) => g.found(
+                    fact::PYTHON_SITE_PACKAGES,
+                    v.to_string_lossy(),
+                    source,
+                    detail,
+                ),
+                Err(e) => g.lack(fact::PYTHON_SITE_PACKAGES, format!("cannot be listed: {e}")),
             }
             dirs
         }
         Err(reason) => {
-            g.lack("python.site_packages", reason.clone());
+            g.lack(fact::PYTHON_SITE_PACKAGES, reason.clone());
             for name in names {
-                let fact = format!("pkg.{}", python::normalize(name));
+                let fact = format!("{}{}", fact::PKG_PREFIX, python::normalize(name));
                 g.lack(&fact, format!("no site-packages: {reason}"));
             }
             return Vec::new();
         }
     };
     for name in names {
-        let fact = format!("pkg.{}", python::normalize(name));
+        let fact = format!("{}{}", fact::PKG_PREFIX, python::normalize(name));
         match python::package_version(&site_dirs, name) {
             Ok((version, path)) => g.found(
                 &fact,
@@ -176,13 +181,13 @@ pub(super) fn gather_cuda(cfg: &FactsConfig, site_dirs: &[PathBuf], g: &mut Gath
     });
     match &home {
         Some((path, source, detail)) => g.found(
-            "cuda.home",
+            fact::CUDA_HOME,
             path.display().to_string(),
             *source,
             detail.clone(),
         ),
         None => g.lack(
-            "cuda.home",
+            fact::CUDA_HOME,
             format!(
                 "CUDA_HOME and CUDA_PATH unset and no {}",
                 cfg.default_cuda_home.display()
@@ -200,21 +205,22 @@ pub(super) fn gather_cuda(cfg: &FactsConfig, site_dirs: &[PathBuf], g: &mut Gath
     }
     match python::torch_cuda(site_dirs) {
         Ok((v, path)) => g.found(
-            "cuda.runtime",
+            fact::CUDA_RUNTIME,
             v,
             Source::SitePackages,
             path.display().to_string(),
         ),
         Err(torch_reason) => match python::libcudart_version(site_dirs, &lib_dirs) {
             Ok((v, path)) => g.found(
-                "cuda.runtime",
+                fact::CUDA_RUNTIME,
                 v,
                 Source::Libcudart,
                 path.display().to_string(),
             ),
-            Err(cudart_reason) => {
-                g.lack("cuda.runtime", format!("{torch_reason}; {cudart_reason}"))
-            }
+            Err(cudart_reason) => g.lack(
+                fact::CUDA_RUNTIME,
+                format!("{torch_reason}; {cudart_reason}"),
+            ),
         },
     }
 
@@ -225,19 +231,19 @@ pub(super) fn gather_cuda(cfg: &FactsConfig, site_dirs: &[PathBuf], g: &mut Gath
     match nvcc.or_else(|| command::find_in(&cfg.search_path, "nvcc")) {
         Some(nvcc) => match command::run(&nvcc, &["--version"], cfg.settings.timeout) {
             Ok(out) if out.success => match python::parse_nvcc_release(&out.stdout) {
-                Some(v) => g.found("cuda.nvcc", v, Source::Nvcc, nvcc.display().to_string()),
+                Some(v) => g.found(fact::CUDA_NVCC, v, Source::Nvcc, nvcc.display().to_string()),
                 None => g.lack(
-                    "cuda.nvcc",
+                    fact::CUDA_NVCC,
                     format!("{} --version printed no \"release X.Y\"", nvcc.display()),
                 ),
             },
             Ok(out) => g.lack(
-                "cuda.nvcc",
+                fact::CUDA_NVCC,
                 format!("{} --version failed: {}", nvcc.display(), out.failure()),
             ),
-            Err(e) => g.lack("cuda.nvcc", e),
+            Err(e) => g.lack(fact::CUDA_NVCC, e),
         },
-        None => g.lack("cuda.nvcc", "no nvcc in cuda.home/bin nor on PATH"),
+        None => g.lack(fact::CUDA_NVCC, "no nvcc in cuda.home/bin nor on PATH"),
     }
 }
 
@@ -253,13 +259,13 @@ pub(super) fn gather_cpu(cfg: &FactsConfig, g: &mut Gathered) {
         Ok(flags) => {
             let digest = ContentHash::of(flags.join(" ").as_bytes()).to_hex();
             g.found(
-                "cpu.flags_digest",
+                fact::CPU_FLAGS_DIGEST,
                 digest.as_str(),
                 Source::File,
                 format!("flags of the first processor in {cpuinfo_path}"),
             );
         }
-        Err(why) => g.lack("cpu.flags_digest", why.clone()),
+        Err(why) => g.lack(fact::CPU_FLAGS_DIGEST, why.clone()),
     }
     let capability = cfg.env.get("ATEN_CPU_CAPABILITY").map(String::as_str);
     match (&flags, std::env::consts::ARCH) {
@@ -274,11 +280,11 @@ pub(super) fn gather_cpu(cfg: &FactsConfig, g: &mut Gathered) {
             } else {
                 Source::File
             };
-            g.found("cpu.isa", tier, source, detail);
+            g.found(fact::CPU_ISA, tier, source, detail);
         }
-        (Err(why), _) => g.lack("cpu.isa", why.clone()),
+        (Err(why), _) => g.lack(fact::CPU_ISA, why.clone()),
         (Ok(_), arch) => g.lack(
-            "cpu.isa",
+            fact::CPU_ISA,
             format!("jitship derives torch's ISA tier on x86_64 only (this is {arch}); give it with --fact cpu.isa=VALUE"),
         ),
     }
@@ -286,13 +292,13 @@ pub(super) fn gather_cpu(cfg: &FactsConfig, g: &mut Gathered) {
         cfg.env.get("OMP_NUM_THREADS").map(String::as_str),
         cfg.affinity_cpus,
     ) {
-        Ok((n, detail)) => g.found("cpu.threads", n.to_string(), Source::Env, detail),
-        Err(why) => g.lack("cpu.threads", why),
+        Ok((n, detail)) => g.found(fact::CPU_THREADS, n.to_string(), Source::Env, detail),
+        Err(why) => g.lack(fact::CPU_THREADS, why),
     }
     let cxx = cfg.env.get("CXX").map_or("g++", String::as_str);
     match cpu::compiler_identity(cxx, &cfg.search_path, cfg.settings.timeout) {
-        Ok((digest, detail)) => g.found("cxx.identity", digest, Source::Program, detail),
-        Err(why) => g.lack("cxx.identity", why),
+        Ok((digest, detail)) => g.found(fact::CXX_IDENTITY, digest, Source::Program, detail),
+        Err(why) => g.lack(fact::CXX_IDENTITY, why),
     }
     let (digest, names) = cpu::inductor_env_digest(&cfg.env);
     let detail = if names.is_empty() {
@@ -300,7 +306,7 @@ pub(super) fn gather_cpu(cfg: &FactsConfig, g: &mut Gathered) {
     } else {
         names.join(", ")
     };
-    g.found("inductor.env_digest", digest, Source::Env, detail);
+    g.found(fact::INDUCTOR_ENV_DIGEST, digest, Source::Env, detail);
 }
 
 /// Facts about the deployment rather than the machine: model and engine configuration.
@@ -310,15 +316,15 @@ pub(super) fn gather_deployment(cfg: &FactsConfig, g: &mut Gathered) {
             "not on the machine: give it with --fact {name}=VALUE, {FACTS_ENV} or [facts] in the config"
         )
     };
-    g.lack("model.id", how("model.id"));
-    g.lack("model.revision", how("model.revision"));
+    g.lack(fact::MODEL_ID, how(fact::MODEL_ID));
+    g.lack(fact::MODEL_REVISION, how(fact::MODEL_REVISION));
     match &cfg.settings.engine_config {
         Some(path) => match digest_file(path) {
-            Ok(hex) => g.found("engine.config_digest", hex, Source::File, path.display().to_string()),
-            Err(e) => g.lack("engine.config_digest", e),
+            Ok(hex) => g.found(fact::ENGINE_CONFIG_DIGEST, hex, Source::File, path.display().to_string()),
+            Err(e) => g.lack(fact::ENGINE_CONFIG_DIGEST, e),
         },
         None => g.lack(
-            "engine.config_digest",
+            fact::ENGINE_CONFIG_DIGEST,
             format!("no [gather] engine_config file to digest; or give it with --fact engine.config_digest=VALUE, {FACTS_ENV} or [facts]"),
         ),
     }

@@ -71,34 +71,9 @@ impl FakeMachine {
 }
 
 fn every_expected_fact_is_accounted_for(g: &Gathered, extra_packages: &[&str]) {
-    let mut expected: Vec<String> = [
-        "gpu.name",
-        "gpu.count",
-        "gpu.cc",
-        "gpu.arch",
-        "driver.version",
-        "driver.major",
-        "cuda.runtime",
-        "cuda.nvcc",
-        "cuda.home",
-        "python.version",
-        "python.executable",
-        "python.site_packages",
-        "python.include",
-        "cpu.isa",
-        "cpu.flags_digest",
-        "cpu.threads",
-        "cxx.identity",
-        "inductor.env_digest",
-        "model.id",
-        "model.revision",
-        "engine.config_digest",
-        "os.arch",
-        "host.name",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    // The contract's list (jitship_policy_contract::facts::ALL): what policies key on is what the
+    // gatherer reports, found or missing, nothing more.
+    let mut expected: Vec<String> = fact::ALL.iter().map(|s| s.to_string()).collect();
     expected.extend(
         DEFAULT_PACKAGES
             .iter()
@@ -125,6 +100,15 @@ fn every_expected_fact_is_accounted_for(g: &Gathered, extra_packages: &[&str]) {
         .filter(|k| !expected.contains(k))
         .collect();
     assert!(known.is_empty(), "unexpected facts {known:?}");
+}
+
+#[test]
+fn the_default_packages_are_the_contracts_package_facts() {
+    let names: Vec<String> = DEFAULT_PACKAGES
+        .iter()
+        .map(|p| format!("{}{}", fact::PKG_PREFIX, normalize_package_name(p)))
+        .collect();
+    assert_eq!(names, fact::DEFAULT_PKGS);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use jitship_facts::Facts;
 use jitship_generation::{GenerationId, PolicyRef, RelPath};
+use jitship_policy_contract::{RootRewrite, category, no_root_rewrite};
 
 pub use self::settings::{PolicySettings, SettingKind, SettingSpec};
 
@@ -79,15 +80,15 @@ impl ReasonCategory {
     /// The contract's name, e.g. `per-host`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Complete => "complete",
-            Self::Temporary => "temporary",
-            Self::Lock => "lock",
-            Self::PerHost => "per-host",
-            Self::Incomplete => "incomplete",
-            Self::ForeignRoot => "foreign-root",
-            Self::Unparseable => "unparseable",
-            Self::NotCache => "not-cache",
-            Self::Excluded => "excluded",
+            Self::Complete => category::COMPLETE,
+            Self::Temporary => category::TEMPORARY,
+            Self::Lock => category::LOCK,
+            Self::PerHost => category::PER_HOST,
+            Self::Incomplete => category::INCOMPLETE,
+            Self::ForeignRoot => category::FOREIGN_ROOT,
+            Self::Unparseable => category::UNPARSEABLE,
+            Self::NotCache => category::NOT_CACHE,
+            Self::Excluded => category::EXCLUDED,
         }
     }
 }
@@ -315,9 +316,10 @@ pub trait CachePolicy: Send + Sync {
         content: &[u8],
     ) -> Result<Vec<u8>, PolicyError> {
         let _ = (root, content);
-        Err(PolicyError::InvalidInput(format!(
-            "policy {} marks no file as embedding the root, so it cannot canonicalize {path}",
-            self.info().name
+        Err(PolicyError::InvalidInput(no_root_rewrite(
+            &self.info().name,
+            RootRewrite::Canonicalize,
+            path.as_str(),
         )))
     }
 
@@ -329,9 +331,10 @@ pub trait CachePolicy: Send + Sync {
         content: &[u8],
     ) -> Result<Vec<u8>, PolicyError> {
         let _ = (root, content);
-        Err(PolicyError::InvalidInput(format!(
-            "policy {} marks no file as embedding the root, so it cannot materialize {path}",
-            self.info().name
+        Err(PolicyError::InvalidInput(no_root_rewrite(
+            &self.info().name,
+            RootRewrite::Materialize,
+            path.as_str(),
         )))
     }
 
@@ -342,4 +345,22 @@ pub trait CachePolicy: Send + Sync {
         now: u64,
         limits: &RetentionLimits,
     ) -> Result<Vec<RetentionDrop>, PolicyError>;
+}
+
+#[cfg(test)]
+mod contract_tests {
+    use super::*;
+
+    /// The skip categories are the contract's, in its order; the one publish category is
+    /// `complete`.
+    #[test]
+    fn reason_categories_are_the_contracts() {
+        let skip: Vec<&str> = ReasonCategory::ALL
+            .iter()
+            .filter(|c| **c != ReasonCategory::Complete)
+            .map(|c| c.as_str())
+            .collect();
+        assert_eq!(skip, category::SKIP);
+        assert_eq!(ReasonCategory::Complete.as_str(), category::COMPLETE);
+    }
 }

@@ -3,7 +3,7 @@
 //! kind is otherwise refused, see `config`). They know no kind's completion signal, only what no
 //! kind ever wants published (docs/jit-caches.md#never-published): in-flight temp files and
 //! directories, locks, per-host files. The key is every fact except the per-host ones
-//! (`jitship_policy_sdk::PER_HOST_FACTS`, the list the SDK's `KeyBuilder` refuses too), so that
+//! (`jitship_policy_contract::PER_HOST_FACTS`, the list the SDK's `KeyBuilder` refuses too), so that
 //! workers that differ only by host name share a key.
 
 use std::path::Path;
@@ -84,14 +84,14 @@ impl CachePolicy for NativeRules {
     }
 
     /// `name=value` for every fact but the per-host ones, in name order, joined by `;`; names
-    /// and values encoded by the SDK's `encode_key_part` (`%`, `;`, `=` and control characters
+    /// and values encoded by the contract's `encode_key_part` (the SDK's too) (`%`, `;`, `=` and control characters
     /// as `%XX`), so a value holding `;gpu.arch=sm_80` cannot pass for another fact. Facts made of
     /// ordinary characters encode to themselves: their keys, and compat ids, are unchanged.
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
-        use jitship_policy_sdk::encode_key_part as enc;
+        use jitship_policy_contract::encode_key_part as enc;
         Ok(facts
             .iter()
-            .filter(|(k, _)| !jitship_policy_sdk::PER_HOST_FACTS.contains(k))
+            .filter(|(k, _)| !jitship_policy_contract::PER_HOST_FACTS.contains(k))
             .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
             .collect::<Vec<_>>()
             .join(";"))
@@ -182,7 +182,7 @@ mod tests {
             .compat_key(&worker("pod-b", "/venv-b/bin/python3", "H100"))
             .unwrap();
         assert_eq!(a, b);
-        for name in jitship_policy_sdk::PER_HOST_FACTS {
+        for name in jitship_policy_contract::PER_HOST_FACTS {
             assert!(!a.contains(name), "{name} is in the native key {a}");
         }
         assert!(a.contains("pkg.torch=2.15.0"), "{a}");

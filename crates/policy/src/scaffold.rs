@@ -3,8 +3,10 @@
 //!
 //! The SDK has no published crate nor public git URL, so its source is embedded in the binary
 //! ([`SDK_FILES`], listed one by one; a test fails if `plugins-sdk/` gains a file the list lacks)
-//! and written beside the new crate as `sdk/`, a path dependency. Its Cargo.toml is made
-//! standalone: every `workspace = true` field resolved from jitship's workspace manifest. The SDK
+//! and written beside the new crate as `sdk/`, a path dependency. The contract crate the SDK
+//! depends on (`crates/policy-contract`, [`CONTRACT_FILES`]) goes with it, as `sdk/contract/`.
+//! Their Cargo.toml files are made standalone: every `workspace = true` field resolved from
+//! jitship's workspace manifest, and the SDK's path to the contract pointed at `contract`. The SDK
 //! written is therefore the one of the jitship that wrote it, version included.
 //!
 //! The templates are files under `scaffold/` with `{{placeholders}}` ([`render`]).
@@ -51,6 +53,24 @@ pub const SDK_FILES: &[(&str, &str)] = &[
         include_str!("../../../plugins-sdk/wit/policy.wit"),
     ),
 ];
+
+/// The contract crate's files (`crates/policy-contract/`), written as `sdk/contract/`: every file
+/// there is here (`the_embedded_contract_is_every_file_of_policy_contract`).
+pub const CONTRACT_FILES: &[(&str, &str)] = &[
+    (
+        "Cargo.toml",
+        include_str!("../../../crates/policy-contract/Cargo.toml"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../../crates/policy-contract/src/lib.rs"),
+    ),
+];
+
+/// The SDK's dependency on the contract crate in the repository, and in the written crate.
+const CONTRACT_DEP_IN_REPO: &str =
+    r#"jitship-policy-contract = { path = "../crates/policy-contract" }"#;
+const CONTRACT_DEP_WRITTEN: &str = r#"jitship-policy-contract = { path = "contract" }"#;
 
 /// jitship's workspace manifest: where the SDK's `workspace = true` fields take their values.
 const WORKSPACE_MANIFEST: &str = include_str!("../../../Cargo.toml");
@@ -189,13 +209,33 @@ pub fn render(name: &str, kind: &str) -> Result<Vec<(String, String)>, ScaffoldE
         };
         files.push((format!("sdk/{path}"), text));
     }
+    for (path, text) in CONTRACT_FILES {
+        let text = if *path == "Cargo.toml" {
+            standalone_manifest(text)?
+        } else {
+            (*text).to_string()
+        };
+        files.push((format!("sdk/contract/{path}"), text));
+    }
     Ok(files)
 }
 
-/// The SDK's Cargo.toml with every `KEY.workspace = true` replaced by the workspace's value:
+/// The SDK's Cargo.toml made standalone ([`standalone_manifest`]), its dependency on the
+/// contract crate pointed at `sdk/contract/`, where [`render`] writes it.
+pub fn standalone_sdk_manifest() -> Result<String, ScaffoldError> {
+    let sdk = SDK_FILES[0].1;
+    if !sdk.contains(CONTRACT_DEP_IN_REPO) {
+        return Err(ScaffoldError::SdkManifest(format!(
+            "plugins-sdk/Cargo.toml has no line `{CONTRACT_DEP_IN_REPO}` to point at the written contract crate"
+        )));
+    }
+    standalone_manifest(&sdk.replace(CONTRACT_DEP_IN_REPO, CONTRACT_DEP_WRITTEN))
+}
+
+/// A member's Cargo.toml with every `KEY.workspace = true` replaced by the workspace's value:
 /// `[package]` fields from `[workspace.package]`, dependencies from `[workspace.dependencies]`.
 /// Comments and layout are kept; anything still naming the workspace is an error.
-pub fn standalone_sdk_manifest() -> Result<String, ScaffoldError> {
+pub fn standalone_manifest(sdk: &str) -> Result<String, ScaffoldError> {
     let err = |m: String| ScaffoldError::SdkManifest(m);
     let ws: toml::Table = WORKSPACE_MANIFEST
         .parse()
@@ -208,7 +248,6 @@ pub fn standalone_sdk_manifest() -> Result<String, ScaffoldError> {
             .unwrap_or_default()
     };
     let (package, dependencies) = (section("package"), section("dependencies"));
-    let sdk = SDK_FILES[0].1;
     let mut out = String::with_capacity(sdk.len());
     let mut current = String::new();
     for line in sdk.lines() {
@@ -362,6 +401,38 @@ mod tests {
         }
     }
 
+    /// The same for the contract crate the SDK depends on.
+    #[test]
+    fn the_embedded_contract_is_every_file_of_policy_contract() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policy-contract");
+        let mut on_disk: Vec<String> = walkdir::WalkDir::new(&dir)
+            .into_iter()
+            .filter_entry(|e| e.file_name() != "target")
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().is_file())
+            .map(|e| {
+                let rel = e.path().strip_prefix(&dir).unwrap();
+                rel.to_str().unwrap().to_string()
+            })
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = CONTRACT_FILES.iter().map(|(p, _)| p.to_string()).collect();
+        embedded.sort();
+        assert_eq!(
+            embedded, on_disk,
+            "crates/policy/src/scaffold.rs CONTRACT_FILES must list every file of crates/policy-contract/"
+        );
+        let m: toml::Table = standalone_manifest(CONTRACT_FILES[0].1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            m["package"]["name"].as_str(),
+            Some("jitship-policy-contract")
+        );
+        assert_eq!(m["package"]["version"].as_str(), Some(SDK_VERSION));
+    }
+
     #[test]
     fn the_sdk_manifest_is_standalone_with_the_workspace_values() {
         let text = standalone_sdk_manifest().unwrap();
@@ -384,6 +455,10 @@ mod tests {
             m["dependencies"]["wit-bindgen"]["version"]
                 .as_str()
                 .is_some()
+        );
+        assert_eq!(
+            m["dependencies"]["jitship-policy-contract"]["path"].as_str(),
+            Some("contract")
         );
         // Comments are kept.
         assert!(text.contains("# 0.60.0 generates with wit-component"));
@@ -468,8 +543,9 @@ mod tests {
         let empty = tmp.path().join("empty");
         std::fs::create_dir(&empty).unwrap();
         let done = create(&req(empty.clone())).unwrap();
-        assert_eq!(done.files.len(), 4 + SDK_FILES.len());
+        assert_eq!(done.files.len(), 4 + SDK_FILES.len() + CONTRACT_FILES.len());
         assert!(empty.join("sdk/src/lib.rs").is_file());
+        assert!(empty.join("sdk/contract/src/lib.rs").is_file());
         let fresh = create(&req(tmp.path().join("a/b/new"))).unwrap();
         assert_eq!(fresh.crate_name, "p");
         assert!(tmp.path().join("a/b/new/src/lib.rs").is_file());

@@ -23,7 +23,7 @@
 //! incomplete and installs prefer the newest complete one.
 
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, KeyBuilder, PolicyError, ReasonCategory, file_name,
+    Decision, Facts, FileEntry, Host, KeyBuilder, PolicyError, ReasonCategory, facts, file_name,
     never_publish,
 };
 
@@ -35,26 +35,31 @@ pub const PCH_DIR: &str = "precompiled_headers/";
 
 /// Facts every Inductor key holds.
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.torch",
-    "python.version",
-    "python.site_packages",
-    "python.include",
-    "os.arch",
-    "cpu.isa",
-    "cpu.flags_digest",
-    "cpu.threads",
-    "cxx.identity",
-    "inductor.env_digest",
+    facts::PKG_TORCH,
+    facts::PYTHON_VERSION,
+    facts::PYTHON_SITE_PACKAGES,
+    facts::PYTHON_INCLUDE,
+    facts::OS_ARCH,
+    facts::CPU_ISA,
+    facts::CPU_FLAGS_DIGEST,
+    facts::CPU_THREADS,
+    facts::CXX_IDENTITY,
+    facts::INDUCTOR_ENV_DIGEST,
 ];
 
 /// Facts a GPU machine's key holds besides [`KEY_FACTS`].
-pub const GPU_KEY_FACTS: &[&str] = &["cuda.runtime", "gpu.name", "gpu.arch", "driver.major"];
+pub const GPU_KEY_FACTS: &[&str] = &[
+    facts::CUDA_RUNTIME,
+    facts::GPU_NAME,
+    facts::GPU_ARCH,
+    facts::DRIVER_MAJOR,
+];
 
 /// Whether the facts describe a machine with a GPU torch will compile for.
 pub fn has_gpu(facts: &Facts) -> bool {
-    facts.get("gpu.name").is_some()
+    facts.get(facts::GPU_NAME).is_some()
         || facts
-            .get("gpu.count")
+            .get(facts::GPU_COUNT)
             .is_some_and(|c| c.trim().parse::<u32>().map_or(true, |n| n > 0))
 }
 
@@ -74,7 +79,10 @@ pub fn inductor_key_builder(
         .require_all(facts, KEY_FACTS)?
         // Not installed is a value (a venv with Triton keys differently: docs/inductor-cpu.md); the
         // required pkg.torch above proves site-packages were read.
-        .factor("pkg.triton", facts.get("pkg.triton").unwrap_or("none"));
+        .factor(
+            facts::PKG_TRITON,
+            facts.get(facts::PKG_TRITON).unwrap_or("none"),
+        );
     Ok(if has_gpu(facts) {
         key.require_all(facts, GPU_KEY_FACTS)?
             .factor("device", "gpu")

@@ -12,12 +12,18 @@ use jitship_policy_common::Decisions;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, GenerationSummary, Host, KeyBuilder, Policy, PolicyError,
     PolicyInfo, RetentionDefaults, RetentionDrop, RetentionLimits, default_retain, export_policy,
+    facts,
 };
 
 #[derive(Default)]
 pub struct ComputeCache;
 
-pub const KEY_FACTS: &[&str] = &["driver.version", "gpu.name", "gpu.arch", "os.arch"];
+pub const KEY_FACTS: &[&str] = &[
+    facts::DRIVER_VERSION,
+    facts::GPU_NAME,
+    facts::GPU_ARCH,
+    facts::OS_ARCH,
+];
 
 impl Policy for ComputeCache {
     fn info(&self) -> PolicyInfo {

@@ -13,18 +13,19 @@
 use jitship_policy_common::Decisions;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, export_policy,
+    facts,
 };
 
 #[derive(Default)]
 pub struct CuteDsl;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.nvidia_cutlass_dsl",
-    "gpu.arch",
-    "cuda.runtime",
-    "driver.major",
-    "python.version",
-    "os.arch",
+    facts::PKG_NVIDIA_CUTLASS_DSL,
+    facts::GPU_ARCH,
+    facts::CUDA_RUNTIME,
+    facts::DRIVER_MAJOR,
+    facts::PYTHON_VERSION,
+    facts::OS_ARCH,
 ];
 
 impl Policy for CuteDsl {

@@ -16,19 +16,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use jitship_policy_common::Decisions;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy,
+    export_policy, facts,
 };
 
 #[derive(Default)]
 pub struct DeepGemm;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.deep_gemm",
-    "gpu.arch",
-    "cuda.nvcc",
-    "python.site_packages",
-    "driver.major",
-    "os.arch",
+    facts::PKG_DEEP_GEMM,
+    facts::GPU_ARCH,
+    facts::CUDA_NVCC,
+    facts::PYTHON_SITE_PACKAGES,
+    facts::DRIVER_MAJOR,
+    facts::OS_ARCH,
 ];
 
 impl Policy for DeepGemm {

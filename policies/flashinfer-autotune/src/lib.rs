@@ -15,20 +15,20 @@ use jitship_policy_common::Decisions;
 use jitship_policy_common::check::json_value;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy, file_name,
+    export_policy, facts, file_name,
 };
 
 #[derive(Default)]
 pub struct FlashinferAutotune;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.flashinfer_python",
-    "pkg.vllm",
-    "gpu.name",
-    "gpu.arch",
-    "model.id",
-    "model.revision",
-    "engine.config_digest",
+    facts::PKG_FLASHINFER_PYTHON,
+    facts::PKG_VLLM,
+    facts::GPU_NAME,
+    facts::GPU_ARCH,
+    facts::MODEL_ID,
+    facts::MODEL_REVISION,
+    facts::ENGINE_CONFIG_DIGEST,
 ];
 
 impl Policy for FlashinferAutotune {

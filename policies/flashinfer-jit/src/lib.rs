@@ -23,22 +23,22 @@ use jitship_policy_common::check::elf_complete;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, GenerationSummary, Host, KeyBuilder, Policy, PolicyError,
     PolicyInfo, ReasonCategory, RetentionDefaults, RetentionDrop, RetentionLimits, default_retain,
-    export_policy, read_to_end,
+    export_policy, facts, read_to_end,
 };
 
 #[derive(Default)]
 pub struct FlashinferJit;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.flashinfer_python",
-    "pkg.torch",
-    "gpu.arch",
-    "cuda.nvcc",
-    "cuda.home",
-    "python.site_packages",
-    "python.version",
-    "driver.major",
-    "os.arch",
+    facts::PKG_FLASHINFER_PYTHON,
+    facts::PKG_TORCH,
+    facts::GPU_ARCH,
+    facts::CUDA_NVCC,
+    facts::CUDA_HOME,
+    facts::PYTHON_SITE_PACKAGES,
+    facts::PYTHON_VERSION,
+    facts::DRIVER_MAJOR,
+    facts::OS_ARCH,
 ];
 
 const NINJA_LOG_LIMIT: usize = 8 << 20;

@@ -14,26 +14,26 @@
 use jitship_policy_common::{Decisions, compile_cache, triton};
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy,
+    export_policy, facts,
 };
 
 #[derive(Default)]
 pub struct SglangCompile;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.sglang",
-    "pkg.torch",
-    "pkg.triton",
-    "python.version",
-    "python.site_packages",
-    "cuda.runtime",
-    "gpu.name",
-    "gpu.arch",
-    "driver.major",
-    "model.id",
-    "model.revision",
-    "engine.config_digest",
-    "os.arch",
+    facts::PKG_SGLANG,
+    facts::PKG_TORCH,
+    facts::PKG_TRITON,
+    facts::PYTHON_VERSION,
+    facts::PYTHON_SITE_PACKAGES,
+    facts::CUDA_RUNTIME,
+    facts::GPU_NAME,
+    facts::GPU_ARCH,
+    facts::DRIVER_MAJOR,
+    facts::MODEL_ID,
+    facts::MODEL_REVISION,
+    facts::ENGINE_CONFIG_DIGEST,
+    facts::OS_ARCH,
 ];
 
 impl Policy for SglangCompile {

@@ -12,19 +12,19 @@
 use jitship_policy_common::Decisions;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy,
+    export_policy, facts,
 };
 
 #[derive(Default)]
 pub struct SglangJit;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.sglang",
-    "gpu.arch",
-    "cuda.runtime",
-    "driver.major",
-    "python.version",
-    "os.arch",
+    facts::PKG_SGLANG,
+    facts::GPU_ARCH,
+    facts::CUDA_RUNTIME,
+    facts::DRIVER_MAJOR,
+    facts::PYTHON_VERSION,
+    facts::OS_ARCH,
 ];
 
 impl Policy for SglangJit {

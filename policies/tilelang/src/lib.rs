@@ -17,19 +17,19 @@ use jitship_policy_common::Decisions;
 use jitship_policy_common::check::elf_complete;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy,
+    export_policy, facts,
 };
 
 #[derive(Default)]
 pub struct Tilelang;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.tilelang",
-    "gpu.arch",
-    "cuda.runtime",
-    "driver.major",
-    "python.version",
-    "os.arch",
+    facts::PKG_TILELANG,
+    facts::GPU_ARCH,
+    facts::CUDA_RUNTIME,
+    facts::DRIVER_MAJOR,
+    facts::PYTHON_VERSION,
+    facts::OS_ARCH,
 ];
 
 fn dir_state(host: &dyn Host, files: &[&FileEntry]) -> Result<(), String> {

@@ -15,21 +15,21 @@ use jitship_policy_common::Decisions;
 use jitship_policy_common::check::elf_complete;
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, KeyBuilder, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy,
+    export_policy, facts,
 };
 
 #[derive(Default)]
 pub struct TvmFfi;
 
 pub const KEY_FACTS: &[&str] = &[
-    "pkg.apache_tvm_ffi",
-    "gpu.arch",
-    "cuda.nvcc",
-    "cuda.home",
-    "python.version",
-    "python.site_packages",
-    "driver.major",
-    "os.arch",
+    facts::PKG_APACHE_TVM_FFI,
+    facts::GPU_ARCH,
+    facts::CUDA_NVCC,
+    facts::CUDA_HOME,
+    facts::PYTHON_VERSION,
+    facts::PYTHON_SITE_PACKAGES,
+    facts::DRIVER_MAJOR,
+    facts::OS_ARCH,
 ];
 
 fn dir_state(host: &dyn Host, files: &[&FileEntry]) -> Result<(), String> {

@@ -24,14 +24,14 @@
 use jitship_policy_common::{Decisions, compile_cache, inductor, triton};
 use jitship_policy_sdk::{
     Decision, Facts, FileEntry, Host, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy,
+    export_policy, facts,
 };
 
 #[derive(Default)]
 pub struct VllmCompile;
 
 /// Facts the key holds beyond the Inductor ones.
-pub const KEY_FACTS: &[&str] = &["pkg.vllm"];
+pub const KEY_FACTS: &[&str] = &[facts::PKG_VLLM];
 
 impl Policy for VllmCompile {
     fn info(&self) -> PolicyInfo {

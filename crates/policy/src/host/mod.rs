@@ -49,11 +49,10 @@ use bindings::jitship::policy::types as wit;
 /// How often the epoch advances; deadlines are whole ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
-/// Longest compatibility key a policy may answer (it is hashed into the compat id, but it is also
-/// stored in manifests and shown to operators).
-pub const MAX_KEY_BYTES: usize = 4096;
-/// Longest detail of one decision, and of a selection's incomplete-detail.
-pub const MAX_DETAIL_BYTES: usize = 1024;
+/// Longest compatibility key a policy may answer, and longest detail of one decision, of a
+/// retention drop and of a selection's incomplete-detail: the contract's values, which the SDK
+/// cuts details to (`jitship-policy-contract`).
+pub use jitship_policy_contract::{MAX_DETAIL_BYTES, MAX_KEY_BYTES};
 /// Largest file `canonicalize`/`materialize` are handed or may answer (group and index files are
 /// kilobytes; this bounds what a policy can make the host hold).
 pub const MAX_REWRITE_BYTES: usize = 16 << 20;
