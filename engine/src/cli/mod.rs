@@ -21,7 +21,8 @@ mod output;
 mod render;
 mod session;
 
-pub use args::*;
+pub use args::{Cli, Command, SettingsArgs};
+use args::{ColorChoice, LogFormat};
 
 use std::io::IsTerminal;
 
