@@ -275,6 +275,20 @@ impl PolicyIndex {
     }
 }
 
+/// `policy` configured with the settings the key was published with (`Manifest.policy`), or, when
+/// it refuses them, the key kept whole with `refused`'s reason.
+fn with_recorded_settings(
+    policy: &WasmPolicy,
+    recorded: &PolicyRef,
+    origin: PolicyOrigin,
+    refused: impl FnOnce(crate::policy::PolicyError) -> String,
+) -> Governing {
+    match policy.configure(&recorded.settings) {
+        Ok(configured) => Governing::found(Arc::new(configured), origin),
+        Err(e) => Governing::Missing { reason: refused(e) },
+    }
+}
+
 impl PolicyFinder for PolicyIndex {
     fn governing(&self, kind: &str, recorded: &PolicyRef) -> Governing {
         let short: String = recorded.digest.chars().take(12).collect();
@@ -284,17 +298,14 @@ impl PolicyFinder for PolicyIndex {
         }
         if let Some(c) = self.digests().get(&recorded.digest) {
             return match self.load(&recorded.digest, c) {
-                Ok(policy) => match policy.configure(&recorded.settings) {
-                    Ok(configured) => Governing::found(Arc::new(configured), c.origin.clone()),
-                    Err(e) => Governing::Missing {
-                        reason: format!(
-                            "its policy {named} is {}, but it does not take the settings the key was \
-                             published with ({}): {e}; keeping it whole",
-                            c.origin,
-                            describe(&recorded.settings)
-                        ),
-                    },
-                },
+                Ok(policy) => with_recorded_settings(&policy, recorded, c.origin.clone(), |e| {
+                    format!(
+                        "its policy {named} is {}, but it does not take the settings the key was \
+                         published with ({}): {e}; keeping it whole",
+                        c.origin,
+                        describe(&recorded.settings)
+                    )
+                }),
                 Err(e) => Governing::Missing {
                     reason: format!(
                         "its policy {named} is {}, but it does not load: {e}; keeping it whole",
@@ -319,20 +330,15 @@ impl PolicyFinder for PolicyIndex {
         {
             // Built-ins take no settings today; one that does later reads the recorded ones, and
             // a key whose settings it no longer takes is kept whole like any other.
-            return match policy.configure(&recorded.settings) {
-                Ok(configured) => Governing::found(
-                    Arc::new(configured),
-                    PolicyOrigin::BuiltinUpgraded {
-                        published_version: recorded.version.clone(),
-                    },
-                ),
-                Err(e) => Governing::Missing {
-                    reason: format!(
-                        "its policy {named} is upgraded in this jitship, but the upgrade does not take \
-                         the settings the key was published with: {e}; keeping it whole"
-                    ),
-                },
+            let origin = PolicyOrigin::BuiltinUpgraded {
+                published_version: recorded.version.clone(),
             };
+            return with_recorded_settings(policy, recorded, origin, |e| {
+                format!(
+                    "its policy {named} is upgraded in this jitship, but the upgrade does not take \
+                     the settings the key was published with: {e}; keeping it whole"
+                )
+            });
         }
         let mut reason = format!(
             "its policy {named} is not here (not built in, no configured cache's module, {}); \
