@@ -21,7 +21,6 @@ use jitship::store::{LocalStore, Store, ValueClass};
 use jitship_tests::fixtures::{bytes, digest};
 use jitship_tests::harness::Scenario;
 
-const EXE: &str = env!("CARGO_BIN_EXE_jitship-e2e");
 
 fn local(dir: &Path) -> Arc<dyn Store> {
     Arc::new(LocalStore::open(dir.join("store")).unwrap())
@@ -47,7 +46,7 @@ fn mkfifo(path: &Path) {
 }
 
 fn jitship() -> Command {
-    let mut c = Command::new(EXE);
+    let mut c = jitship_tests::cli::jitship();
     c.env("RUST_LOG", "warn");
     c
 }
@@ -312,7 +311,7 @@ fn installed_modes_follow_the_umask_and_never_grant_group_or_other_write() {
         let out = Command::new("sh")
             .arg("-c")
             .arg(format!("umask {umask}; exec \"$0\" \"$@\""))
-            .arg(EXE)
+            .arg(jitship_tests::cli::exe())
             .args(["install", "--store", &store, "--fact", "test.tag=umask"])
             .args(["--cache", &cache(&root)])
             .env("RUST_LOG", "warn")

@@ -13,7 +13,6 @@ use jitship_tests::fixtures::triton_tree;
 use jitship_tests::output::{code, json, show, text};
 use serde_json::Value;
 
-const EXE: &str = env!("CARGO_BIN_EXE_jitship-e2e");
 
 struct Env {
     tmp: tempfile::TempDir,
@@ -36,7 +35,7 @@ impl Env {
 
     /// `jitship ARGS` with the local store and one `kernels` cache (native rules) under `root`.
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(EXE);
+        let mut c = jitship_tests::cli::jitship();
         c.args(args).env("RUST_LOG", "warn").env_remove("NO_COLOR");
         c
     }
@@ -300,7 +299,7 @@ fn verify_finds_a_corrupt_pack_with_exit_3() {
     assert_eq!(json(&out)["results"][0]["ok"], true);
     // Flip bytes in every stored pack.
     let mut corrupted = 0;
-    for entry in walkdir(&env.path("store")) {
+    for entry in jitship_tests::fixtures::files_under(&env.path("store")) {
         if entry.to_string_lossy().contains("pack") {
             let mut bytes = std::fs::read(&entry).unwrap();
             if let Some(b) = bytes.get_mut(10) {
@@ -314,19 +313,6 @@ fn verify_finds_a_corrupt_pack_with_exit_3() {
     let out = run_with(&env, "verify", &store, &["--json"]);
     assert_eq!(code(&out), 3, "{}", show(&out));
     assert_eq!(json(&out)["exit_code"], 3);
-}
-
-fn walkdir(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walkdir(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]
@@ -982,7 +968,7 @@ fn export_then_import_into_an_empty_store_installs_the_same_signed_bytes() {
 }
 
 fn copy_dir(from: &Path, to: &Path) {
-    for entry in walkdir(from) {
+    for entry in jitship_tests::fixtures::files_under(from) {
         let rel = entry.strip_prefix(from).unwrap();
         let dest = to.join(rel);
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();

@@ -47,7 +47,7 @@ fn tree(root: &Path, p: usize) {
 fn run_for(b: &Backend, tag: &str) -> bool {
     let cli = b.cli.clone().expect("cli backend");
     let tmp = tempfile::tempdir().unwrap();
-    let exe = env!("CARGO_BIN_EXE_jitship-e2e");
+    let exe = jitship_tests::cli::exe();
     let start_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()

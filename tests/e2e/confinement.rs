@@ -8,7 +8,7 @@ use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -379,7 +379,7 @@ fn a_deadline_removes_the_staging_before_install_returns() {
 }
 
 fn jitship() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"));
+    let mut c = jitship_tests::cli::jitship();
     c.env("RUST_LOG", "warn");
     c
 }
@@ -412,27 +412,11 @@ fn publish_of_a_missing_root_or_a_file_is_an_error_naming_it() {
     }
 }
 
-/// Counts regular files under `dir`.
+/// Counts what is not a directory under `dir`.
 fn files_under(dir: &Path) -> usize {
-    walk(dir).len()
+    jitship_tests::fixtures::files_under(dir).len()
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(rd) = fs::read_dir(&p) else { continue };
-        for e in rd.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(e.path());
-            } else if ft.is_file() {
-                out.push(e.path());
-            }
-        }
-    }
-    out
-}
 
 /// A SIGKILL of the real binary during the commit of a non-empty root, early (among the plain
 /// files) and late (among the markers): every marker on disk has every file of the generation

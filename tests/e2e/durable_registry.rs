@@ -17,7 +17,6 @@ use jitship_tests::output::{code, show, text};
 use jitship_tests::registry::{TestRegistry, skopeo_tags};
 use serde_json::Value;
 
-const EXE: &str = env!("CARGO_BIN_EXE_jitship-e2e");
 
 struct Env {
     tmp: tempfile::TempDir,
@@ -92,7 +91,7 @@ impl Env {
 }
 
 fn run(args: &[&str]) -> Output {
-    Command::new(EXE)
+    jitship_tests::cli::jitship()
         .args(args)
         .env("RUST_LOG", "warn")
         // No docker config of the machine's: the test registry is anonymous.

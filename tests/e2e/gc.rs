@@ -765,7 +765,6 @@ fn golden_retention_module() -> Vec<u8> {
 #[test]
 fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
     use jitship::policy::host::{PolicyConfig, PolicyEngine};
-    use std::process::Command;
 
     let b = jitship_tests::backends::local("gc-third-party", false);
     let tmp = tempfile::tempdir().unwrap();
@@ -818,7 +817,7 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
     )
     .unwrap();
     let gc = |extra: &[&str]| -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"))
+        let out = jitship_tests::cli::jitship()
             .arg("gc")
             .args(b.cli.as_ref().unwrap())
             .args(["--grace", "0s", "--json"])
@@ -887,7 +886,7 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
     }
 
     // The text report names the policy that decided.
-    let out = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"))
+    let out = jitship_tests::cli::jitship()
         .arg("gc")
         .args(b.cli.as_ref().unwrap())
         .args(["--dry-run"])

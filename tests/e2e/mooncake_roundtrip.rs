@@ -126,7 +126,7 @@ fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     triton_tree(&src, 20, 5);
     let dst = tmp.path().join("dst");
     let cli = |command: &str, root: Option<&std::path::Path>| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"));
+        let mut cmd = jitship_tests::cli::jitship();
         cmd.env_remove("RUST_LOG")
             .arg(command)
             .arg("--config")

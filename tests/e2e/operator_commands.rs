@@ -2,7 +2,7 @@
 //! `verify`, `pin`, `unpin` and `gc`, in tables and `--json`, with their exit codes and error
 //! messages, on the local store and (inside the test cluster) on Mooncake.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use jitship::store::ValueClass;
 use jitship_tests::backends::{Backend, cli_backends, remove_retrying};
@@ -16,7 +16,7 @@ struct Cli<'a> {
 
 impl Cli<'_> {
     fn run(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"));
+        let mut cmd = jitship_tests::cli::jitship();
         cmd.arg(args[0])
             .args(&self.flags)
             .args(&args[1..])

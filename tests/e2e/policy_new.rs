@@ -11,10 +11,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-const EXE: &str = env!("CARGO_BIN_EXE_jitship-e2e");
 
 fn jitship(args: &[&str]) -> Output {
-    Command::new(EXE).args(args).output().expect("run jitship")
+    jitship_tests::cli::jitship().args(args).output().expect("run jitship")
 }
 
 fn ok(what: &str, out: Output) -> Output {

@@ -62,7 +62,7 @@ const FACTS: &[&str] = &[
 ];
 
 fn jitship(b: &Backend, cmd: &str, root: &Path, start_at: Option<u128>) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_jitship-e2e"));
+    let mut c = jitship_tests::cli::jitship();
     c.arg(cmd)
         .args(b.cli.as_ref().expect("cli backend"))
         .args(["--cache", &format!("triton={}", root.display()), "--json"])

@@ -5,7 +5,7 @@
 //! `key generate`, signed `publish`, `install` exiting 14, `ls`/`inspect`/`verify` naming the key.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use jitship::catalog;
@@ -496,7 +496,7 @@ fn a_corrupt_pack_is_passed_over_repaired_and_republished() {
 
 fn assert_same_tree(a: &Path, b: &Path) {
     let list = |root: &Path| -> Vec<(String, ContentHash)> {
-        let mut out: Vec<_> = walk(root)
+        let mut out: Vec<_> = jitship_tests::fixtures::files_under(root)
             .into_iter()
             .map(|p| {
                 let rel = p.strip_prefix(root).unwrap().display().to_string();
@@ -509,24 +509,12 @@ fn assert_same_tree(a: &Path, b: &Path) {
     assert_eq!(list(a), list(b), "{} vs {}", a.display(), b.display());
 }
 
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if e.file_type().unwrap().is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
 
 // ---------------------------------------------------------------------------------------------
 // Through the CLI
 
 fn jitship(flags: &[String], args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jitship-e2e"))
+    jitship_tests::cli::jitship()
         .arg(args[0])
         .args(flags)
         .args(&args[1..])

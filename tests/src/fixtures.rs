@@ -75,6 +75,17 @@ pub fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
+/// Every entry under `dir` that is not a directory (files, symlinks), at any depth; empty if
+/// `dir` does not exist.
+pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_type().is_dir())
+        .map(walkdir::DirEntry::into_path)
+        .collect()
+}
+
 pub fn digest(root: &Path) -> TreeDigest {
     let mut out = BTreeMap::new();
     if !root.exists() {

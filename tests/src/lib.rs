@@ -4,6 +4,7 @@
 
 pub mod backends;
 pub mod child;
+pub mod cli;
 pub mod fixtures;
 pub mod harness;
 pub mod mooncake;

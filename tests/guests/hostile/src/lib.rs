@@ -8,7 +8,7 @@
 //! far more bytes than given, `spin` never returns, anything else echoes); `retain` answers ids it
 //! was never given.
 
-wit_bindgen::generate!({ path: "../../../../plugins-sdk/wit", world: "policy" });
+wit_bindgen::generate!({ path: "../../../plugins-sdk/wit", world: "policy" });
 
 use jitship::policy::host::{self, Level};
 use jitship::policy::types::{

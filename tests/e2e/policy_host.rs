@@ -1,5 +1,5 @@
 //! The policy host against real components: a well-behaved guest for the golden round trip and
-//! hostile guests (engine/tests/guests) for containment. The guests are built here through
+//! hostile guests (tests/guests) for containment. The guests are built here through
 //! `policy::build` (wasm32-unknown-unknown + in-process componentize), into target/tmp, so the test
 //! exercises the same path `jitship policy build` takes; cargo caches the builds between runs.
 // blake3 named directly: an oracle independent of the host's own digest.
@@ -24,7 +24,7 @@ use jitship::policy::{
 };
 
 fn guests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guests")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("guests")
 }
 
 fn out_dir() -> PathBuf {
@@ -911,7 +911,7 @@ fn publish_takes_key_and_selection_from_a_wasm_policy_and_a_refused_one_disables
     );
     let config_path = dir.path().join("jitship.toml");
     std::fs::write(&config_path, config).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jitship"))
+    let out = jitship_tests::cli::jitship()
         .args(["publish", "--json", "--config"])
         .arg(&config_path)
         .env_remove("JITSHIP_CACHES")

@@ -2,7 +2,6 @@
 //! its input), and `--now` for retention dry runs, through the binary and an embedded module.
 
 use std::path::Path;
-use std::process::Command;
 
 const MODULE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/dist/triton.wasm");
 const FACTS: [&str; 10] = [
@@ -19,7 +18,7 @@ const FACTS: [&str; 10] = [
 ];
 
 fn jitship(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_jitship"))
+    let out = jitship_tests::cli::jitship()
         .args(args)
         .env_clear()
         .env("PATH", "/nonexistent")

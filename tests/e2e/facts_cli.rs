@@ -37,7 +37,7 @@ fn facts_command_prints_gathered_and_overridden_facts() {
     )
     .unwrap();
     let run = |args: &[&str], facts_env: Option<&str>| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship"));
+        let mut cmd = jitship_tests::cli::jitship();
         cmd.arg("facts").args(args).env_clear().env("PATH", &bin);
         if let Some(v) = facts_env {
             cmd.env("JITSHIP_FACTS", v);
@@ -99,7 +99,7 @@ fn facts_command_prints_gathered_and_overridden_facts() {
 
 /// Runs the binary with exactly `env` (plus an empty PATH unless given); returns (code, stdout, stderr).
 fn jitship(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship"));
+    let mut cmd = jitship_tests::cli::jitship();
     cmd.args(args).env_clear().env("PATH", "/nonexistent");
     for (k, v) in env {
         cmd.env(k, v);

@@ -8,7 +8,7 @@ use jitship::policy::build::{BuildError, BuildOptions, build_policy_crate_to, co
 
 #[test]
 fn builds_a_policy_crate_into_a_component() {
-    let guest = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guests/good");
+    let guest = Path::new(env!("CARGO_MANIFEST_DIR")).join("guests/good");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-guests");
     let opts = BuildOptions {
         target_dir: Some(out.join("target")),

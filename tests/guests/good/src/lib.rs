@@ -4,7 +4,7 @@
 //! a `*.partial` file exists, keeps the newest `keep` generations (a setting, default 2, at
 //! least 1), and relocates by replacing the root with a token.
 
-wit_bindgen::generate!({ path: "../../../../plugins-sdk/wit", world: "policy" });
+wit_bindgen::generate!({ path: "../../../plugins-sdk/wit", world: "policy" });
 
 use jitship::policy::host::{self, Level};
 use jitship::policy::types::{

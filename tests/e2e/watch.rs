@@ -2,9 +2,6 @@
 //! that fill cache roots the way the real tools do (docs/jit-caches.md), against a local
 //! store. Every generation the watcher published is then read back from the store and checked.
 //!
-//! They live in the engine crate (not `tests/`) because only here does Cargo build the binary and
-//! hand its path over (`CARGO_BIN_EXE_jitship`).
-//!
 //! Timing: the writers never rely on the watcher being quick. Where a test needs the watcher to
 //! have published *while* a temp file or directory exists, the writer waits for that generation
 //! to appear (up to `WAIT`) before it goes on. The one timing bound asserted is the spec's: a
@@ -13,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use jitship::catalog;
@@ -71,7 +68,7 @@ struct Watcher {
 impl Watcher {
     fn start(store: &Path, caches: &[(&str, &Path)], settle: Duration, extra: &[&str]) -> Self {
         let log = store.with_extension("log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_jitship"));
+        let mut cmd = jitship_tests::cli::jitship();
         cmd.arg("watch")
             .arg("--store")
             .arg(format!("local:{}", store.display()))

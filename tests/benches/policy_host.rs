@@ -4,9 +4,9 @@
 //! kind at 10,000 and 100,000 entries (`tests/src/policy_scale.rs`; a linear policy shows the same
 //! figure at both sizes, the ratio is printed).
 //!
-//! Run: `cargo bench -p jitship --bench policy_host` (builds the test guest first, like the tests);
-//! `cargo bench -p jitship --bench policy_host -- builtins` for the built-in figures alone. Fuel is
-//! deterministic, so `cargo test -p jitship --bench policy_host -- builtins` (dev profile, no
+//! Run: `cargo bench -p jitship-tests --bench policy_host` (builds the test guest first, like the tests);
+//! `cargo bench -p jitship-tests --bench policy_host -- builtins` for the built-in figures alone. Fuel is
+//! deterministic, so `cargo test -p jitship-tests --bench policy_host -- builtins` (dev profile, no
 //! release build of wasmtime) gives the same fuel figures with slower times.
 //! Reports min / median / p90 over N runs; on a shared machine compare minima (see
 //! docs/wasm-host.md#measuring-on-a-shared-machine).
@@ -21,13 +21,8 @@ use jitship::policy::build::{BuildOptions, build_policy_crate_to};
 use jitship::policy::builtin;
 use jitship::policy::host::{Limits, PolicyEngine};
 
-// The trees of the scale test, shared with it (the bench cannot depend on jitship-tests, which
-// depends on this crate).
-#[path = "../../tests/src/policy_fixtures.rs"]
-#[allow(dead_code)]
-mod policy_fixtures;
-#[path = "../../tests/src/policy_scale.rs"]
-mod policy_scale;
+// The trees of the scale test, shared with it.
+use jitship_tests::policy_scale;
 
 fn stats(name: &str, mut us: Vec<f64>) {
     us.sort_by(f64::total_cmp);
@@ -52,7 +47,7 @@ fn main() {
         });
         return;
     }
-    let guests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guests");
+    let guests = Path::new(env!("CARGO_MANIFEST_DIR")).join("guests");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-guests");
     let wasm = out.join("good.wasm");
     let opts = BuildOptions {
