@@ -168,14 +168,23 @@ fn install_from(
         registry_scratch: None,
         report: report.clone(),
     };
+    let job_ended = opts.job_ended.clone();
     std::thread::spawn(move || {
-        let mut job = job;
-        let result = job.run();
-        // Read through the registry's scratch store: what each tier served.
-        if let Some((_, through)) = &job.registry_scratch {
-            job.report.tiers = through.tier_stats();
+        // The job is dropped at the end of this block: what it holds is let go before anyone
+        // hears of its end.
+        let answer = {
+            let mut job = job;
+            let result = job.run();
+            // Read through the registry's scratch store: what each tier served.
+            if let Some((_, through)) = &job.registry_scratch {
+                job.report.tiers = through.tier_stats();
+            }
+            (result, job.report)
+        };
+        let _ = tx.send(answer);
+        if let Some(ended) = job_ended {
+            let _ = ended.send(());
         }
-        let _ = tx.send((result, job.report));
     });
     let (result, mut report) = match wait_for_job(&rx, started, opts.deadline, &opts.interrupt) {
         Ok(r) => r,

@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use jitship::catalog;
 use jitship::generation::CompatId;
-use jitship_tests::backends::{Backend, cli_backends};
+use jitship_tests::backends::{Backend, Place, cli_backends};
 use jitship_tests::fixtures::{bytes, digest};
 
 const PUBLISHERS: usize = 5;
@@ -186,7 +186,17 @@ fn run_for(b: &Backend, tag: &str) -> bool {
 
 #[test]
 fn five_concurrent_publisher_processes_converge_on_the_union() {
-    for b in cli_backends("five_concurrent_publisher_processes_converge_on_the_union") {
+    five_concurrent_publisher_processes_converge_on_the_union_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn five_concurrent_publisher_processes_converge_on_the_union_on_mooncake() {
+    five_concurrent_publisher_processes_converge_on_the_union_on(Place::Mooncake);
+}
+
+fn five_concurrent_publisher_processes_converge_on_the_union_on(place: Place) {
+    for b in cli_backends("five_concurrent_publisher_processes_converge_on_the_union", place) {
         // Five processes released at one instant race for a head seq, unless the machine is so
         // loaded that they reach the store one after another; then the round is run again
         // (under a fresh compat key), and the test fails only if the merge path never ran.

@@ -334,15 +334,13 @@ fn deadline_expiry_leaves_the_root_untouched() {
         "the deadline bounds the install: {} ms",
         r.duration_ms
     );
-    // Give the abandoned worker time to notice the cancellation, then look again.
-    std::thread::sleep(Duration::from_millis(1500));
+    // install_within returned once the abandoned job had ended: nothing can change the root now.
     assert_eq!(digest(&root), before);
     let fresh = t.path().join("fresh");
     assert_eq!(
         s.install_within(&fresh, Duration::from_millis(500)).outcome,
         InstallOutcome::Failed
     );
-    std::thread::sleep(Duration::from_millis(1500));
     assert!(!fresh.exists());
     let leftovers: Vec<_> = fs::read_dir(t.path())
         .unwrap()

@@ -17,9 +17,9 @@ use jitship::install::InstallOutcome;
 use jitship::policy::RetentionLimits;
 use jitship::policy::native::NativeRules;
 use jitship::publish::PublishOutcome;
-use jitship::store::testing::{Hooked, slow_gets};
+use jitship::store::testing::Hooked;
 use jitship::store::{Store, StoreError, ValueClass};
-use jitship_tests::backends::{Backend, backends};
+use jitship_tests::backends::{Backend, Place, backends};
 use jitship_tests::fixtures::{bytes, digest, triton_tree};
 use jitship_tests::mooncake::flow;
 
@@ -36,7 +36,7 @@ fn publish(b: &Backend, root: &Path, tag: &str) -> (GenerationId, u64, CompatId)
 
 /// A generation that does not build on the head (what a publisher writes when the head's manifest
 /// is unreadable): published in a scratch namespace, copied over, and made head `seq`.
-fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
+fn graft(b: &Backend, root: &Path, tag: &str, seq: u64, written_at: u64) -> GenerationId {
     let scratch = KeyLayout::new(&format!("{}-scratch-{seq}", b.layout.namespace())).unwrap();
     let r = flow::publish(b.store.as_ref(), &scratch, root, &flow::facts(tag), PACK).unwrap();
     let PublishOutcome::Published { generation, .. } = r.outcome else {
@@ -61,7 +61,7 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64) -> GenerationId {
         compat_id: m.compat_id,
         seq,
         generation,
-        written_at: now_secs(),
+        written_at,
         writer: "graft".into(),
         signature: None,
     };
@@ -148,7 +148,17 @@ fn verdict(r: &GcReport, id: &GenerationId) -> (Verdict, String) {
 
 #[test]
 fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
-    for b in backends("gc_removes_unreferenced_packs_and_keeps_referenced_ones") {
+    gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn gc_removes_unreferenced_packs_and_keeps_referenced_ones_on_mooncake() {
+    gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(Place::Mooncake);
+}
+
+fn gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(place: Place) {
+    for b in backends("gc_removes_unreferenced_packs_and_keeps_referenced_ones", place) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-packs";
         // gen1: one large file over 2.5 packs; gen2 adds a small file (a pack only gen1 and gen2
@@ -167,7 +177,7 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
         std::fs::create_dir_all(r3.join("c")).unwrap();
         std::fs::write(r3.join("big/model"), &big).unwrap();
         std::fs::write(r3.join("c/x.bin"), bytes(44, 500)).unwrap();
-        let g3 = graft(&b, &r3, tag, s2 + 1);
+        let g3 = graft(&b, &r3, tag, s2 + 1, now_secs());
 
         let p1 = packs_of(&b, &g1);
         let p2 = packs_of(&b, &g2);
@@ -291,7 +301,17 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
 
 #[test]
 fn an_install_running_during_gc_completes() {
-    for b in backends("an_install_running_during_gc_completes") {
+    an_install_running_during_gc_completes_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn an_install_running_during_gc_completes_on_mooncake() {
+    an_install_running_during_gc_completes_on(Place::Mooncake);
+}
+
+fn an_install_running_during_gc_completes_on(place: Place) {
+    for b in backends("an_install_running_during_gc_completes", place) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-install";
         let root = tmp.path().join("root");
@@ -302,42 +322,51 @@ fn an_install_running_during_gc_completes() {
         let expected = content(&root);
         let g2_packs = packs_of(&b, &g2);
         assert!(g2_packs.len() >= 10, "enough packs to hold the install");
-        std::thread::sleep(Duration::from_secs(3));
 
-        // Install gen2 through a store that delays every pack get, so the install outlasts gc
-        // (on Mooncake gc waits out the 10 s read leases its own survey took: give it 45 s).
-        let install_time = if b.name == "mooncake" { 45_000 } else { 5_000 };
+        // Install gen2 through a store whose pack gets wait at a gate: once the first one is
+        // reached the install has chosen gen2, and it reads no pack until gc is done.
+        let gate = Arc::new(PackGate::default());
+        let (reached, first_pack) = std::sync::mpsc::channel();
+        *gate.reached.lock().unwrap() = Some(reached);
         let packs = b.layout.packs_prefix();
-        let slow: Arc<dyn Store> = Arc::new(slow_gets(
-            b.store.clone(),
-            Duration::from_millis(install_time / g2_packs.len() as u64),
-            move |key| key.starts_with(&packs),
+        let held: Arc<dyn Store> = Arc::new(Hooked::new(b.store.clone(), gate.clone()).on_get(
+            move |inner, gate, key| {
+                if key.starts_with(&packs) {
+                    gate.wait_until_open();
+                }
+                inner.get(key)
+            },
         ));
         let layout = b.layout.clone();
         let dst = tmp.path().join("dst");
         let dst2 = dst.clone();
         let installer = std::thread::spawn(move || {
             flow::install(
-                slow,
+                held,
                 &layout,
                 &dst2,
                 &flow::facts(tag),
                 Duration::from_secs(120),
             )
         });
-        std::thread::sleep(Duration::from_millis(400));
+        first_pack
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the install reads its first pack");
 
-        // Meanwhile a publisher makes a fresh chain the head (nothing of gen2 in it) and gc runs
-        // with a 2 s grace: gen1 (superseded >= 3 s ago) goes, gen2 (superseded just now) stays.
+        // Meanwhile a publisher makes a fresh chain the head (nothing of gen2 in it), and gc runs
+        // 10 s later on the injected clock with a 2 s grace: gen1 (superseded 10 s before) goes,
+        // gen2 (superseded at that instant) stays.
+        let later = now_secs() + 10;
         let other = tmp.path().join("other");
         triton_tree(&other, 2, 99);
-        let g3 = graft(&b, &other, tag, s2 + 1);
-        let report = run_gc(b.store.as_ref(), &b.layout, 1, 2, false);
+        let g3 = graft(&b, &other, tag, s2 + 1, later);
+        let report = gc_at(b.store.as_ref(), &b.layout, 1, 2, false, later);
         assert!(
             !installer.is_finished(),
-            "[{}] the install finished before gc ran; slow it more",
+            "[{}] the install finished before gc ran",
             b.name
         );
+        gate.open();
         assert_eq!(
             verdict(&report, &g1).0,
             Verdict::Drop,
@@ -370,7 +399,7 @@ fn an_install_running_during_gc_completes() {
         );
 
         // Once the grace has passed, gen2 goes too, with the packs gen3 does not share.
-        let report = run_gc(b.store.as_ref(), &b.layout, 1, 0, false);
+        let report = gc_at(b.store.as_ref(), &b.layout, 1, 0, false, later);
         assert_eq!(verdict(&report, &g2).0, Verdict::Drop);
         let g3_packs = packs_of(&b, &g3);
         for p in &g2_packs {
@@ -381,6 +410,30 @@ fn an_install_running_during_gc_completes() {
                 b.name
             );
         }
+    }
+}
+
+/// Where a held install waits: it says when it first got there (`reached`), then waits until
+/// the test opens the gate.
+#[derive(Debug, Default)]
+struct PackGate {
+    reached: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl PackGate {
+    fn wait_until_open(&self) {
+        if let Some(reached) = self.reached.lock().unwrap().take() {
+            let _ = reached.send(());
+        }
+        let open = self.open.lock().unwrap();
+        drop(self.opened.wait_while(open, |open| !*open).unwrap());
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
     }
 }
 
@@ -396,7 +449,17 @@ fn manifest_removes_fail(inner: Arc<dyn Store>) -> Hooked<Arc<dyn Store>> {
 
 #[test]
 fn pins_floors_and_an_interrupted_gc() {
-    for b in backends("pins_floors_and_an_interrupted_gc") {
+    pins_floors_and_an_interrupted_gc_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn pins_floors_and_an_interrupted_gc_on_mooncake() {
+    pins_floors_and_an_interrupted_gc_on(Place::Mooncake);
+}
+
+fn pins_floors_and_an_interrupted_gc_on(place: Place) {
+    for b in backends("pins_floors_and_an_interrupted_gc", place) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-pins";
         let root = tmp.path().join("root");
@@ -635,7 +698,17 @@ fn plant_undecodable(
 /// report names the generation.
 #[test]
 fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace() {
-    for b in backends("a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace") {
+    a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on_mooncake() {
+    a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(Place::Mooncake);
+}
+
+fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(place: Place) {
+    for b in backends("a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace", place) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-corrupt";
         let r1 = tmp.path().join("r1");
@@ -678,7 +751,17 @@ fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace() {
 /// references is removed (before: all of them, while the report said "keep").
 #[test]
 fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace() {
-    for b in backends("a_newer_format_manifest_keeps_its_packs_under_the_default_grace") {
+    a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on_mooncake() {
+    a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(Place::Mooncake);
+}
+
+fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(place: Place) {
+    for b in backends("a_newer_format_manifest_keeps_its_packs_under_the_default_grace", place) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-newer";
         let r1 = tmp.path().join("r1");
@@ -720,7 +803,17 @@ fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace() {
 /// reported (before: "(0 B)").
 #[test]
 fn removed_orphan_packs_are_reported_with_their_bytes() {
-    for b in backends("removed_orphan_packs_are_reported_with_their_bytes") {
+    removed_orphan_packs_are_reported_with_their_bytes_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn removed_orphan_packs_are_reported_with_their_bytes_on_mooncake() {
+    removed_orphan_packs_are_reported_with_their_bytes_on(Place::Mooncake);
+}
+
+fn removed_orphan_packs_are_reported_with_their_bytes_on(place: Place) {
+    for b in backends("removed_orphan_packs_are_reported_with_their_bytes", place) {
         if !b.lists {
             continue;
         }

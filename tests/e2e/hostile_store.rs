@@ -21,7 +21,7 @@ use jitship::install::{InstallOptions, InstallOutcome, InstallReport, PassReason
 use jitship::publish::{PublishError, PublishOutcome, PublishReport};
 use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
-use jitship_tests::backends::{Backend, backends, remove_retrying};
+use jitship_tests::backends::{Backend, Place, backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
 use jitship_tests::harness::{Scenario, published};
 
@@ -143,8 +143,18 @@ fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
 /// head even with nothing new, so `required` installers move on to it.
 #[test]
 fn a_signing_publisher_never_signs_an_attackers_files() {
+    a_signing_publisher_never_signs_an_attackers_files_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_signing_publisher_never_signs_an_attackers_files_on_mooncake() {
+    a_signing_publisher_never_signs_an_attackers_files_on(Place::Mooncake);
+}
+
+fn a_signing_publisher_never_signs_an_attackers_files_on(place: Place) {
     let key = PublisherKey::generate().unwrap();
-    for b in backends("hostile_signing_publisher") {
+    for b in backends("hostile_signing_publisher", place) {
         let s = scenario(&b);
         let tmp = tempfile::tempdir().unwrap();
         let (good, evil) = (tmp.path().join("good"), tmp.path().join("evil"));
@@ -203,8 +213,18 @@ fn a_signing_publisher_never_signs_an_attackers_files() {
 /// wraps. Prints what head discovery cost (probes, time) for the closing note.
 #[test]
 fn heads_at_u64_max_and_far_above_freeze_nothing() {
+    heads_at_u64_max_and_far_above_freeze_nothing_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn heads_at_u64_max_and_far_above_freeze_nothing_on_mooncake() {
+    heads_at_u64_max_and_far_above_freeze_nothing_on(Place::Mooncake);
+}
+
+fn heads_at_u64_max_and_far_above_freeze_nothing_on(place: Place) {
     let key = PublisherKey::generate().unwrap();
-    for b in backends("hostile_far_heads") {
+    for b in backends("hostile_far_heads", place) {
         let s = scenario(&b);
         let c = s.compat_id();
         let tmp = tempfile::tempdir().unwrap();
@@ -286,7 +306,17 @@ fn heads_at_u64_max_and_far_above_freeze_nothing() {
 /// each, publish writes above them, gc reports them and still collects.
 #[test]
 fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing() {
-    for b in backends("hostile_bad_heads") {
+    bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on_mooncake() {
+    bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on(Place::Mooncake);
+}
+
+fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on(place: Place) {
+    for b in backends("hostile_bad_heads", place) {
         let s = scenario(&b);
         let c = s.compat_id();
         let tmp = tempfile::tempdir().unwrap();
@@ -419,8 +449,18 @@ fn peak_rss_kib() -> u64 {
 /// newest trusted one; once a trusted head lies above them, the untrusted ones are removed.
 #[test]
 fn gc_never_drops_trusted_generations_for_untrusted_ones() {
+    gc_never_drops_trusted_generations_for_untrusted_ones_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn gc_never_drops_trusted_generations_for_untrusted_ones_on_mooncake() {
+    gc_never_drops_trusted_generations_for_untrusted_ones_on(Place::Mooncake);
+}
+
+fn gc_never_drops_trusted_generations_for_untrusted_ones_on(place: Place) {
     let key = PublisherKey::generate().unwrap();
-    for b in backends("hostile_gc") {
+    for b in backends("hostile_gc", place) {
         let s = scenario(&b);
         let tmp = tempfile::tempdir().unwrap();
         let good = tmp.path().join("good");
@@ -738,13 +778,26 @@ mod property {
         fn an_install_under_required_never_takes_what_the_key_did_not_sign(
             attacks in proptest::collection::vec(attack(), 1..8)
         ) {
-            for b in backends("hostile_property") {
-                let mut w = World::new(&b);
-                for (n, a) in attacks.iter().enumerate() {
-                    w.apply(a);
-                    w.check_install(n)?;
-                }
+            attacked_installs_on(Place::Local, &attacks)?;
+        }
+
+        #[test]
+        #[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+        fn an_install_under_required_never_takes_what_the_key_did_not_sign_on_mooncake(
+            attacks in proptest::collection::vec(attack(), 1..8)
+        ) {
+            attacked_installs_on(Place::Mooncake, &attacks)?;
+        }
+    }
+
+    fn attacked_installs_on(place: Place, attacks: &[Attack]) -> Result<(), TestCaseError> {
+        for b in backends("hostile_property", place) {
+            let mut w = World::new(&b);
+            for (n, a) in attacks.iter().enumerate() {
+                w.apply(a);
+                w.check_install(n)?;
             }
         }
+        Ok(())
     }
 }

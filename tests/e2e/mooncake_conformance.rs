@@ -6,10 +6,9 @@ use jitship::store::{MooncakeStore, Store, StoreError, conformance};
 use jitship_tests::mooncake::{cluster, unique_prefix};
 
 #[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn mooncake_passes_the_store_conformance_suite() {
-    let Some(c) = cluster("mooncake_passes_the_store_conformance_suite") else {
-        return;
-    };
+    let c = cluster("mooncake_passes_the_store_conformance_suite");
     let store = MooncakeStore::connect(&c.config())
         .unwrap_or_else(|e| panic!("connect to {}: {e}", c.master));
     conformance::run_all(&store, &unique_prefix("conformance"))
@@ -17,10 +16,9 @@ fn mooncake_passes_the_store_conformance_suite() {
 }
 
 #[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
-    let Some(c) = cluster("mooncake_refuses_values_over_the_staging_buffer") else {
-        return;
-    };
+    let c = cluster("mooncake_refuses_values_over_the_staging_buffer");
     let mut config = c.config();
     config.staging_buffer_size = bytesize::ByteSize::mib(1);
     config.staging_buffers = 2;
@@ -65,10 +63,9 @@ fn mooncake_refuses_values_over_the_staging_buffer_and_reports_its_limit() {
 }
 
 #[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn mooncake_connect_to_a_dead_master_fails_in_seconds_with_a_hint() {
-    let Some(c) = cluster("mooncake_connect_to_a_dead_master_fails_in_seconds") else {
-        return;
-    };
+    let c = cluster("mooncake_connect_to_a_dead_master_fails_in_seconds");
     let mut config = c.config();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -92,10 +89,9 @@ fn mooncake_connect_to_a_dead_master_fails_in_seconds_with_a_hint() {
 }
 
 #[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn mooncake_staging_buffers_are_made_lazily_and_sized_to_the_work() {
-    let Some(c) = cluster("mooncake_staging_buffers_are_made_lazily") else {
-        return;
-    };
+    let c = cluster("mooncake_staging_buffers_are_made_lazily");
     const MIB: u64 = 1024 * 1024;
     // The default configuration: up to 4 buffers of 64 MiB.
     let store = MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}"));

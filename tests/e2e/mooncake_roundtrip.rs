@@ -13,10 +13,9 @@ use jitship_tests::fixtures::{digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{cluster, flow, unique_prefix};
 
 #[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn publish_then_install_through_mooncake_round_trips_the_tree() {
-    let Some(c) = cluster("publish_then_install_through_mooncake_round_trips_the_tree") else {
-        return;
-    };
+    let c = cluster("publish_then_install_through_mooncake_round_trips_the_tree");
     let store: Arc<dyn Store> =
         Arc::new(MooncakeStore::connect(&c.config()).unwrap_or_else(|e| panic!("connect: {e}")));
     let layout = KeyLayout::new(&unique_prefix("roundtrip")).unwrap();
@@ -113,11 +112,10 @@ fn publish_then_install_through_mooncake_round_trips_the_tree() {
 /// as its entry shows (during its start). The watcher's entry is seen while it runs (a watcher
 /// holds its client until told to stop), so the check is of something real.
 #[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn cli_commands_leave_no_client_entry_in_the_metadata_server() {
     use std::process::{Command, Stdio};
-    let Some(c) = cluster("cli_commands_leave_no_client_entry_in_the_metadata_server") else {
-        return;
-    };
+    let c = cluster("cli_commands_leave_no_client_entry_in_the_metadata_server");
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("jitship.toml");
     c.write_cli_config(&config);

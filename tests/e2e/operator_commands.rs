@@ -5,7 +5,7 @@
 use std::process::Output;
 
 use jitship::store::ValueClass;
-use jitship_tests::backends::{Backend, cli_backends, remove_retrying};
+use jitship_tests::backends::{Backend, Place, cli_backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
 use serde_json::Value;
 
@@ -245,7 +245,17 @@ fn run_for(b: &Backend) {
 
 #[test]
 fn operator_commands_on_every_backend() {
-    for b in cli_backends("operator_commands_on_every_backend") {
+    operator_commands_on_every_backend_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn operator_commands_on_every_backend_on_mooncake() {
+    operator_commands_on_every_backend_on(Place::Mooncake);
+}
+
+fn operator_commands_on_every_backend_on(place: Place) {
+    for b in cli_backends("operator_commands_on_every_backend", place) {
         run_for(&b);
     }
 }

@@ -3,10 +3,10 @@
 //! the reproducible `policy` profile, checkout path and CARGO_HOME remapped) and compare the bytes
 //! with the committed `policies/dist/<kind>.wasm` that `policy::builtin` embeds.
 //!
-//! `JITSHIP_WRITE_DIST=1` writes the rebuilt files instead (that is what `policies/build-dist.sh`
-//! does), and `policies/dist/TOOLCHAIN`: the `rustc -V` they were built with. Another rustc emits
-//! other bytes, so the check compares that line first and names both toolchains rather than
-//! reporting every module stale. Needs `rustup target add wasm32-unknown-unknown`.
+//! `policies/build-dist.sh` writes them (with `jitship policy build`), and `policies/dist/TOOLCHAIN`:
+//! the `rustc -V` they were built with. Another rustc emits other bytes, so the check compares that
+//! line first and names both toolchains rather than reporting every module stale. Needs
+//! `rustup target add wasm32-unknown-unknown`.
 
 use std::path::Path;
 use std::process::Command;
@@ -20,7 +20,6 @@ fn committed_dist_modules_are_rebuilt_byte_for_byte_from_source() {
         .parent()
         .expect("workspace root")
         .to_path_buf();
-    let write = std::env::var_os("JITSHIP_WRITE_DIST").is_some();
     let opts = BuildOptions {
         target_dir: Some(ws.join("target/policy-dist")),
         quiet: true,
@@ -28,21 +27,15 @@ fn committed_dist_modules_are_rebuilt_byte_for_byte_from_source() {
     };
     let toolchain_file = ws.join("policies/dist/TOOLCHAIN");
     let have = rustc_version(&ws);
-    if write {
-        std::fs::write(&toolchain_file, format!("{have}\n"))
-            .expect("write policies/dist/TOOLCHAIN");
-    } else {
-        let built_with = std::fs::read_to_string(&toolchain_file).unwrap_or_else(|e| {
-            panic!("policies/dist/TOOLCHAIN: {e}; run `policies/build-dist.sh`")
-        });
-        let built_with = built_with.trim();
-        assert!(
-            built_with == have,
-            "policies/dist was built with {built_with}, you have {have}: rebuilding with another \
-             rustc gives other bytes. Use the toolchain rust-toolchain.toml pins \
-             (`rustup toolchain install`), or, if the pin moved, run `policies/build-dist.sh`"
-        );
-    }
+    let built_with = std::fs::read_to_string(&toolchain_file)
+        .unwrap_or_else(|e| panic!("policies/dist/TOOLCHAIN: {e}; run `policies/build-dist.sh`"));
+    let built_with = built_with.trim();
+    assert!(
+        built_with == have,
+        "policies/dist was built with {built_with}, you have {have}: rebuilding with another \
+         rustc gives other bytes. Use the toolchain rust-toolchain.toml pins \
+         (`rustup toolchain install`), or, if the pin moved, run `policies/build-dist.sh`"
+    );
     let mut stale = Vec::new();
     for b in builtin::BUILTINS {
         let built = build_policy_crate(&ws.join(b.crate_dir), &opts).unwrap_or_else(|e| {
@@ -52,10 +45,6 @@ fn committed_dist_modules_are_rebuilt_byte_for_byte_from_source() {
             )
         });
         let dist = ws.join(b.dist);
-        if write {
-            std::fs::write(&dist, &built.component).expect("write dist module");
-            continue;
-        }
         let committed = std::fs::read(&dist).unwrap_or_default();
         if committed != built.component {
             stale.push(format!("{} is stale: run `policies/build-dist.sh`", b.dist));

@@ -1,11 +1,11 @@
 //! Golden tests of the built-in policies: the real embedded `.wasm` of every kind, run through
 //! the wasm host (`WasmPolicy`) over the fixture tree of its kind (`policy_fixtures`), must answer
-//! exactly what `tests/golden/policies/<kind>.txt` records: its info, its key for a full H100
+//! exactly what `tests/golden/policies/<kind>.snap` records: its info, its key for a full H100
 //! worker, the facts without which it refuses (`missing-fact`), the publish/skip decision and
 //! reason for every file, and a retention decision.
 //!
-//! After an intended change, regenerate with `JITSHIP_BLESS=1 cargo test -p jitship-tests --test
-//! policy_golden` and review the diff.
+//! After an intended change, regenerate with `INSTA_UPDATE=always cargo test -p jitship-tests
+//! --test e2e -- policy_golden::` and review the diff (`jitship_tests::snapshot`).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -166,33 +166,12 @@ fn report(engine: &Arc<PolicyEngine>, kind: &str) -> String {
     out
 }
 
-fn golden_path(kind: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("golden/policies")
-        .join(format!("{kind}.txt"))
-}
-
 #[test]
 fn every_builtin_policy_matches_its_golden_answers() {
     let engine = engine();
-    let bless = std::env::var_os("JITSHIP_BLESS").is_some();
-    let mut failures = Vec::new();
     for kind in builtin::kinds() {
-        let got = report(&engine, kind);
-        let path = golden_path(kind);
-        if bless {
-            std::fs::write(&path, &got).expect("write golden");
-            continue;
-        }
-        let want = std::fs::read_to_string(&path).unwrap_or_default();
-        if got != want {
-            failures.push(format!(
-                "{kind}: answers differ from {} (rerun with JITSHIP_BLESS=1 and review the diff)\n--- want\n{want}\n--- got\n{got}",
-                path.display()
-            ));
-        }
+        jitship_tests::snapshot::assert_matches("policies", kind, &report(&engine, kind));
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The hard cases are not just recorded but decided the right way, whatever the goldens say.
@@ -264,6 +243,7 @@ fn every_policy_crate_is_embedded_and_has_a_fixture() {
         "policies/<kind>/ crates and builtin::BUILTINS disagree"
     );
     for k in &kinds {
-        assert!(golden_path(k).is_file(), "no golden file for {k}");
+        let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("golden/policies/{k}.snap"));
+        assert!(snap.is_file(), "no golden answers for {k}: {}", snap.display());
     }
 }

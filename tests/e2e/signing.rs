@@ -16,7 +16,7 @@ use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
 use jitship::publish::{PublishError, PublishReport};
 use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
-use jitship_tests::backends::{Backend, backends, cli_backends, remove_retrying};
+use jitship_tests::backends::{Backend, Place, backends, cli_backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
 use jitship_tests::harness::{Scenario, published};
 use serde_json::Value;
@@ -96,8 +96,18 @@ fn put_head(s: &Scenario, layout: &KeyLayout, h: &HeadRecord) {
 /// refused as forged; install falls back to the genuine generation below it.
 #[test]
 fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one() {
+    a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on_mooncake() {
+    a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(Place::Mooncake);
+}
+
+fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(place: Place) {
     let key = PublisherKey::generate().unwrap();
-    for b in backends("signing_forged") {
+    for b in backends("signing_forged", place) {
         let s = scenario(&b);
         let tmp = tempfile::tempdir().unwrap();
         let (good, evil) = (tmp.path().join("good"), tmp.path().join("evil"));
@@ -174,8 +184,18 @@ fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one() {
 /// it sits at) or into another namespace does not verify there.
 #[test]
 fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused() {
+    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on_mooncake() {
+    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(Place::Mooncake);
+}
+
+fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(place: Place) {
     let key = PublisherKey::generate().unwrap();
-    for b in backends("signing_replay") {
+    for b in backends("signing_replay", place) {
         let s = scenario(&b);
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
@@ -259,8 +279,18 @@ fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused(
 /// and `off`; a publisher under `required` without a key refuses to publish.
 #[test]
 fn an_unsigned_generation_is_refused_under_required_only() {
+    an_unsigned_generation_is_refused_under_required_only_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn an_unsigned_generation_is_refused_under_required_only_on_mooncake() {
+    an_unsigned_generation_is_refused_under_required_only_on(Place::Mooncake);
+}
+
+fn an_unsigned_generation_is_refused_under_required_only_on(place: Place) {
     let key = PublisherKey::generate().unwrap();
-    for b in backends("signing_unsigned") {
+    for b in backends("signing_unsigned", place) {
         let s = scenario(&b);
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
@@ -302,9 +332,19 @@ fn an_unsigned_generation_is_refused_under_required_only() {
 /// merged into what a trusted publisher signs.
 #[test]
 fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on() {
+    a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on_mooncake() {
+    a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(Place::Mooncake);
+}
+
+fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(place: Place) {
     let trusted = PublisherKey::generate().unwrap();
     let stranger = PublisherKey::generate().unwrap();
-    for b in backends("signing_untrusted") {
+    for b in backends("signing_untrusted", place) {
         let s = scenario(&b);
         let tmp = tempfile::tempdir().unwrap();
         let (theirs, ours) = (tmp.path().join("theirs"), tmp.path().join("ours"));
@@ -355,9 +395,19 @@ fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on() {
 /// is removed, and only what the new key signed is installed.
 #[test]
 fn a_rotated_key_old_and_new_trusted_then_the_old_removed() {
+    a_rotated_key_old_and_new_trusted_then_the_old_removed_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_rotated_key_old_and_new_trusted_then_the_old_removed_on_mooncake() {
+    a_rotated_key_old_and_new_trusted_then_the_old_removed_on(Place::Mooncake);
+}
+
+fn a_rotated_key_old_and_new_trusted_then_the_old_removed_on(place: Place) {
     let old = PublisherKey::generate().unwrap();
     let new = PublisherKey::generate().unwrap();
-    for b in backends("signing_rotation") {
+    for b in backends("signing_rotation", place) {
         let s = scenario(&b);
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
@@ -428,8 +478,18 @@ fn a_rotated_key_old_and_new_trusted_then_the_old_removed() {
 /// again and the newest generation installs and verifies clean.
 #[test]
 fn a_corrupt_pack_is_passed_over_repaired_and_republished() {
+    a_corrupt_pack_is_passed_over_repaired_and_republished_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn a_corrupt_pack_is_passed_over_repaired_and_republished_on_mooncake() {
+    a_corrupt_pack_is_passed_over_repaired_and_republished_on(Place::Mooncake);
+}
+
+fn a_corrupt_pack_is_passed_over_repaired_and_republished_on(place: Place) {
     let key = PublisherKey::generate().unwrap();
-    for b in backends("signing_repair") {
+    for b in backends("signing_repair", place) {
         let s = scenario(&b);
         let policy = || trust(TrustMode::Required, &[&key]);
         let tmp = tempfile::tempdir().unwrap();
@@ -542,7 +602,17 @@ fn expect(b: &Backend, flags: &[String], args: &[&str], code: i32) -> String {
 
 #[test]
 fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
-    for b in cli_backends("signing_cli") {
+    the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on_mooncake() {
+    the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on(Place::Mooncake);
+}
+
+fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on(place: Place) {
+    for b in cli_backends("signing_cli", place) {
         let tmp = tempfile::tempdir().unwrap();
         let key_file = tmp.path().join("publisher.key");
         let key_arg = key_file.display().to_string();

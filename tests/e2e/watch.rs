@@ -644,7 +644,8 @@ fn a_root_created_late_is_picked_up_within_the_settle_window() {
     assert!(generations(&store, "sglang-jit").is_empty());
     // The engine creates the directories level by level, then publishes a staging dir by rename.
     std::fs::create_dir_all(dir.path().join("home/.cache")).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    // The watcher has moved down to the new nearest ancestor before the next level appears.
+    w.wait_log(&format!("path={} ", dir.path().join("home/.cache").display()));
     let staging = root.join("cuda/norm/.staging-1234");
     std::fs::create_dir_all(&staging).unwrap();
     let so = content(9, 50_000);

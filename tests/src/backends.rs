@@ -1,7 +1,8 @@
-//! The stores an end-to-end test runs against: the local store always; the local store with
-//! listing hidden (the code paths Mooncake takes); and the real Mooncake cluster when
-//! `tests/cluster/cluster.sh run -- ...` describes one (see `mooncake::cluster`: without it a
-//! Mooncake run is skipped with a message, or fails when `JITSHIP_REQUIRE_MOONCAKE=1`).
+//! The stores an end-to-end test runs against: [`Place::Local`] is the local store and the local
+//! store with listing hidden (the code paths Mooncake takes); [`Place::Mooncake`] is the real
+//! Mooncake cluster `tests/cluster/cluster.sh run -- ...` describes. A test over backends is
+//! written once, as `fn x_on(place: Place)`, and declared twice: `x` on the local stores and an
+//! `#[ignore]`d `x_on_mooncake`, which fails outside the cluster (`mooncake::cluster`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,18 +24,27 @@ pub struct Backend {
     _tmp: tempfile::TempDir,
 }
 
-/// The backends for `test`, each with a namespace of its own.
-pub fn backends(test: &str) -> Vec<Backend> {
-    let mut out = vec![local(test, false), local(test, true)];
-    if let Some(m) = mooncake(test) {
-        out.push(m);
-    }
-    out
+/// Where a test over backends runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// The local store, with and without listing.
+    Local,
+    /// The Mooncake test cluster.
+    Mooncake,
 }
 
-/// Backends the CLI can reach (local and, when present, Mooncake).
-pub fn cli_backends(test: &str) -> Vec<Backend> {
-    backends(test)
+/// The backends for `test` at `place`, each with a namespace of its own.
+pub fn backends(test: &str, place: Place) -> Vec<Backend> {
+    match place {
+        Place::Local => vec![local(test, false), local(test, true)],
+        Place::Mooncake => vec![mooncake(test)],
+    }
+}
+
+/// The backends at `place` the CLI can reach (the local store with listing hidden lives only
+/// inside the test process).
+pub fn cli_backends(test: &str, place: Place) -> Vec<Backend> {
+    backends(test, place)
         .into_iter()
         .filter(|b| b.cli.is_some())
         .collect()
@@ -73,8 +83,8 @@ pub fn local(_test: &str, hide_listing: bool) -> Backend {
     }
 }
 
-pub fn mooncake(test: &str) -> Option<Backend> {
-    let cluster = crate::mooncake::cluster(test)?;
+pub fn mooncake(test: &str) -> Backend {
+    let cluster = crate::mooncake::cluster(test);
     let tmp = tempfile::tempdir().expect("tempdir");
     let ns = crate::mooncake::unique_prefix(test);
     let store = MooncakeStore::connect(&cluster.config())
@@ -91,14 +101,14 @@ pub fn mooncake(test: &str) -> Option<Backend> {
     let path: PathBuf = tmp.path().join("jitship.toml");
     let text = toml::to_string(&config).expect("config serializes");
     std::fs::write(&path, text).expect("write config");
-    Some(Backend {
+    Backend {
         name: "mooncake",
         store: Arc::new(store),
         layout: KeyLayout::new(&ns).expect("namespace"),
         lists: false,
         cli: Some(vec!["--config".to_owned(), path.display().to_string()]),
         _tmp: tmp,
-    })
+    }
 }
 
 /// Removes `key`, waiting out readers' leases (Mooncake refuses to remove a key read or probed in

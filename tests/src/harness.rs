@@ -74,19 +74,28 @@ impl Scenario {
         self.install_within(root, Duration::from_secs(60))
     }
 
+    /// Installs within `deadline` and returns once the install's job has ended too, also one the
+    /// install gave up waiting for: what a test sees afterwards is final, with no sleep to guess
+    /// how long an abandoned job takes to notice.
     pub fn install_within(&self, root: &Path, deadline: Duration) -> InstallReport {
+        let (ended, job_ended) = std::sync::mpsc::channel();
         let opts = InstallOptions {
             deadline,
+            job_ended: Some(ended),
             ..InstallOptions::default()
         };
-        jitship::install::install(
+        let report = jitship::install::install(
             self.store.clone(),
             &self.layout,
             self.policy.clone(),
             root,
             &self.facts,
             &opts,
-        )
+        );
+        job_ended
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the install's job ended within 120 s of the install");
+        report
     }
 }
 

@@ -12,3 +12,4 @@ pub mod output;
 pub mod policy_fixtures;
 pub mod policy_scale;
 pub mod registry;
+pub mod snapshot;

@@ -173,9 +173,9 @@ pub(crate) fn driver_major(version: &str) -> Option<String> {
 
 /// A stand-in NVML built from C with the system compiler, for tests of the FFI path on machines
 /// without a GPU. `variant`: "ok" (8 x H100), "no-devices", "init-fails", "hangs" (nvmlInit_v2 sleeps 30 s).
-/// `None` when no C compiler is installed.
+/// Panics, saying what to install, when there is no C compiler: the test cannot run, so it fails.
 #[cfg(test)]
-pub(crate) fn build_fake_nvml(dir: &Path, variant: &str) -> Option<std::path::PathBuf> {
+pub(crate) fn build_fake_nvml(dir: &Path, variant: &str) -> std::path::PathBuf {
     let source = dir.join(format!("fake-nvml-{variant}.c"));
     let library = dir.join(format!("libfake-nvml-{variant}.so"));
     let init = match variant {
@@ -202,15 +202,17 @@ int nvmlDeviceGetCudaComputeCapability(void *dev, int *major, int *minor) {{
 int nvmlSystemGetDriverVersion(char *v, unsigned int len) {{ if (len < 80) return 2; strncpy(v, "550.54.15", len); return 0; }}
 "#
     );
-    std::fs::write(&source, code).ok()?;
+    std::fs::write(&source, code).expect("write the fake NVML source");
     let status = std::process::Command::new("cc")
         .args(["-shared", "-fPIC", "-o"])
         .arg(&library)
         .arg(&source)
         .status()
-        .ok()?;
+        .unwrap_or_else(|e| {
+            panic!("running cc: {e}; this test builds a fake NVML in C: install gcc (apt-get install gcc)")
+        });
     assert!(status.success(), "cc failed to build the fake NVML");
-    Some(library)
+    library
 }
 
 #[cfg(test)]
@@ -220,10 +222,7 @@ mod tests {
     #[test]
     fn nvml_answers_through_the_declared_signatures() {
         let dir = tempfile::tempdir().unwrap();
-        let Some(lib) = build_fake_nvml(dir.path(), "ok") else {
-            eprintln!("no C compiler: skipping the fake NVML test");
-            return;
-        };
+        let lib = build_fake_nvml(dir.path(), "ok");
         let r = from_nvml(&lib, Duration::from_secs(10)).unwrap();
         let expected = GpuReport {
             name: Some("NVIDIA H100 80GB HBM3".into()),
@@ -237,14 +236,10 @@ mod tests {
     #[test]
     fn nvml_errors_and_hangs_are_reasons() {
         let dir = tempfile::tempdir().unwrap();
-        let Some(fails) = build_fake_nvml(dir.path(), "init-fails") else {
-            return;
-        };
+        let fails = build_fake_nvml(dir.path(), "init-fails");
         let err = from_nvml(&fails, Duration::from_secs(10)).unwrap_err();
         assert_eq!(err, "nvmlInit_v2: NVIDIA driver is not loaded");
-        let Some(hangs) = build_fake_nvml(dir.path(), "hangs") else {
-            return;
-        };
+        let hangs = build_fake_nvml(dir.path(), "hangs");
         let start = std::time::Instant::now();
         let err = from_nvml(&hangs, Duration::from_millis(300)).unwrap_err();
         assert!(

@@ -721,16 +721,18 @@ mod tests {
         assert_eq!(parse_nvcc_release("nothing"), None);
     }
 
+    /// `python3` from PATH; panics, saying what to install, when there is none (the suite's
+    /// machines have Python 3: a test that cannot run fails).
+    fn python3_on_path() -> PathBuf {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+        command::find_in(&dirs, "python3")
+            .expect("no python3 on PATH: these tests probe a real interpreter; install Python 3")
+    }
+
     #[test]
     fn probe_of_this_machines_python_has_patch_level() {
-        // Bare `python3` from the usual places; the CI image has one.
-        let dirs: Vec<PathBuf> = ["/usr/local/bin", "/usr/bin", "/root/.pyenv/shims"]
-            .iter()
-            .map(PathBuf::from)
-            .collect();
-        let Some(python) = command::find_in(&dirs, "python3") else {
-            return;
-        };
+        let python = python3_on_path();
         let info = probe(&python, Duration::from_secs(10)).unwrap();
         assert_eq!(info.version.split('.').count(), 3, "{info:?}");
         assert!(info.executable.contains("python"), "{info:?}");
@@ -739,13 +741,7 @@ mod tests {
     #[test]
     fn probe_of_a_venv_reads_the_venv_site_packages() {
         // A venv: bin/python3 a symlink to a real interpreter, pyvenv.cfg at the root.
-        let dirs: Vec<PathBuf> = ["/usr/local/bin", "/usr/bin", "/root/.pyenv/shims"]
-            .iter()
-            .map(PathBuf::from)
-            .collect();
-        let Some(python) = command::find_in(&dirs, "python3") else {
-            return;
-        };
+        let python = python3_on_path();
         let real = probe(&python, Duration::from_secs(10)).unwrap();
         let venv = tempfile::tempdir().unwrap();
         std::fs::create_dir(venv.path().join("bin")).unwrap();

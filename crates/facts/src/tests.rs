@@ -339,10 +339,7 @@ fn this_machines_defaults_never_fail_and_account_for_every_fact() {
 #[test]
 fn nvml_wins_over_nvidia_smi() {
     let m = FakeMachine::new();
-    let Some(nvml) = gpu::build_fake_nvml(m.dir.path(), "ok") else {
-        eprintln!("no C compiler: skipping");
-        return;
-    };
+    let nvml = gpu::build_fake_nvml(m.dir.path(), "ok");
     // nvidia-smi would disagree; it must not even be asked once NVML answered everything.
     m.script("bin/nvidia-smi", "echo 'Tesla T4, 7.5, 470.1'");
     let mut cfg = m.config();
@@ -362,9 +359,7 @@ fn nvml_wins_over_nvidia_smi() {
 #[test]
 fn a_driver_with_no_gpu_gives_count_zero_and_says_so() {
     let m = FakeMachine::new();
-    let Some(nvml) = gpu::build_fake_nvml(m.dir.path(), "no-devices") else {
-        return;
-    };
+    let nvml = gpu::build_fake_nvml(m.dir.path(), "no-devices");
     let mut cfg = m.config();
     cfg.settings.nvml_library = nvml;
     let g = gather(&cfg);

@@ -31,6 +31,10 @@ pub struct InstallOptions {
     /// The durable registry tier (`[store.durable] registry`): read when the store has nothing
     /// to install, and what it gives put back into the store.
     pub registry: Option<Arc<crate::oci::Registry>>,
+    /// Test hook: told once the install's job thread has ended, also when the install stopped
+    /// waiting for it (deadline, interrupt), so a test waits for an abandoned job instead of
+    /// sleeping. `None` otherwise.
+    pub job_ended: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Default for InstallOptions {
@@ -42,6 +46,7 @@ impl Default for InstallOptions {
             trust: Arc::default(),
             interrupt: Interrupt::default(),
             registry: None,
+            job_ended: None,
         }
     }
 }

@@ -76,6 +76,9 @@ pub struct WatchOptions {
     /// Use file notifications (true in production). False leaves only the periodic rescan, as on
     /// a file system that never delivers events; tests use it to prove the fallback alone works.
     pub notify: bool,
+    /// Test hook: the number of publish cycles finished so far, sent after each one, so a test
+    /// waits for a cycle instead of sleeping past it. `None` in production.
+    pub cycles_finished: Option<tokio::sync::watch::Sender<u64>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -546,6 +549,9 @@ impl Loop {
                 let slot = &mut self.slots[index];
                 slot.worker = Some(worker);
                 self.summary.cycles += 1;
+                if let Some(cycles) = &self.opts.cycles_finished {
+                    cycles.send_replace(self.summary.cycles);
+                }
                 match *result {
                     Ok(report) => {
                         let published = matches!(report.outcome, PublishOutcome::Published { .. });

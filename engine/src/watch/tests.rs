@@ -49,6 +49,7 @@ fn options() -> WatchOptions {
         grace: Duration::from_secs(10),
         metrics_addr: None,
         notify: true,
+        cycles_finished: None,
         publish: PublishOptions {
             pack_size: 1 << 20,
             producer: Producer {
@@ -152,6 +153,8 @@ async fn the_rescan_alone_finds_changes_when_no_event_comes() {
     let mut opts = options();
     opts.notify = false;
     opts.timing.rescan_interval = Duration::from_secs(1);
+    let (cycles, mut cycles_finished) = tokio::sync::watch::channel(0);
+    opts.cycles_finished = Some(cycles);
     let (tx, rx) = mpsc::channel(2);
     let task = tokio::spawn(run(
         store.clone(),
@@ -165,8 +168,8 @@ async fn the_rescan_alone_finds_changes_when_no_event_comes() {
         opts,
         rx,
     ));
-    // Let the start-up cycle (empty root) pass, then write.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once the start-up cycle (empty root) has finished, write.
+    cycles_finished.wait_for(|n| *n >= 1).await.unwrap();
     std::fs::write(root.join("a.cubin"), b"kernel").unwrap();
     let written = Instant::now();
     let compat = crate::generation::CompatId::new("k", "");

@@ -266,6 +266,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
         grace: wc.grace,
         metrics_addr: wc.metrics_addr,
         notify: true,
+        cycles_finished: None,
         publish: session.publish_options(args.pack_size, args.pod.as_ref())?,
     };
     let roots: Vec<WatchedRoot> = session
