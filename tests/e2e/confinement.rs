@@ -416,7 +416,6 @@ fn files_under(dir: &Path) -> usize {
     jitship_tests::fixtures::files_under(dir).len()
 }
 
-
 /// A SIGKILL of the real binary during the commit of a non-empty root, early (among the plain
 /// files) and late (among the markers): every marker on disk has every file of the generation
 /// present and complete (markers are moved last), and the next install completes the generation

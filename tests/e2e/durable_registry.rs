@@ -17,7 +17,6 @@ use jitship_tests::output::{code, show, text};
 use jitship_tests::registry::{TestRegistry, skopeo_tags};
 use serde_json::Value;
 
-
 struct Env {
     tmp: tempfile::TempDir,
     public_key: String,

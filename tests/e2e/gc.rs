@@ -158,7 +158,10 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones_on_mooncake() {
 }
 
 fn gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(place: Place) {
-    for b in backends("gc_removes_unreferenced_packs_and_keeps_referenced_ones", place) {
+    for b in backends(
+        "gc_removes_unreferenced_packs_and_keeps_referenced_ones",
+        place,
+    ) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-packs";
         // gen1: one large file over 2.5 packs; gen2 adds a small file (a pack only gen1 and gen2
@@ -708,7 +711,10 @@ fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on_mooncake() {
 }
 
 fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(place: Place) {
-    for b in backends("a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace", place) {
+    for b in backends(
+        "a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace",
+        place,
+    ) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-corrupt";
         let r1 = tmp.path().join("r1");
@@ -761,7 +767,10 @@ fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on_mooncake()
 }
 
 fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(place: Place) {
-    for b in backends("a_newer_format_manifest_keeps_its_packs_under_the_default_grace", place) {
+    for b in backends(
+        "a_newer_format_manifest_keeps_its_packs_under_the_default_grace",
+        place,
+    ) {
         let tmp = tempfile::tempdir().unwrap();
         let tag = "gc-newer";
         let r1 = tmp.path().join("r1");

@@ -244,6 +244,10 @@ fn every_policy_crate_is_embedded_and_has_a_fixture() {
     );
     for k in &kinds {
         let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("golden/policies/{k}.snap"));
-        assert!(snap.is_file(), "no golden answers for {k}: {}", snap.display());
+        assert!(
+            snap.is_file(),
+            "no golden answers for {k}: {}",
+            snap.display()
+        );
     }
 }

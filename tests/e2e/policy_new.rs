@@ -11,9 +11,11 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-
 fn jitship(args: &[&str]) -> Output {
-    jitship_tests::cli::jitship().args(args).output().expect("run jitship")
+    jitship_tests::cli::jitship()
+        .args(args)
+        .output()
+        .expect("run jitship")
 }
 
 fn ok(what: &str, out: Output) -> Output {

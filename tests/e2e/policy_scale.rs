@@ -5,7 +5,7 @@
 //! fails here: the Triton one needed 1.47e9 fuel for 20,013 files before it was made linear.
 //!
 //! The wall-clock deadline is raised (this machine may be shared); fuel is the deterministic
-//! measure. Prints fuel and time per 1,000 entries; `cargo bench -p jitship --bench policy_host`
+//! measure. Prints fuel and time per 1,000 entries; `cargo bench -p jitship-tests --bench policy_host`
 //! prints the same figures with a baseline.
 
 use std::sync::Arc;

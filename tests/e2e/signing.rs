@@ -190,7 +190,9 @@ fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused(
 #[test]
 #[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on_mooncake() {
-    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(Place::Mooncake);
+    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(
+        Place::Mooncake,
+    );
 }
 
 fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(place: Place) {
@@ -568,7 +570,6 @@ fn assert_same_tree(a: &Path, b: &Path) {
     };
     assert_eq!(list(a), list(b), "{} vs {}", a.display(), b.display());
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Through the CLI

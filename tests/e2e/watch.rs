@@ -645,7 +645,10 @@ fn a_root_created_late_is_picked_up_within_the_settle_window() {
     // The engine creates the directories level by level, then publishes a staging dir by rename.
     std::fs::create_dir_all(dir.path().join("home/.cache")).unwrap();
     // The watcher has moved down to the new nearest ancestor before the next level appears.
-    w.wait_log(&format!("path={} ", dir.path().join("home/.cache").display()));
+    w.wait_log(&format!(
+        "path={} ",
+        dir.path().join("home/.cache").display()
+    ));
     let staging = root.join("cuda/norm/.staging-1234");
     std::fs::create_dir_all(&staging).unwrap();
     let so = content(9, 50_000);
@@ -902,7 +905,7 @@ fn metrics_and_healthz_are_served() {
 
 /// Idle CPU of the watcher: 2000 files published, then nothing changes for 30 s while its
 /// utime+stime are sampled from /proc. Run with
-/// `cargo test -p jitship --test watch -- --ignored --nocapture idle_cpu`.
+/// `cargo test -p jitship-tests --test e2e -- --ignored --nocapture watch::idle_cpu`.
 #[test]
 #[ignore = "takes 40 s; a measurement, run by hand"]
 fn idle_cpu() {
