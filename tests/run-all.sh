@@ -109,5 +109,9 @@ step "every test that needs the Mooncake cluster (ignored in the fast loop): sto
 # Built outside the namespace: nothing can be downloaded from inside it. `--workspace` (not
 # `-p jitship-tests`) keeps the feature set of the first step, so nothing is compiled twice.
 cargo test --workspace --no-run
+# The fault drills kill and restart the master and the node: they run alone, on a cluster of
+# their own, after the rest (which share one cluster and run in parallel).
+logged mooncake-shared ./tests/cluster/cluster.sh run -- \
+    cargo test --offline --workspace --no-fail-fast --test e2e -- --ignored mooncake --skip mooncake_drills::
 logged mooncake ./tests/cluster/cluster.sh run -- \
-    cargo test --offline --workspace --no-fail-fast --test e2e -- --ignored mooncake
+    cargo test --offline --workspace --no-fail-fast --test e2e -- --ignored mooncake_drills::

@@ -18,6 +18,7 @@ use jitship::catalog::KeyLayout;
 use jitship::generation::{ContentHash, HeadRecord, Manifest};
 use jitship::policy::CachePolicy;
 use jitship::store::{LocalStore, Store};
+use jitship_tests::fixtures::bytes;
 
 /// Longest a test waits for something that should take well under a second.
 const WAIT: Duration = Duration::from_secs(30);
@@ -250,18 +251,6 @@ fn wait_for(
     }
 }
 
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Asserts every file in every generation has exactly the content the writer finished it with.
 /// A file stored in its root-independent form (`canonical`, e.g. a Triton group file) is compared
 /// as the kind's real built-in policy canonicalizes the final content under `root`.
@@ -309,7 +298,7 @@ fn triton_kernel(root: &Path, k: usize, before_renames: impl FnOnce()) -> Vec<(S
     let mut written = Vec::new();
     for (i, ext) in TRITON_FILES.iter().enumerate() {
         let file = format!("{name}.{ext}");
-        let bytes = content((k * 100 + i) as u64, 2_000 + i * 500);
+        let bytes = bytes((k * 100 + i) as u64, 2_000 + i * 500);
         std::fs::write(tmp.join(&file), &bytes).unwrap();
         written.push((file, bytes));
     }
@@ -443,8 +432,8 @@ fn deepgemm_tmp_dirs_are_never_published_and_entries_are_whole() {
         let uuid = format!("{:032x}", k * 7 + 1);
         let tmp = root.join("tmp").join(&uuid);
         std::fs::create_dir_all(&tmp).unwrap();
-        let cu = content(k * 2, 4_000);
-        let cubin = content(k * 2 + 1, 30_000);
+        let cu = bytes(k * 2, 4_000);
+        let cubin = bytes(k * 2 + 1, 30_000);
         std::fs::write(tmp.join("kernel.cu"), &cu).unwrap();
         std::fs::write(tmp.join("kernel.cubin"), &cubin).unwrap();
         if !finals.is_empty() {
@@ -513,7 +502,7 @@ fn vllm_model_tmp_files_are_never_published() {
         let rdir = hash_dir.join(format!("rank_{rank}_0"));
         std::fs::create_dir_all(&rdir).unwrap();
         let tmp = rdir.join(format!("model.{}.tmp", 4242 + rank));
-        let bytes = content(rank + 50, 400_000);
+        let bytes = bytes(rank + 50, 400_000);
         let mut f = std::fs::File::create(&tmp).unwrap();
         // Half written, and a generation is cut while it sits there.
         f.write_all(&bytes[..200_000]).unwrap();
@@ -596,7 +585,7 @@ fn flashinfer_in_place_writes_are_published_only_when_quiet() {
     std::fs::write(module.join("build.ninja"), &ninja).unwrap();
     finals.insert(format!("cached_ops/{uri}/build.ninja"), ninja);
     for name in ["prefill.cuda.o".to_string(), format!("{uri}.so")] {
-        let bytes = content(name.len() as u64, 256 * 1024);
+        let bytes = bytes(name.len() as u64, 256 * 1024);
         let mut f = std::fs::File::create(module.join(&name)).unwrap();
         for chunk in bytes.chunks(16 * 1024) {
             f.write_all(chunk).unwrap();
@@ -651,7 +640,7 @@ fn a_root_created_late_is_picked_up_within_the_settle_window() {
     ));
     let staging = root.join("cuda/norm/.staging-1234");
     std::fs::create_dir_all(&staging).unwrap();
-    let so = content(9, 50_000);
+    let so = bytes(9, 50_000);
     std::fs::write(staging.join("norm.so"), &so).unwrap();
     let leaf = root.join("cuda/norm/build-0123456789abcdef/deps-fedcba9876543210");
     std::fs::create_dir_all(leaf.parent().unwrap()).unwrap();
@@ -689,7 +678,7 @@ fn sigterm_publishes_pending_work_and_exits_0() {
     let entry = dg.join("cache/kernel.x.0123456789abcdef0123456789abcdef");
     std::fs::create_dir_all(&entry).unwrap();
     std::fs::write(entry.join("kernel.cu"), b"__global__ void k() {}").unwrap();
-    std::fs::write(entry.join("kernel.cubin"), content(3, 9_000)).unwrap();
+    std::fs::write(entry.join("kernel.cubin"), bytes(3, 9_000)).unwrap();
     // Work still in flight at SIGTERM stays out.
     let tmp = triton
         .join(format!("{:0>52}", "K7"))

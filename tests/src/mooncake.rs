@@ -38,7 +38,8 @@ pub fn cluster(test: &str) -> Cluster {
         missing.is_empty(),
         "{test}: no Mooncake test cluster ({} unset); run it inside the cluster: \
          `tests/cluster/cluster.sh install`, then `tests/cluster/cluster.sh run -- cargo test \
-         -p jitship-tests --test e2e -- --ignored mooncake`",
+         -p jitship-tests --test e2e -- --ignored mooncake --skip mooncake_drills::` (the drills \
+         restart the master: they run alone)",
         missing.join(", ")
     );
     let v = |name: &str| get(name).unwrap_or_default();

@@ -65,18 +65,9 @@ fn mtime(root: &Path, rel: &str, ms: u64) {
         .expect("mtime");
 }
 
-/// A complete ELF64 image (header, `len` bytes, one section header at the end).
-pub fn elf(len: usize) -> Vec<u8> {
-    let shoff = 64 + len as u64;
-    let mut b = vec![0u8; 64 + len + 64];
-    b[..4].copy_from_slice(b"\x7fELF");
-    b[4] = 2;
-    b[5] = 1;
-    b[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
-    b[0x3A..0x3C].copy_from_slice(&64u16.to_le_bytes());
-    b[0x3C..0x3E].copy_from_slice(&1u16.to_le_bytes());
-    b
-}
+/// A complete ELF64 image (header, `len` bytes, one section header at the end): the one the
+/// policies' own unit tests use.
+pub use jitship_policy_common::testing::elf;
 
 /// A Triton kernel directory whose group names its files under `abs_root`.
 fn triton_kernel(root: &Path, dir: &str, kernel: &str, abs_root: &str) {
