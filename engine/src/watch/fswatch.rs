@@ -227,14 +227,39 @@ impl FsWatch {
     /// Brings the registered watches in line with `roots`, as `how` says.
     pub fn sync(&mut self, roots: &[PathBuf], how: Resync) -> Vec<WatchFault> {
         let mut faults = Vec::new();
-        let Some(watcher) = self.watcher.as_mut() else {
+        if self.watcher.is_none() {
             return faults;
-        };
+        }
         if how == Resync::RetryFailed {
             self.failed.clear();
         }
-        let force = how == Resync::Everything;
-        let wanted = plan_watches(roots);
+        let mut force = how == Resync::Everything;
+        // A directory created between planning and adding the watch on its parent raised its
+        // event on no watch, and nothing else would move the watch down until the rescan: plan
+        // again until the plan holds. Each round moves a watch down a path that exists now, so
+        // the bound is only against directories that keep appearing and vanishing.
+        for _ in 0..64 {
+            let wanted = plan_watches(roots);
+            self.apply(&wanted, force, &mut faults);
+            force = false;
+            if plan_watches(roots) == wanted {
+                break;
+            }
+        }
+        faults
+    }
+
+    /// Makes the active watches `wanted`: removes the others (all of them when `force`), adds the
+    /// missing ones, and records a watch that fails in `faults` (retried by `RetryFailed`).
+    fn apply(
+        &mut self,
+        wanted: &BTreeMap<PathBuf, RecursiveMode>,
+        force: bool,
+        faults: &mut Vec<WatchFault>,
+    ) {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return;
+        };
         let stale: Vec<PathBuf> = self
             .active
             .iter()
@@ -246,24 +271,23 @@ impl FsWatch {
             // The directory may be gone already, taking its watch with it.
             let _ = watcher.unwatch(&path);
         }
-        for (path, mode) in wanted {
-            if self.active.contains_key(&path) || self.failed.contains(&path) {
+        for (path, &mode) in wanted {
+            if self.active.contains_key(path) || self.failed.contains(path) {
                 continue;
             }
-            match watcher.watch(&path, mode) {
+            match watcher.watch(path, mode) {
                 Ok(()) => {
                     tracing::debug!(path = %path.display(), ?mode, "watching");
-                    self.active.insert(path, mode);
+                    self.active.insert(path.clone(), mode);
                 }
                 Err(e) => {
                     let mut f = fault(&e);
                     f.message = format!("{}: {}", path.display(), f.message);
                     faults.push(f);
-                    self.failed.insert(path);
+                    self.failed.insert(path.clone());
                 }
             }
         }
-        faults
     }
 }
 
