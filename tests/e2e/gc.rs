@@ -16,6 +16,7 @@ use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::policy::RetentionLimits;
 use jitship::policy::native::NativeRules;
+use jitship::policy::testing::HookedPolicy;
 use jitship::publish::PublishOutcome;
 use jitship::store::testing::Hooked;
 use jitship::store::{Store, StoreError, ValueClass};
@@ -553,50 +554,23 @@ fn pins_floors_and_an_interrupted_gc_on(place: Place) {
     }
 }
 
-/// A retention policy that drops everything it is shown, or fails.
-struct Greedy {
-    inner: NativeRules,
-    fail: bool,
-}
-
-impl jitship::policy::CachePolicy for Greedy {
-    fn info(&self) -> &jitship::policy::PolicyInfo {
-        self.inner.info()
-    }
-    fn policy_ref(&self) -> jitship::generation::PolicyRef {
-        self.inner.policy_ref()
-    }
-    fn compat_key(
-        &self,
-        facts: &jitship::facts::Facts,
-    ) -> Result<String, jitship::policy::PolicyError> {
-        self.inner.compat_key(facts)
-    }
-    fn select(
-        &self,
-        root: &Path,
-        entries: &[jitship::policy::FileEntry],
-    ) -> Result<jitship::policy::Selection, jitship::policy::PolicyError> {
-        self.inner.select(root, entries)
-    }
-    fn retain(
-        &self,
-        generations: &[jitship::policy::GenerationSummary],
-        _now: u64,
-        _limits: &RetentionLimits,
-    ) -> Result<Vec<jitship::policy::RetentionDrop>, jitship::policy::PolicyError> {
-        if self.fail {
-            return Err(jitship::policy::PolicyError::Internal("boom".into()));
-        }
-        Ok(generations
-            .iter()
-            .map(|g| jitship::policy::RetentionDrop {
-                id: g.id,
-                category: jitship::policy::RetentionCategory::Rule,
-                detail: "drops everything".into(),
-            })
-            .collect())
-    }
+/// Native rules whose retention drops everything it is shown, or fails (`fail`).
+fn greedy(kind: &str, fail: bool) -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
+    std::sync::Arc::new(HookedPolicy::new(NativeRules::new(kind), fail).on_retain(
+        |_, fail, generations, _, _| {
+            if *fail {
+                return Err(jitship::policy::PolicyError::Internal("boom".into()));
+            }
+            Ok(generations
+                .iter()
+                .map(|g| jitship::policy::RetentionDrop {
+                    id: g.id,
+                    category: jitship::policy::RetentionCategory::Rule,
+                    detail: "drops everything".into(),
+                })
+                .collect())
+        },
+    ))
 }
 
 #[test]
@@ -621,12 +595,7 @@ fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
     };
 
     // A failing policy disables retention for its kind: everything stays, the error is reported.
-    let failing = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
-        std::sync::Arc::new(Greedy {
-            inner: NativeRules::new(kind),
-            fail: true,
-        })
-    };
+    let failing = |kind: &str| greedy(kind, true);
     let r = gc::collect(b.store.as_ref(), &b.layout, &failing, &opts).unwrap();
     assert_eq!(r.policy_errors.len(), 1, "{r:#?}");
     assert!(r.policy_errors[0].contains("boom"));
@@ -634,13 +603,8 @@ fn the_host_keeps_the_newest_and_pinned_whatever_the_policy_says() {
     assert!(r.heads.is_empty() && r.manifests.is_empty());
 
     // A policy that drops everything: the newest and the pinned one stay.
-    let greedy = |kind: &str| -> std::sync::Arc<dyn jitship::policy::CachePolicy> {
-        std::sync::Arc::new(Greedy {
-            inner: NativeRules::new(kind),
-            fail: false,
-        })
-    };
-    let r = gc::collect(b.store.as_ref(), &b.layout, &greedy, &opts).unwrap();
+    let dropping = |kind: &str| greedy(kind, false);
+    let r = gc::collect(b.store.as_ref(), &b.layout, &dropping, &opts).unwrap();
     assert_eq!(verdict(&r, &gens[2]).0, Verdict::Keep);
     assert_eq!(verdict(&r, &gens[0]), (Verdict::Keep, "pinned".into()));
     assert_eq!(verdict(&r, &gens[1]).0, Verdict::Drop);

@@ -11,87 +11,49 @@ use std::time::Duration;
 
 use jitship::catalog::KeyLayout;
 use jitship::facts::Facts;
-use jitship::generation::{PolicyRef, Producer, RelPath};
+use jitship::generation::Producer;
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
 use jitship::policy::native::NativeRules;
-use jitship::policy::{
-    CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
-};
+use jitship::policy::testing::HookedPolicy;
+use jitship::policy::{CachePolicy, PolicyError};
 use jitship::publish::{PublishOptions, PublishOutcome, PublishReport};
 use jitship::store::Store;
 use jitship::store::local::LocalStore;
 
-/// Native rules, plus: `*.grp` files name the root, written `{ROOT}` in canonical form.
-struct Templated {
-    inner: NativeRules,
-    refuse_materialize: bool,
-}
+/// Native rules, plus: `*.grp` files name the root, written `{ROOT}` in canonical form. The
+/// state says whether materializing is refused.
+type Templated = HookedPolicy<NativeRules, bool>;
 
-impl Templated {
-    fn new() -> Self {
-        Self {
-            inner: NativeRules::new("relocatable"),
-            refuse_materialize: false,
-        }
-    }
+fn templated(refuse_materialize: bool) -> Templated {
+    HookedPolicy::new(NativeRules::new("relocatable"), refuse_materialize)
+        .on_select(|inner, _, root, entries| {
+            let mut s = inner.select(root, entries)?;
+            for (e, d) in entries.iter().zip(&mut s.decisions) {
+                d.embeds_root = e.path.ends_with(".grp");
+            }
+            Ok(s)
+        })
+        .on_canonicalize(|_, _, root, path, content| {
+            let text = String::from_utf8_lossy(content);
+            let root = root_str(root);
+            if !text.contains(&root) {
+                return Err(PolicyError::InvalidInput(format!(
+                    "{path} names another root"
+                )));
+            }
+            Ok(text.replace(&root, "{ROOT}").into_bytes())
+        })
+        .on_materialize(|_, refuse, root, path, content| {
+            if *refuse {
+                return Err(PolicyError::InvalidInput(format!("cannot place {path}")));
+            }
+            let text = String::from_utf8_lossy(content);
+            Ok(text.replace("{ROOT}", &root_str(root)).into_bytes())
+        })
 }
 
 fn root_str(root: &Path) -> String {
     root.display().to_string()
-}
-
-impl CachePolicy for Templated {
-    fn info(&self) -> &PolicyInfo {
-        self.inner.info()
-    }
-    fn policy_ref(&self) -> PolicyRef {
-        self.inner.policy_ref()
-    }
-    fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
-        self.inner.compat_key(facts)
-    }
-    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Selection, PolicyError> {
-        let mut s = self.inner.select(root, entries)?;
-        for (e, d) in entries.iter().zip(&mut s.decisions) {
-            d.embeds_root = e.path.ends_with(".grp");
-        }
-        Ok(s)
-    }
-    fn canonicalize(
-        &self,
-        root: &Path,
-        path: &RelPath,
-        content: &[u8],
-    ) -> Result<Vec<u8>, PolicyError> {
-        let text = String::from_utf8_lossy(content);
-        let root = root_str(root);
-        if !text.contains(&root) {
-            return Err(PolicyError::InvalidInput(format!(
-                "{path} names another root"
-            )));
-        }
-        Ok(text.replace(&root, "{ROOT}").into_bytes())
-    }
-    fn materialize(
-        &self,
-        root: &Path,
-        path: &RelPath,
-        content: &[u8],
-    ) -> Result<Vec<u8>, PolicyError> {
-        if self.refuse_materialize {
-            return Err(PolicyError::InvalidInput(format!("cannot place {path}")));
-        }
-        let text = String::from_utf8_lossy(content);
-        Ok(text.replace("{ROOT}", &root_str(root)).into_bytes())
-    }
-    fn retain(
-        &self,
-        generations: &[GenerationSummary],
-        now: u64,
-        limits: &RetentionLimits,
-    ) -> Result<Vec<jitship::policy::RetentionDrop>, PolicyError> {
-        self.inner.retain(generations, now, limits)
-    }
 }
 
 struct World {
@@ -176,7 +138,7 @@ impl World {
 #[test]
 fn canonical_files_dedup_across_roots_and_materialize_at_install() {
     let w = World::new();
-    let policy = Templated::new();
+    let policy = templated(false);
     let a = w.pod("pod-a/cache", "k1");
     let b = w.pod("pod-b/a/longer/root", "k1");
 
@@ -214,7 +176,7 @@ fn canonical_files_dedup_across_roots_and_materialize_at_install() {
 
     // Install at a third root: the group names that root.
     let c = w.dir.join("pod-c/x");
-    let r = w.install(Templated::new(), &c);
+    let r = w.install(templated(false), &c);
     assert_eq!(r.outcome, InstallOutcome::Installed, "{r:?}");
     assert_eq!(r.files_materialized, vec!["k1/k.grp".to_string()]);
     assert_eq!(
@@ -222,7 +184,7 @@ fn canonical_files_dedup_across_roots_and_materialize_at_install() {
         format!("child={}/k1/data.bin\n", c.display())
     );
     // Already on disk: compared in canonical form.
-    let again = w.install(Templated::new(), &c);
+    let again = w.install(templated(false), &c);
     assert_eq!(again.outcome, InstallOutcome::AlreadyCurrent, "{again:?}");
     assert_eq!(again.files_already_present, 2);
 
@@ -242,13 +204,13 @@ fn canonical_files_dedup_across_roots_and_materialize_at_install() {
 #[test]
 fn install_on_a_locally_grown_cache_and_a_refused_materialization() {
     let w = World::new();
-    let policy = Templated::new();
+    let policy = templated(false);
     let a = w.pod("pod-a/cache", "k1");
     w.publish(&policy, &a);
 
     // A pod that grew kernel k2 itself gets k1 added beside it, then publishes both.
     let d = w.pod("pod-d/cache", "k2");
-    let r = w.install(Templated::new(), &d);
+    let r = w.install(templated(false), &d);
     assert_eq!(r.outcome, InstallOutcome::Installed, "{r:?}");
     assert_eq!(
         std::fs::read_to_string(d.join("k1/k.grp")).unwrap(),
@@ -263,10 +225,7 @@ fn install_on_a_locally_grown_cache_and_a_refused_materialization() {
 
     // A policy that cannot materialize: the install fails and the root is left as it was.
     let e = w.dir.join("pod-e/cache");
-    let refusing = Templated {
-        refuse_materialize: true,
-        ..Templated::new()
-    };
+    let refusing = templated(true);
     let r = w.install(refusing, &e);
     assert_eq!(r.outcome, InstallOutcome::Failed, "{r:?}");
     assert!(r.detail.contains("cannot place"), "{}", r.detail);

@@ -8,6 +8,7 @@ pub mod host;
 pub mod native;
 pub mod scaffold;
 pub mod settings;
+pub mod testing;
 
 use std::path::Path;
 

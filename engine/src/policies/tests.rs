@@ -1,67 +1,24 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
+use crate::policy::native::NativeRules;
+use crate::policy::testing::HookedPolicy;
 
-/// Fails its first `failures` calls with `error()`, then answers.
-struct Flaky {
-    info: PolicyInfo,
-    failures: AtomicU32,
-    error: fn() -> PolicyError,
-}
-
+/// Fails its first `failures` calls with `error()`, then answers: key "key", a complete empty
+/// selection, nothing to drop.
 fn flaky(failures: u32, error: fn() -> PolicyError) -> Box<dyn CachePolicy> {
-    Box::new(Flaky {
-        info: PolicyInfo {
-            name: "flaky".into(),
-            version: "1".into(),
-            cache_kind: "k".into(),
-            default_root: String::new(),
-            root_env: vec![],
-            description: String::new(),
-            settings: vec![],
-        },
-        failures: AtomicU32::new(failures),
-        error,
-    })
-}
-
-impl Flaky {
-    fn answer<T>(&self, value: T) -> Result<T, PolicyError> {
-        let left = self.failures.load(Ordering::SeqCst);
-        if left > 0 {
-            self.failures.store(left - 1, Ordering::SeqCst);
-            return Err((self.error)());
-        }
-        Ok(value)
-    }
-}
-
-impl CachePolicy for Flaky {
-    fn info(&self) -> &PolicyInfo {
-        &self.info
-    }
-    fn policy_ref(&self) -> PolicyRef {
-        PolicyRef {
-            name: "flaky".into(),
-            version: "1".into(),
-            digest: "test".into(),
-            settings: Default::default(),
+    fn answer<T>(left: &AtomicU32, error: fn() -> PolicyError, value: T) -> Result<T, PolicyError> {
+        match left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+            Ok(_) => Err(error()),
+            Err(_) => Ok(value),
         }
     }
-    fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
-        self.answer("key".into())
-    }
-    fn select(&self, _: &Path, _: &[FileEntry]) -> Result<Selection, PolicyError> {
-        self.answer(Selection::complete(vec![]))
-    }
-    fn retain(
-        &self,
-        _: &[GenerationSummary],
-        _: u64,
-        _: &RetentionLimits,
-    ) -> Result<Vec<crate::policy::RetentionDrop>, PolicyError> {
-        self.answer(vec![])
-    }
+    Box::new(
+        HookedPolicy::new(NativeRules::new("k"), (AtomicU32::new(failures), error))
+            .on_compat_key(|_, (left, error), _| answer(left, *error, "key".into()))
+            .on_select(|_, (left, error), _, _| answer(left, *error, Selection::complete(vec![])))
+            .on_retain(|_, (left, error), _, _, _| answer(left, *error, vec![])),
+    )
 }
 
 fn wall() -> PolicyError {

@@ -5,6 +5,7 @@ use super::*;
 use crate::facts::Facts;
 use crate::generation::Producer;
 use crate::policy::native::NativeRules;
+use crate::policy::testing::HookedPolicy;
 use crate::store::testing::Hooked;
 use crate::store::{LocalStore, ValueClass};
 
@@ -471,12 +472,12 @@ fn a_parent_with_lost_packs_is_repaired_by_the_next_publish() {
     assert!(catalog::packs_present(&store, &layout, &m).unwrap());
 }
 
-/// Native rules with two test hooks. `swap` (a path inside the root, and a link target outside
-/// it): once the root is scanned, the path is swapped for that link, as a hostile tenant of the
-/// cache directory could. `json_embeds_root`: `.json` files embed the root and are
+/// What the test rules do besides the native ones. `swap` (a path inside the root, and a link
+/// target outside it): once the root is scanned, the path is swapped for that link, as a hostile
+/// tenant of the cache directory could. `json_embeds_root`: `.json` files embed the root and are
 /// canonicalized (to themselves), the calls counted in `canonicalized`.
-struct TestRules {
-    inner: NativeRules,
+#[derive(Default)]
+struct RuleHooks {
     swap: Option<(std::path::PathBuf, std::path::PathBuf)>,
     json_embeds_root: bool,
     canonicalized: std::sync::atomic::AtomicUsize,
@@ -484,66 +485,31 @@ struct TestRules {
     interrupt_while_hashing: Option<crate::interrupt::Interrupt>,
 }
 
-impl TestRules {
-    fn new() -> Self {
-        Self {
-            inner: NativeRules::new("triton"),
-            swap: None,
-            json_embeds_root: false,
-            canonicalized: Default::default(),
-            interrupt_while_hashing: None,
-        }
-    }
-}
-
-impl CachePolicy for TestRules {
-    fn info(&self) -> &crate::policy::PolicyInfo {
-        self.inner.info()
-    }
-    fn policy_ref(&self) -> crate::generation::PolicyRef {
-        self.inner.policy_ref()
-    }
-    fn compat_key(&self, facts: &Facts) -> Result<String, crate::policy::PolicyError> {
-        self.inner.compat_key(facts)
-    }
-    fn select(
-        &self,
-        root: &Path,
-        entries: &[crate::policy::FileEntry],
-    ) -> Result<crate::policy::Selection, crate::policy::PolicyError> {
-        if let Some((inside, outside)) = &self.swap {
-            std::fs::remove_dir_all(inside)
-                .or_else(|_| std::fs::remove_file(inside))
-                .unwrap();
-            std::os::unix::fs::symlink(outside, inside).unwrap();
-        }
-        let mut selection = self.inner.select(root, entries)?;
-        for (d, e) in selection.decisions.iter_mut().zip(entries) {
-            d.embeds_root = self.json_embeds_root && e.path.ends_with(".json");
-        }
-        Ok(selection)
-    }
-    fn canonicalize(
-        &self,
-        _root: &Path,
-        _path: &RelPath,
-        content: &[u8],
-    ) -> Result<Vec<u8>, crate::policy::PolicyError> {
-        self.canonicalized
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(interrupt) = &self.interrupt_while_hashing {
-            interrupt.raise(libc::SIGTERM);
-        }
-        Ok(content.to_vec())
-    }
-    fn retain(
-        &self,
-        generations: &[crate::policy::GenerationSummary],
-        now: u64,
-        limits: &crate::policy::RetentionLimits,
-    ) -> Result<Vec<crate::policy::RetentionDrop>, crate::policy::PolicyError> {
-        self.inner.retain(generations, now, limits)
-    }
+/// Triton's native rules with `hooks`.
+fn test_rules(hooks: RuleHooks) -> HookedPolicy<NativeRules, RuleHooks> {
+    HookedPolicy::new(NativeRules::new("triton"), hooks)
+        .on_select(|inner, hooks, root, entries| {
+            if let Some((inside, outside)) = &hooks.swap {
+                std::fs::remove_dir_all(inside)
+                    .or_else(|_| std::fs::remove_file(inside))
+                    .unwrap();
+                std::os::unix::fs::symlink(outside, inside).unwrap();
+            }
+            let mut selection = inner.select(root, entries)?;
+            for (d, e) in selection.decisions.iter_mut().zip(entries) {
+                d.embeds_root = hooks.json_embeds_root && e.path.ends_with(".json");
+            }
+            Ok(selection)
+        })
+        .on_canonicalize(|_, hooks, _, _, content| {
+            hooks
+                .canonicalized
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(interrupt) = &hooks.interrupt_while_hashing {
+                interrupt.raise(libc::SIGTERM);
+            }
+            Ok(content.to_vec())
+        })
 }
 
 /// Publish reads the files it scanned beneath the root without following a link: a file, a
@@ -571,10 +537,10 @@ fn a_file_or_directory_swapped_for_a_link_after_the_scan_is_not_followed() {
             .collect();
         let secret_refs: Vec<(&str, &[u8])> = secrets.iter().map(|(p, c)| (*p, &c[..])).collect();
         tree(&secret, &secret_refs);
-        let policy = TestRules {
+        let policy = test_rules(RuleHooks {
             swap: Some((root.join(swapped), secret.join(swapped))),
-            ..TestRules::new()
-        };
+            ..RuleHooks::default()
+        });
         let err = publish(&store, &layout, &policy, &root, &opts(), None)
             .expect_err("a publish through a swapped link");
         match &err {
@@ -616,12 +582,13 @@ fn a_watchers_hash_cache_spares_canonicalizing_a_file_it_has_seen() {
     let layout = KeyLayout::new("ns").unwrap();
     let root = dir.path().join("r");
     tree(&root, &[("k/a.bin", b"kernel"), ("k/grp.json", b"{}")]);
-    let policy = TestRules {
+    let policy = test_rules(RuleHooks {
         json_embeds_root: true,
-        ..TestRules::new()
-    };
+        ..RuleHooks::default()
+    });
     let canonicalized = || {
         policy
+            .state
             .canonicalized
             .load(std::sync::atomic::Ordering::Relaxed)
     };
@@ -719,11 +686,11 @@ fn an_interrupt_stops_a_publish_before_any_pack_or_head() {
     files.push(("k000/grp.json", b"{}"));
     tree(&root, &files);
     let interrupt = crate::interrupt::Interrupt::default();
-    let policy = TestRules {
+    let policy = test_rules(RuleHooks {
         json_embeds_root: true,
         interrupt_while_hashing: Some(interrupt.clone()),
-        ..TestRules::new()
-    };
+        ..RuleHooks::default()
+    });
     let stopped = PublishOptions {
         interrupt: interrupt.clone(),
         ..opts()
@@ -746,10 +713,10 @@ fn an_interrupt_stops_a_publish_before_any_pack_or_head() {
     assert!(matches!(err, PublishError::Interrupted("SIGTERM")), "{err}");
 
     // The same root, not interrupted: published whole.
-    let policy = TestRules {
+    let policy = test_rules(RuleHooks {
         json_embeds_root: true,
-        ..TestRules::new()
-    };
+        ..RuleHooks::default()
+    });
     let r = publish(&store, &layout, &policy, &root, &opts(), None).unwrap();
     assert!(
         matches!(r.outcome, PublishOutcome::Published { seq: 1, .. }),

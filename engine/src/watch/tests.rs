@@ -1,41 +1,16 @@
 use super::*;
 use crate::facts::Facts;
-use crate::generation::{PolicyRef, Producer};
+use crate::generation::Producer;
+use crate::policy::PolicyError;
 use crate::policy::native::NativeRules;
-use crate::policy::{
-    FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionLimits, Selection,
-};
+use crate::policy::testing::HookedPolicy;
 use crate::store::LocalStore;
 
-/// A policy whose every call fails, as a broken policy module would.
-struct Broken(PolicyInfo);
-
-impl CachePolicy for Broken {
-    fn info(&self) -> &PolicyInfo {
-        &self.0
-    }
-    fn policy_ref(&self) -> PolicyRef {
-        PolicyRef {
-            name: "broken".into(),
-            version: "0".into(),
-            digest: "x".into(),
-            settings: Default::default(),
-        }
-    }
-    fn compat_key(&self, _: &Facts) -> Result<String, PolicyError> {
-        Err(PolicyError::Internal("out of fuel".into()))
-    }
-    fn select(&self, _: &std::path::Path, _: &[FileEntry]) -> Result<Selection, PolicyError> {
-        Err(PolicyError::Internal("out of fuel".into()))
-    }
-    fn retain(
-        &self,
-        _: &[GenerationSummary],
-        _: u64,
-        _: &RetentionLimits,
-    ) -> Result<Vec<crate::policy::RetentionDrop>, PolicyError> {
-        Ok(vec![])
-    }
+/// Native rules whose key and selection fail, as a broken policy module's would.
+fn broken(kind: &str) -> HookedPolicy {
+    HookedPolicy::new(NativeRules::new(kind), ())
+        .on_compat_key(|_, _, _| Err(PolicyError::Internal("out of fuel".into())))
+        .on_select(|_, _, _, _| Err(PolicyError::Internal("out of fuel".into())))
 }
 
 fn options() -> WatchOptions {
@@ -81,7 +56,7 @@ async fn a_failing_root_is_counted_and_retried_while_the_others_publish() {
         WatchedRoot {
             kind: "bad".into(),
             root: bad,
-            policy: std::sync::Arc::new(Broken(NativeRules::new("bad").info().clone())),
+            policy: std::sync::Arc::new(broken("bad")),
             facts: None,
         },
         WatchedRoot {
