@@ -3,9 +3,9 @@
 //! with `cargo test -p jitship-tests --test e2e -- gc::`.
 //!
 //! Tests that need a tool `cargo test --workspace` does not have (the Mooncake test cluster,
-//! Debian's docker-registry and skopeo) are `#[ignore]`d with that reason (`jitship_tests::needs`),
-//! so they are listed as not run instead of passing; `tests/run-all.sh` runs them with
-//! `-- --ignored` in the step that provides the tool.
+//! Debian's docker-registry and skopeo) are `#[ignore]`d with that reason, so they are listed as
+//! not run instead of passing; `tests/run-all.sh` runs them with `-- --ignored` in the step that
+//! provides the tool, and `tests/not_run.py` lists any it did not.
 
 mod careless_operator;
 mod cli_contract;

@@ -238,13 +238,15 @@ impl FsWatch {
         // event on no watch, and nothing else would move the watch down until the rescan: plan
         // again until the plan holds. Each round moves a watch down a path that exists now, so
         // the bound is only against directories that keep appearing and vanishing.
+        let mut wanted = plan_watches(roots);
         for _ in 0..64 {
-            let wanted = plan_watches(roots);
             self.apply(&wanted, force, &mut faults);
             force = false;
-            if plan_watches(roots) == wanted {
+            let now = plan_watches(roots);
+            if now == wanted {
                 break;
             }
+            wanted = now;
         }
         faults
     }

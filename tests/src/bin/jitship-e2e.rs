@@ -1,5 +1,5 @@
 //! The `jitship` command line, built inside the tests crate so end-to-end tests can run it as real
-//! OS processes (`CARGO_BIN_EXE_jitship-e2e`). One addition for concurrency tests:
+//! OS processes (`jitship_tests::cli::jitship()`). One addition for concurrency tests:
 //! `JITSHIP_E2E_START_AT=<unix millis>` makes the process wait until that instant before it runs,
 //! so several processes reach the store at the same moment.
 
