@@ -146,13 +146,24 @@ fn newest_seq(
 /// Appends a record to a sequence at `newest + 1`: puts it, reads the seq back, and if another
 /// writer won that seq, tries the next one. `make(seq)` builds the bytes for a seq and must embed
 /// something unique to this writer, so winning is detected by comparing bytes. Returns the seq won.
+///
+/// Anyone can write a key at the highest seq there is ([`MAX_SEQ`]), so `newest + 1` may not
+/// exist. Then the record goes just above the newest record that `is_record` accepts (one this
+/// jitship wrote: it decodes and names its own seq), searching down past at most
+/// [`MAX_FAULTY_PASSED`] others: a planted record at the ceiling costs the writer that search,
+/// never the sequence (issue 39; `docs/threat-model.md`).
 pub fn append_seq(
     store: &dyn Store,
     prefix: &str,
     key: &dyn Fn(u64) -> String,
     make: &dyn Fn(u64) -> Vec<u8>,
+    is_record: &dyn Fn(u64, &[u8]) -> bool,
 ) -> Result<u64, CatalogError> {
-    let mut seq = newest_seq(store, prefix, key)?.map_or(1, |s| s + 1);
+    let mut seq = match newest_seq(store, prefix, key)? {
+        None => 1,
+        Some(s) if s < MAX_SEQ => s + 1,
+        Some(_) => below_the_ceiling(store, prefix, key, is_record)?,
+    };
     for _ in 0..64 {
         if seq > MAX_SEQ {
             return Err(CatalogError::SequenceFull(prefix.to_owned()));
@@ -169,6 +180,30 @@ pub fn append_seq(
         }
     }
     Err(CatalogError::Contention(prefix.to_owned()))
+}
+
+/// Where to append when the sequence's newest key is at the ceiling: just above the newest record
+/// `is_record` accepts (1 if none is found among the newest `MAX_FAULTY_PASSED + 1` keys).
+fn below_the_ceiling(
+    store: &dyn Store,
+    prefix: &str,
+    key: &dyn Fn(u64) -> String,
+    is_record: &dyn Fn(u64, &[u8]) -> bool,
+) -> Result<u64, CatalogError> {
+    let mut seqs = SeqWalk::new(store, prefix, key, &[1])?;
+    for _ in 0..=MAX_FAULTY_PASSED {
+        let Some(seq) = seqs.next_seq()? else { break };
+        match store.get_capped(&key(seq), MAX_RECORD_BYTES) {
+            Ok(Some(bytes)) if seq < MAX_SEQ && is_record(seq, &bytes) => return Ok(seq + 1),
+            Ok(_) | Err(StoreError::TooLarge { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tracing::warn!(
+        prefix,
+        "no record of this sequence found below the one at the highest seq; appending from 1"
+    );
+    Ok(1)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -254,7 +289,11 @@ pub fn write_floor(
         })
     };
     let key = |seq| layout.floor(compat, seq);
-    let seq = append_seq(store, &layout.floors_prefix(compat), &key, &make)?;
+    let is_floor = |seq, bytes: &[u8]| {
+        decode_record::<FloorRecord>("", bytes)
+            .is_ok_and(|f| f.seq == seq && f.compat_id == *compat)
+    };
+    let seq = append_seq(store, &layout.floors_prefix(compat), &key, &make, &is_floor)?;
     Ok(FloorRecord {
         compat_id: *compat,
         seq,
@@ -467,7 +506,8 @@ impl<'a> HeadWalk<'a> {
     }
 }
 
-/// How many faulty heads `newest_head` and `older_heads` pass over before giving up.
+/// How many heads a reader passes over before giving up: `newest_head` and `older_heads` (faulty
+/// ones), an install (any it cannot use), and a publisher checking an install reaches its head.
 pub const MAX_FAULTY_PASSED: usize = 256;
 
 /// The newest usable head for `compat`, if any (faulty heads above it are passed over).
@@ -622,7 +662,8 @@ pub fn ensure_indexed(
         })
     };
     let key = |seq| layout.index(seq);
-    let seq = append_seq(store, &layout.index_prefix(), &key, &make)?;
+    let is_entry = |_seq, bytes: &[u8]| decode_record::<IndexEntry>("", bytes).is_ok();
+    let seq = append_seq(store, &layout.index_prefix(), &key, &make, &is_entry)?;
     store.put(&marker, seq.to_string().as_bytes(), ValueClass::Record)?;
     Ok(())
 }
@@ -706,15 +747,31 @@ pub fn unpin(store: &dyn Store, layout: &KeyLayout, id: &GenerationId) -> Result
 // ---------------------------------------------------------------------------------------------
 // The gc journal
 
+/// The newest gc journal that is one: a record at a journal key that does not decode, is over
+/// the cap or names another seq than its key is passed over (logged), at most
+/// [`MAX_FAULTY_PASSED`] of them, so one planted record cannot stop gc for the namespace.
 pub fn newest_gc_journal(
     store: &dyn Store,
     layout: &KeyLayout,
 ) -> Result<Option<GcJournal>, CatalogError> {
     let key = |seq| layout.gc_journal(seq);
-    let Some(seq) = newest_seq(store, &layout.gc_journal_prefix(), &key)? else {
-        return Ok(None);
-    };
-    read_record(store, &key(seq), MAX_JOURNAL_BYTES)
+    let mut seqs = SeqWalk::new(store, &layout.gc_journal_prefix(), key, &[1])?;
+    for _ in 0..=MAX_FAULTY_PASSED {
+        let Some(seq) = seqs.next_seq()? else { break };
+        let k = key(seq);
+        match read_record::<GcJournal>(store, &k, MAX_JOURNAL_BYTES) {
+            Ok(Some(journal)) if journal.seq == seq => return Ok(Some(journal)),
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                tracing::warn!(key = %k, "gc journal names another seq than its key; passed over")
+            }
+            Err(CatalogError::Store(e)) if !matches!(e, StoreError::TooLarge { .. }) => {
+                return Err(e.into());
+            }
+            Err(e) => tracing::warn!(key = %k, "gc journal passed over: {e}"),
+        }
+    }
+    Ok(None)
 }
 
 /// Marks journal `seq` finished: the next gc does not retry it.
@@ -744,7 +801,9 @@ pub fn write_gc_journal(
         })
     };
     let key = |seq| layout.gc_journal(seq);
-    let seq = append_seq(store, &layout.gc_journal_prefix(), &key, &make)?;
+    let is_journal =
+        |seq, bytes: &[u8]| decode_record::<GcJournal>("", bytes).is_ok_and(|j| j.seq == seq);
+    let seq = append_seq(store, &layout.gc_journal_prefix(), &key, &make, &is_journal)?;
     Ok(GcJournal {
         seq,
         written_at,

@@ -157,9 +157,13 @@ fn append_seq_moves_past_seqs_other_writers_won() {
     // a put that exists before ours).
     store.put(&key(1), b"x1", ValueClass::Record).unwrap();
     store.put(&key(2), b"x2", ValueClass::Record).unwrap();
-    let seq = append_seq(&store, "ns/seq/", &key, &|s| {
-        format!("ours {s}").into_bytes()
-    })
+    let seq = append_seq(
+        &store,
+        "ns/seq/",
+        &key,
+        &|s| format!("ours {s}").into_bytes(),
+        &|_, _| true,
+    )
     .unwrap();
     assert_eq!(seq, 3);
     assert_eq!(store.get(&key(3)).unwrap().unwrap(), b"ours 3");
@@ -336,15 +340,66 @@ fn hostile_floors_never_hide_the_heads() {
 }
 
 #[test]
-fn append_seq_never_wraps() {
+fn append_seq_never_wraps_and_a_record_at_the_ceiling_does_not_freeze_the_sequence() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalStore::open(dir.path()).unwrap();
     let key = |s: u64| format!("ns/seq/{s}");
+    let ours = |s: u64| format!("ours {s}").into_bytes();
+    let is_ours = |s: u64, b: &[u8]| b == ours(s).as_slice();
+    store.put(&key(4), &ours(4), ValueClass::Record).unwrap();
+    // Junk at the very top, just below it, and beyond the range.
     store.put(&key(MAX_SEQ), b"x", ValueClass::Record).unwrap();
+    store
+        .put(&key(MAX_SEQ - 1), b"x", ValueClass::Record)
+        .unwrap();
     store.put(&key(u64::MAX), b"x", ValueClass::Record).unwrap();
-    let err = append_seq(&store, "ns/seq/", &key, &|s| {
-        format!("ours {s}").into_bytes()
-    });
-    assert!(matches!(err, Err(CatalogError::SequenceFull(_))), "{err:?}");
+    // Issue 39: this was SequenceFull forever. Now it appends above the newest real record.
+    assert_eq!(
+        append_seq(&store, "ns/seq/", &key, &ours, &is_ours).unwrap(),
+        5
+    );
+    assert_eq!(
+        append_seq(&store, "ns/seq/", &key, &ours, &is_ours).unwrap(),
+        6
+    );
     assert!(store.get(&key(0)).unwrap().is_none());
+    // No record of its own below the ceiling: it starts from 1.
+    let other = |s: u64| format!("other/{s}");
+    store
+        .put(&other(MAX_SEQ), b"x", ValueClass::Record)
+        .unwrap();
+    assert_eq!(
+        append_seq(&store, "other/", &other, &ours, &is_ours).unwrap(),
+        1
+    );
+}
+
+#[test]
+fn an_index_record_at_the_ceiling_does_not_stop_first_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStore::open(dir.path()).unwrap();
+    let layout = KeyLayout::new("ns").unwrap();
+    put_raw(&store, &layout.index(MAX_SEQ), b"junk");
+    let compat = CompatId::new("triton", "k");
+    ensure_indexed(&store, &layout, &compat, "triton", "k").unwrap();
+    assert_eq!(compat_ids(&store, &layout).unwrap(), vec![compat]);
+}
+
+#[test]
+fn a_garbage_gc_journal_is_passed_over_for_the_newest_real_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in both_stores(dir.path()) {
+        let store = store.as_ref();
+        let layout = KeyLayout::new("ns").unwrap();
+        let journal = write_gc_journal(store, &layout, vec!["ns/head/x/1".into()], vec![]).unwrap();
+        put_raw(store, &layout.gc_journal(journal.seq + 1), b"garbage");
+        assert_eq!(
+            newest_gc_journal(store, &layout).unwrap(),
+            Some(journal.clone())
+        );
+        // And a journal written after it lands above the garbage.
+        let next = write_gc_journal(store, &layout, vec![], vec![]).unwrap();
+        assert_eq!(next.seq, journal.seq + 2);
+        assert_eq!(newest_gc_journal(store, &layout).unwrap(), Some(next));
+    }
 }
