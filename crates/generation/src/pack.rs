@@ -4,6 +4,14 @@
 //! A pack's id is the blake3 of its canonical descriptor (the list of content hashes, offsets and
 //! lengths it holds), not of its bytes: the bytes are already covered by the per-file hashes that
 //! every install verifies, so naming a pack costs no second pass over the data.
+//!
+//! Because the id is predictable, anyone who can write to the store can put garbage under it
+//! before an honest publisher does (puts never overwrite). A publisher therefore checks a pack it
+//! finds already stored, and if the bytes are not the descriptor's, names its own copy with a
+//! salted id ([`PackPlan::salted_id`]): the same descriptor, hashed with a salt. The manifest only
+//! records ids and sizes (readers verify files, never pack ids), so a salted pack needs no new
+//! manifest field; deterministic salts let honest publishers that met the same planted key still
+//! share their replacement, and a random salt ends the series (a key nobody can plant ahead).
 
 use super::{ContentHash, ContentHasher};
 
@@ -83,17 +91,34 @@ fn content_defined_cut(content: &ContentHash, size: u64, target: u64) -> bool {
 }
 
 fn finish(pieces: Vec<Piece>, size: u64) -> PackPlan {
+    PackPlan {
+        id: descriptor_id(&pieces, &[]),
+        size,
+        pieces,
+    }
+}
+
+/// The blake3 of the canonical descriptor, then, if not empty, of a separator and `salt`.
+fn descriptor_id(pieces: &[Piece], salt: &[u8]) -> ContentHash {
     let mut h = ContentHasher::new();
     h.update(b"jitship-pack-v1\0");
-    for p in &pieces {
+    for p in pieces {
         h.update(&p.content.0);
         h.update(&p.content_offset.to_le_bytes());
         h.update(&p.len.to_le_bytes());
     }
-    PackPlan {
-        id: h.finish(),
-        size,
-        pieces,
+    if !salt.is_empty() {
+        h.update(b"\0salt\0");
+        h.update(salt);
+    }
+    h.finish()
+}
+
+impl PackPlan {
+    /// The id of the same pack named with `salt` (an empty salt gives the plain id): where a
+    /// publisher puts its copy when the plain key holds bytes that are not this pack's.
+    pub fn salted_id(&self, salt: &[u8]) -> ContentHash {
+        descriptor_id(&self.pieces, salt)
     }
 }
 
@@ -140,6 +165,19 @@ mod tests {
         assert_ne!(
             plan_packs(&input, 8)[0].id,
             plan_packs(&[(c(3), 5)], 8)[0].id
+        );
+    }
+
+    #[test]
+    fn salted_ids_differ_from_the_plain_id_and_from_each_other() {
+        let plan = &plan_packs(&[(c(1), 5), (c(2), 7)], 16)[0];
+        assert_eq!(plan.salted_id(b""), plan.id);
+        let (a, b) = (plan.salted_id(b"1"), plan.salted_id(b"2"));
+        assert!(a != plan.id && b != plan.id && a != b);
+        assert_eq!(
+            a,
+            plan.clone().salted_id(b"1"),
+            "salted ids are deterministic"
         );
     }
 

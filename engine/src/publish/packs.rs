@@ -1,5 +1,7 @@
 //! Uploading the planned packs the store lacks: filling each in place in the store's put buffer
-//! (`fill_pack`), two at a time, from contents kept since hashing or read again.
+//! (`fill_pack`), two at a time, from contents kept since hashing or read again. A pack the store
+//! already has is read back and checked before it is used (deduplication cannot be poisoned by a
+//! value planted under a predictable pack key; see `crate::generation` pack planning).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -7,71 +9,60 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::catalog::KeyLayout;
-use crate::generation::{ContentHash, PackPlan};
+use crate::generation::{ContentHash, PackPlan, Piece};
 use crate::scan::ScannedFile;
-use crate::store::{Store, ValueClass};
+use crate::store::{Store, StoreError, ValueClass};
 
 use super::hashing::{LastDir, RootReader, Stored, canonical_bytes};
 use super::{PublishError, PublishReport};
 
-/// Uploads the packs the store lacks. Two workers each fill a pack in place (in a Mooncake
-/// staging buffer: `Store::put_filled`) and put it, so one reads files while the other uploads:
-/// at most two pack buffers exist at once, whatever the tree size.
+/// Uploads the packs the store lacks and checks the ones it has. Two workers each take a pack:
+/// one the store lacks is filled in place (in a Mooncake staging buffer: `Store::put_filled`) and
+/// put, so one reads files while the other uploads: at most two pack buffers exist at once,
+/// whatever the tree size. One the store has is read back (capped to its size) and checked
+/// against this publisher's contents before the generation may reference it (`place_pack`): a
+/// pack id is predictable from the files, so anyone could have put garbage there first. A plan
+/// whose key held something else gets the salted id its copy went under (`plans` is updated).
 pub(super) fn upload_packs(
     store: &dyn Store,
     layout: &KeyLayout,
     reader: &RootReader,
-    plans: &[PackPlan],
+    plans: &mut [PackPlan],
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
     report: &mut PublishReport,
 ) -> Result<(), PublishError> {
     let interrupt = reader.interrupt;
     let keys: Vec<String> = plans.iter().map(|p| layout.pack(&p.id)).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let mut missing = Vec::new();
-    for (i, present) in store.exists_batch(&key_refs).into_iter().enumerate() {
-        if present? {
-            report.packs_reused += 1;
-            report.bytes_deduplicated += plans[i].size;
-        } else {
-            missing.push(&plans[i]);
-        }
-    }
+    let present = store
+        .exists_batch(&key_refs)
+        .into_iter()
+        .collect::<Result<Vec<bool>, _>>()?;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let upload = || -> Result<(u64, u64), PublishError> {
-        let (mut packs, mut bytes) = (0, 0);
+    let shared: &[PackPlan] = plans;
+    let work = || -> Result<Vec<(usize, Placed)>, PublishError> {
+        let mut placed = Vec::new();
         while !failed.load(Ordering::Relaxed) {
             if let Some(signal) = interrupt.signal_name() {
                 return Err(PublishError::Interrupted(signal));
             }
-            let Some(plan) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(plan) = shared.get(i) else {
                 break;
             };
-            let mut fill_error = None;
-            let stored = store.put_filled(
-                &layout.pack(&plan.id),
-                plan.size as usize,
-                ValueClass::Bulk,
-                &mut |buf| {
-                    fill_pack(reader, plan, source_of, buf)
-                        .map_err(|e| fill_error = Some(e))
-                        .is_ok()
-                },
-            );
-            match (stored, fill_error) {
-                (_, Some(e)) => return Err(e),
-                (Err(e), None) => return Err(e.into()),
-                (Ok(_), None) => {
-                    packs += 1;
-                    bytes += plan.size;
-                }
-            }
+            let place = Placing {
+                store,
+                layout,
+                reader,
+                source_of,
+            };
+            placed.push((i, place.pack(plan, present[i])?));
         }
-        Ok((packs, bytes))
+        Ok(placed)
     };
     let worker = || {
-        let r = upload();
+        let r = work();
         if r.is_err() {
             failed.store(true, Ordering::Relaxed);
         }
@@ -83,16 +74,167 @@ pub(super) fn upload_packs(
         [mine, other.join().expect("pack upload worker panicked")]
     });
     for r in results {
-        let (packs, bytes) = r?;
-        report.packs_uploaded += packs;
-        report.bytes_uploaded += bytes;
+        for (i, placed) in r? {
+            let plan = &mut plans[i];
+            plan.id = placed.id;
+            if placed.uploaded {
+                report.packs_uploaded += 1;
+                report.bytes_uploaded += plan.size;
+            } else {
+                report.packs_reused += 1;
+                report.bytes_deduplicated += plan.size;
+            }
+        }
     }
     Ok(())
 }
 
+/// Salts tried, in order, after the plain id held bytes that are not the pack's, before a random
+/// one: honest publishers that met the same planted key move to the same next key and still
+/// share one copy; an attacker who plants all of these too only costs them the sharing.
+const SHARED_SALTS: [&[u8]; 2] = [b"1", b"2"];
+
+/// Where a pack ended up: its id (salted if the plain key was taken by other bytes) and whether
+/// this publish uploaded it.
+struct Placed {
+    id: ContentHash,
+    uploaded: bool,
+}
+
+struct Placing<'a, 's> {
+    store: &'a dyn Store,
+    layout: &'a KeyLayout,
+    reader: &'a RootReader<'a>,
+    source_of: &'a HashMap<ContentHash, (&'s ScannedFile, Stored)>,
+}
+
+impl Placing<'_, '_> {
+    /// Puts `plan` under its id, or reuses the value there once it checked to be this pack; a
+    /// value that is not moves the pack to the next salted id, then to a random one.
+    fn pack(&self, plan: &PackPlan, mut present: bool) -> Result<Placed, PublishError> {
+        let mut id = plan.id;
+        for attempt in 0..=SHARED_SALTS.len() + 1 {
+            let key = self.layout.pack(&id);
+            if present {
+                match self.check_stored(&key, plan)? {
+                    Checked::Same => {
+                        return Ok(Placed {
+                            id,
+                            uploaded: false,
+                        });
+                    }
+                    Checked::Gone => {}
+                    Checked::Other(why) => {
+                        tracing::warn!(
+                            key,
+                            "the store already holds a value under this pack's key that is not \
+                             this pack ({why}): not using it; putting this pack under a salted key"
+                        );
+                        id = match SHARED_SALTS.get(attempt) {
+                            Some(salt) => plan.salted_id(salt),
+                            None => plan.salted_id(&random_salt()?),
+                        };
+                        present = self.store.exists(&self.layout.pack(&id))?;
+                        continue;
+                    }
+                }
+            }
+            self.upload(&key, plan)?;
+            return Ok(Placed { id, uploaded: true });
+        }
+        // Only reached if a random key held foreign bytes: nobody could have planted it.
+        Err(PublishError::Store(StoreError::Other(format!(
+            "every key tried for pack {} holds other bytes (the last a random one): the store \
+             does not keep what is put; check it",
+            plan.id
+        ))))
+    }
+
+    fn upload(&self, key: &str, plan: &PackPlan) -> Result<(), PublishError> {
+        let mut fill_error = None;
+        let stored = self
+            .store
+            .put_filled(key, plan.size as usize, ValueClass::Bulk, &mut |buf| {
+                fill_pack(self.reader, &plan.pieces, self.source_of, buf)
+                    .map_err(|e| fill_error = Some(e))
+                    .is_ok()
+            });
+        match (stored, fill_error) {
+            (_, Some(e)) => Err(e),
+            (Err(e), None) => Err(e.into()),
+            (Ok(_), None) => Ok(()),
+        }
+    }
+
+    /// Reads the value under `key` back, at most the pack's size, and checks it holds this pack:
+    /// each piece that is a whole content hashes to it; the pieces of a split content are
+    /// compared with this root's bytes.
+    fn check_stored(&self, key: &str, plan: &PackPlan) -> Result<Checked, PublishError> {
+        let bytes = match self.store.get_capped(key, plan.size) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(Checked::Gone),
+            Err(StoreError::TooLarge { size, .. }) => {
+                return Ok(Checked::Other(format!("{size} bytes, not {}", plan.size)));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if bytes.len() as u64 != plan.size {
+            let why = format!("{} bytes, not {}", bytes.len(), plan.size);
+            return Ok(Checked::Other(why));
+        }
+        let mut split = Vec::new();
+        for piece in &plan.pieces {
+            let whole = self.source_of[&piece.content].1.size == piece.len;
+            let at = piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize;
+            if !whole {
+                split.push(piece.clone());
+            } else if ContentHash::of(&bytes[at]) != piece.content {
+                let why = format!(
+                    "the bytes at {} do not hash to {}",
+                    piece.pack_offset, piece.content
+                );
+                return Ok(Checked::Other(why));
+            }
+        }
+        if !split.is_empty() {
+            let mut mine = vec![0u8; plan.size as usize];
+            fill_pack(self.reader, &split, self.source_of, &mut mine)?;
+            if let Some(p) = split.iter().find(|p| {
+                let at = p.pack_offset as usize..(p.pack_offset + p.len) as usize;
+                bytes[at.clone()] != mine[at]
+            }) {
+                let why = format!("the bytes at {} are not this root's", p.pack_offset);
+                return Ok(Checked::Other(why));
+            }
+        }
+        Ok(Checked::Same)
+    }
+}
+
+enum Checked {
+    /// The value is this pack.
+    Same,
+    /// Nothing there any more (evicted or collected since `exists`).
+    Gone,
+    /// Something else, and why it is not this pack.
+    Other(String),
+}
+
+/// A salt nobody can guess ahead, for the last resort key.
+fn random_salt() -> Result<[u8; 32], PublishError> {
+    let mut salt = [0u8; 32];
+    getrandom::fill(&mut salt).map_err(|e| {
+        PublishError::Store(StoreError::Other(format!(
+            "no randomness for a pack key nobody can plant: {e}"
+        )))
+    })?;
+    Ok(salt)
+}
+
+/// Writes `pieces` (of one pack) into `buf`, each at its pack offset.
 fn fill_pack(
     reader: &RootReader,
-    plan: &PackPlan,
+    pieces: &[Piece],
     source_of: &HashMap<ContentHash, (&ScannedFile, Stored)>,
     buf: &mut [u8],
 ) -> Result<(), PublishError> {
@@ -103,7 +245,7 @@ fn fill_pack(
         ..
     } = reader;
     let mut last = LastDir::default();
-    for piece in &plan.pieces {
+    for piece in pieces {
         let (f, stored) = source_of[&piece.content];
         let dst = &mut buf[piece.pack_offset as usize..(piece.pack_offset + piece.len) as usize];
         if kept.copy_piece(&piece.content, piece.content_offset, dst) {
