@@ -34,13 +34,23 @@
 //!   (its manifest unreadable or not) never holds up or pushes out a trusted one. Untrusted
 //!   generations below the newest trusted head are removed; those above it are reported and left
 //!   (removing the top of a head sequence would leave a floor above every head).
+//! - gc judges by trust, since anyone can write the store: the policy and settings that decide a
+//!   compat id come from its newest readable generation a trusted key signed, and only where none
+//!   is signed (no key configured) from the newest that counts; a generation's grace runs from
+//!   the next newer head that supersedes it under the trust (under `required`, a trusted one),
+//!   and an untrusted head's time is its claim or the store's date of it, whichever is later
+//!   (`inspect::survey`). What records no trusted key signed decided is reported (`unsigned`) and
+//!   logged at WARN.
 //!
 //! Removing (never in `--dry-run`), in an order a reader can never half-see:
 //! 1. a head floor per compat id whose heads are removed (`catalog::FloorRecord`): heads below it
 //!    may go, so probing for the newest head starts there;
 //! 2. a journal (`catalog::GcJournal`) naming every key and pack this run will remove, so an
 //!    interrupted run is finished by the next one (on Mooncake nothing else leads to them); a
-//!    `gc-done` marker once every removal succeeded;
+//!    `gc-done` marker once every removal succeeded. A journal read back is anyone's: one that
+//!    does not decode, or names anything but this namespace's head and manifest keys, is passed
+//!    over and reported (`journals_refused`); a resumed one never removes a key of a generation
+//!    this run keeps, and its packs go by the rule for every pack (below);
 //! 3. head records, then manifests, then packs. A key a reader holds a lease on (Mooncake leases
 //!    every key read or probed, for 10 s) is retried after `lease_wait`, so gc never pulls a pack
 //!    from under an install that is reading it there. Before removing packs, the newest heads are read
@@ -176,6 +186,15 @@ pub struct GcReport {
     pub unreadable: Vec<String>,
     /// Packs removed whose size the store could not tell (not counted in `pack_bytes`).
     pub packs_unknown_size: u64,
+    /// What records no trusted key signed decided this run (the policy and settings of a compat
+    /// id, the grace of a generation, the newest generation kept for installs): with no trusted
+    /// key configured, anyone who can write the store decides these. Also logged at WARN.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unsigned: Vec<String>,
+    /// gc journals passed over: corrupt, oversized, another place's, or naming keys a journal may
+    /// not name (anything but this namespace's head and manifest keys). Anyone can write them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub journals_refused: Vec<String>,
     /// With a durable registry tier: what `collect_registry` deleted there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<RegistryGc>,
@@ -243,6 +262,8 @@ struct Plan {
     retained: HashSet<ContentHash>,
     /// Every generation some head names.
     known: HashSet<GenerationId>,
+    /// Head keys of retained generations: a journal never removes them.
+    kept_heads: HashSet<String>,
     /// Keys of an interrupted earlier run's journal, removed again, and its seq.
     resumed: Vec<String>,
     resumed_journal: Option<u64>,
@@ -265,10 +286,10 @@ pub fn collect(
     let mut plan = Plan::default();
     note_faulty_and_unreadable(&survey, opts, &mut report);
     for compat in &survey.compats {
-        decide_compat(compat, policies, opts, &mut plan, &mut report);
+        decide_compat(layout, compat, policies, opts, &mut plan, &mut report);
     }
     add_merged_losers(store, layout, &survey, &mut plan)?;
-    resume_interrupted_run(store, layout, &mut plan)?;
+    resume_interrupted_run(store, layout, &mut plan, &mut report)?;
     add_orphans(store, layout, opts, &mut plan, &report)?;
     let mut packs = settle_packs(&mut plan, &mut report);
 
@@ -363,26 +384,120 @@ fn add_merged_losers(
     Ok(())
 }
 
-/// An interrupted earlier run: finish what it planned. Its keys are not probed with `exists` (on
-/// Mooncake a probe leases the key and blocks its removal); removing a key already gone is a
-/// no-op.
+/// How many journals, newest first, gc reads looking for the newest one it may resume.
+const JOURNALS_READ: usize = 4;
+
+/// An interrupted earlier run: finish what it planned. Anyone can write a journal, so one is
+/// resumed only if it is a journal of this place that names nothing but this namespace's head
+/// and manifest keys (`parse_journal_key`); another is passed over and reported, and gc goes on to
+/// the one below. Even then a key of a generation this run keeps is left, and its packs go
+/// through the rule for every pack (removed only if no retained generation references them).
+/// Its keys are not probed with `exists` (on Mooncake a probe leases the key and blocks its
+/// removal); removing a key already gone is a no-op.
 fn resume_interrupted_run(
     store: &dyn Store,
     layout: &KeyLayout,
     plan: &mut Plan,
+    report: &mut GcReport,
 ) -> Result<(), GcError> {
-    let Some(j) = catalog::newest_gc_journal(store, layout)? else {
-        return Ok(());
-    };
-    if catalog::gc_done(store, layout, j.seq)? {
-        return Ok(());
+    let key = |seq| layout.gc_journal(seq);
+    let mut seqs = catalog::SeqWalk::new(store, &layout.gc_journal_prefix(), key, &[1])?;
+    for _ in 0..JOURNALS_READ {
+        let Some(seq) = seqs.next_seq()? else {
+            return Ok(());
+        };
+        let k = layout.gc_journal(seq);
+        let refused = match read_journal(store, layout, &k, seq)? {
+            Err(why) => why,
+            Ok(None) => continue,
+            Ok(Some(j)) => {
+                if catalog::gc_done(store, layout, j.seq)? {
+                    return Ok(());
+                }
+                plan.resumed.extend(
+                    j.keys
+                        .iter()
+                        .filter(|k| match parse_journal_key(layout, k) {
+                            Some(JournalKey::Head) => !plan.kept_heads.contains(*k),
+                            Some(JournalKey::Manifest(id)) => {
+                                !plan.known.contains(&id) || plan.manifests.contains(&id)
+                            }
+                            None => false,
+                        })
+                        .cloned(),
+                );
+                for p in &j.packs {
+                    plan.dropped_packs.entry(*p).or_insert(0);
+                }
+                plan.resumed_journal = Some(j.seq);
+                return Ok(());
+            }
+        };
+        tracing::warn!(key = %k, "gc journal passed over: {refused}");
+        report.journals_refused.push(format!(
+            "{k}: {refused} (passed over; anyone can write the store)"
+        ));
     }
-    plan.resumed.extend(j.keys.iter().cloned());
-    for p in &j.packs {
-        plan.dropped_packs.entry(*p).or_insert(0);
-    }
-    plan.resumed_journal = Some(j.seq);
     Ok(())
+}
+
+/// The journal at `key` (seq `seq`): `Ok(None)` if gone, `Err(why)` if no journal gc may resume.
+fn read_journal(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    key: &str,
+    seq: u64,
+) -> Result<Result<Option<catalog::GcJournal>, String>, GcError> {
+    let bytes = match store.get_capped(key, catalog::MAX_JOURNAL_BYTES) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Ok(None)),
+        Err(StoreError::TooLarge { .. }) => {
+            return Ok(Err(format!("over {} bytes", catalog::MAX_JOURNAL_BYTES)));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let j: catalog::GcJournal = match serde_json::from_slice(&bytes) {
+        Ok(j) => j,
+        Err(e) => return Ok(Err(format!("not a gc journal: {e}"))),
+    };
+    if j.seq != seq {
+        return Ok(Err(format!("names seq {} under seq {seq}", j.seq)));
+    }
+    if let Some(bad) = j
+        .keys
+        .iter()
+        .find(|k| parse_journal_key(layout, k).is_none())
+    {
+        let bad: String = bad.chars().take(200).collect();
+        return Ok(Err(format!(
+            "names {bad:?}, which is not a head or manifest key of namespace {:?}",
+            layout.namespace()
+        )));
+    }
+    Ok(Ok(Some(j)))
+}
+
+enum JournalKey {
+    Head,
+    Manifest(GenerationId),
+}
+
+/// What a journal key is, if it is one a journal may name: a head or manifest key of this
+/// namespace, exactly as this jitship spells it.
+fn parse_journal_key(layout: &KeyLayout, key: &str) -> Option<JournalKey> {
+    if let Some(id) = key
+        .strip_prefix(&layout.generations_prefix())
+        .and_then(|s| s.parse::<GenerationId>().ok())
+        .filter(|id| layout.generation(id) == key)
+    {
+        return Some(JournalKey::Manifest(id));
+    }
+    let (compat, seq) = key
+        .strip_prefix(&layout.all_heads_prefix())?
+        .split_once('/')?;
+    let compat: CompatId = compat.parse().ok()?;
+    let seq = catalog::walk::parse_seq(seq)?;
+    (layout.head(&compat, seq) == key).then_some(JournalKey::Head)
 }
 
 /// Orphans, where the store can list and date keys: manifests and packs nothing references,
@@ -554,6 +669,7 @@ fn remove_packs(
 /// Retention for one compat id: a verdict per generation, heads and manifests to remove, the
 /// packs retained and dropped, and the floor above the dropped heads.
 fn decide_compat(
+    layout: &KeyLayout,
     compat: &CompatView,
     policies: &dyn PolicyFinder,
     opts: &GcOptions,
@@ -566,10 +682,28 @@ fn decide_compat(
     for g in &compat.generations {
         plan.known.insert(g.id);
         let (verdict, reason) = rules.verdict(g);
+        if verdict == Verdict::Drop
+            && counts(opts, g)
+            && let Some(by) = g.superseded_by
+            && let Some(signer) =
+                signer_of(compat, by).filter(|s| !matches!(s, Signer::Trusted { .. }))
+        {
+            note_unsigned(
+                report,
+                format!(
+                    "generation {} of compat id {}: dropped when its grace period, counted from \
+                     head {by} ({signer}), ran out; that head's time is its writer's word (or \
+                     the store's date of it, where later)",
+                    g.id, compat.compat_id
+                ),
+            );
+        }
         let packs = g.summary().map(|s| s.packs.as_slice()).unwrap_or_default();
         match verdict {
             Verdict::Keep => {
                 kept_seqs.extend(&g.seqs);
+                plan.kept_heads
+                    .extend(g.seqs.iter().map(|s| layout.head(&compat.compat_id, *s)));
                 plan.retained.extend(packs.iter().map(|p| p.id));
             }
             Verdict::Drop => {
@@ -591,13 +725,28 @@ fn decide_compat(
             size_bytes: g.summary().map_or(0, |s| s.size_bytes),
         });
     }
+    if !dropped_seqs.is_empty()
+        && let Some(newest) = rules.newest.filter(|g| !trusted(g))
+    {
+        note_unsigned(
+            report,
+            format!(
+                "compat id {}: the newest generation, kept for installs and counted in the quota, \
+                 is {}, {}",
+                compat.compat_id,
+                newest.id,
+                signers(newest)
+            ),
+        );
+    }
+    // The floor is built from what this run removes alone: a floor record read from the store
+    // may be anyone's (`catalog::write_floor` keeps a higher earlier floor only where a head
+    // exists at it).
     if let Some(&highest_dropped) = dropped_seqs.iter().max() {
         let floor = highest_dropped + 1;
         let mut keep: Vec<u64> = kept_seqs.into_iter().filter(|&s| s < floor).collect();
         keep.sort_unstable_by(|a, b| b.cmp(a));
-        let old_floor = compat.floor.as_ref().map_or(1, |f| f.floor);
-        plan.floors
-            .push((compat.compat_id, floor.max(old_floor), keep));
+        plan.floors.push((compat.compat_id, floor, keep));
     }
 }
 
@@ -695,10 +844,38 @@ fn retention_drops(
         .iter()
         .filter(|g| counts(opts, g))
         .collect();
-    let published_with: Option<PolicyRef> = counting
+    // The policy and its settings come from the newest readable generation a trusted key signed;
+    // only where there is none (no key configured, or none of its generations signed) from the
+    // newest readable one that counts, and the report says that an unsigned record decided.
+    let decider = counting
         .iter()
-        .find_map(|g| g.summary())
-        .map(|s| s.policy.clone());
+        .find(|g| g.summary().is_some() && trusted(g))
+        .or_else(|| counting.iter().find(|g| g.summary().is_some()));
+    let published_with: Option<PolicyRef> =
+        decider.and_then(|g| g.summary()).map(|s| s.policy.clone());
+    if let (Some(g), Some(p)) = (decider, &published_with)
+        && !trusted(g)
+    {
+        let settings = match p.settings.is_empty() {
+            true => String::new(),
+            false => format!(
+                " with settings {}",
+                crate::policy::host::describe(&p.settings)
+            ),
+        };
+        note_unsigned(
+            report,
+            format!(
+                "compat id {}: the policy that decides its retention ({}@{}{settings}) is the one \
+                 recorded by generation {}, {}",
+                compat.compat_id,
+                p.name,
+                p.version,
+                g.id,
+                signers(g)
+            ),
+        );
+    }
     let mut key = KeyPolicy {
         compat_id: compat.compat_id,
         cache_kind: compat.cache_kind.clone(),
@@ -752,6 +929,36 @@ fn retention_drops(
     };
     report.policies.push(key);
     drops
+}
+
+/// Whether a trusted key signed a head of `g`.
+fn trusted(g: &inspect::GenerationView) -> bool {
+    g.signatures
+        .iter()
+        .any(|s| matches!(s.signer, Signer::Trusted { .. }))
+}
+
+/// Who signed the heads of `g`, for the report.
+fn signers(g: &inspect::GenerationView) -> String {
+    let mut who: Vec<String> = g.signatures.iter().map(|s| s.signer.to_string()).collect();
+    who.dedup();
+    who.join(", ")
+}
+
+/// Who signed the head at `seq` of `compat`.
+fn signer_of(compat: &CompatView, seq: u64) -> Option<Signer> {
+    compat
+        .generations
+        .iter()
+        .flat_map(|g| g.signatures.iter())
+        .find(|s| s.seq == seq)
+        .map(|s| s.signer.clone())
+}
+
+/// Records (and logs at WARN) what a record no trusted key signed decided.
+fn note_unsigned(report: &mut GcReport, what: String) {
+    tracing::warn!("gc: decided by an unsigned record: {what}");
+    report.unsigned.push(what);
 }
 
 /// Whether `g` counts for retention: under `required`, only if a trusted key signed one of its

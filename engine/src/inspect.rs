@@ -45,8 +45,14 @@ pub struct GenerationView {
     pub seqs: Vec<u64>,
     /// When its newest head was written.
     pub head_written_at: u64,
-    /// When a newer head of the same compat id was first written (None for the newest).
+    /// When a newer head of the same compat id that supersedes it was first written (None for the
+    /// newest): under trust mode `required` only a trusted head supersedes (installs here take no
+    /// other), and a time only a trusted key vouches for is taken as claimed (see
+    /// `supersession_time`), so an attacker's backdated head never shortens gc's grace.
     pub superseded_at: Option<u64>,
+    /// The seq of the head `superseded_at` came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<u64>,
     pub is_head: bool,
     pub pinned: bool,
     /// Who signed each head pointing at it, newest first.
@@ -182,23 +188,31 @@ pub fn survey_compat(
         faulty_heads: faulty,
         generations: vec![],
     };
-    // heads are newest first; a head's generation is superseded when the next newer head was written.
+    // heads are newest first; a head's generation is superseded when the next newer head that
+    // supersedes it (see `superseded_at`) was written: (seq, time) of that head.
     let mut by_id: HashMap<GenerationId, usize> = HashMap::new();
-    let mut newer: Option<&HeadRecord> = None;
+    let mut newer: Option<(u64, u64)> = None;
     for (i, h) in heads.iter().enumerate() {
-        let superseded_at = newer.map(|n| n.written_at);
+        let superseded_at = newer.map(|(_, t)| t);
+        let superseded_by = newer.map(|(s, _)| s);
         let signed = SeqSigner {
             seq: h.seq,
             signer: trust.judge(layout.namespace(), h),
         };
+        if admitted(trust, &signed.signer) {
+            newer = Some((h.seq, supersession_time(store, layout, h, &signed.signer)?));
+        }
         match by_id.get(&h.generation) {
             Some(&idx) => {
                 let g = &mut view.generations[idx];
                 g.seqs.push(h.seq);
                 g.signatures.push(signed);
                 // The oldest supersession counts: an install may have read it from then on.
-                if let Some(s) = superseded_at {
-                    g.superseded_at = Some(g.superseded_at.map_or(s, |x| x.min(s)));
+                if let Some(s) = superseded_at
+                    && g.superseded_at.is_none_or(|x| s < x)
+                {
+                    g.superseded_at = Some(s);
+                    g.superseded_by = superseded_by;
                 }
             }
             None => {
@@ -221,6 +235,7 @@ pub fn survey_compat(
                     seqs: vec![h.seq],
                     head_written_at: h.written_at,
                     superseded_at,
+                    superseded_by,
                     is_head: i == 0,
                     pinned: catalog::is_pinned(store, layout, &h.generation)?,
                     signatures: vec![signed],
@@ -228,9 +243,35 @@ pub fn survey_compat(
                 });
             }
         }
-        newer = Some(h);
     }
     Ok(view)
+}
+
+/// Whether the trust admits acting on a head judged `signer` (superseding, deciding, condemning):
+/// any head under modes `off` and `warn`, only a trusted key's under `required`.
+pub fn admitted(trust: &TrustPolicy, signer: &Signer) -> bool {
+    trust.mode() != crate::trust::TrustMode::Required || matches!(signer, Signer::Trusted { .. })
+}
+
+/// When `head` was written, as far as gc may rely on it: a trusted head's claim; for any other,
+/// the later of its claim and the store's own write time where the store dates keys (an
+/// unsigned head's `written_at` is whatever its writer says, and backdating it would cancel the
+/// grace of the generation it supersedes). On a store that dates nothing the claim stands, and gc
+/// reports that an unsigned record decided.
+fn supersession_time(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    head: &HeadRecord,
+    signer: &Signer,
+) -> Result<u64, InspectError> {
+    if matches!(signer, Signer::Trusted { .. }) || !store.capabilities().write_times {
+        return Ok(head.written_at);
+    }
+    let dated = store
+        .modified(&layout.head(&head.compat_id, head.seq))?
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    Ok(head.written_at.max(dated))
 }
 
 /// A generation id from a full id or a unique prefix (at least 8 hex digits) of a generation a
@@ -465,6 +506,12 @@ pub struct Verification {
     /// Damaged packs removed by `repair`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub repaired: Vec<ContentHash>,
+    /// Why `repair` left packs this verification blames (see `Repairer`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub repair_refused: Vec<String>,
+    /// The packs its manifest references (empty when the manifest could not be read).
+    #[serde(skip)]
+    pub checked_packs: Vec<ContentHash>,
 }
 
 /// Fetches every pack of `id` (one at a time: memory stays at one pack plus the hashers) and
@@ -484,6 +531,8 @@ pub fn verify(
         problems: vec![],
         signatures: vec![],
         repaired: vec![],
+        repair_refused: vec![],
+        checked_packs: vec![],
     };
     let manifest = match catalog::read_manifest(store, layout, id)? {
         ManifestRead::Present(m) => *m,
@@ -498,6 +547,7 @@ pub fn verify(
             return Ok(v);
         }
     };
+    v.checked_packs = manifest.packs.iter().map(|p| p.id).collect();
     // Per file: a hasher fed in chunk order. Chunks are visited pack by pack, so a file whose
     // chunks go back to an earlier pack is re-checked on its own afterwards.
     let by_pack = slices_by_pack(&manifest.files);
@@ -616,16 +666,8 @@ pub fn signature_problems(g: &GenerationView, trust: &TrustPolicy) -> Vec<Proble
         .collect()
 }
 
-/// Removes the packs `v` found damaged (wrong size, or holding a file whose bytes do not hash to
-/// the manifest's). Puts never overwrite, so a poisoned or torn pack would otherwise stay forever;
-/// once removed, the next publish of a root holding those files uploads the pack again (a parent
-/// whose packs are gone is used without their files), and installs fall back meanwhile. Returns
-/// the packs removed. Missing packs and manifests are left to gc and the next publish.
-pub fn repair(
-    store: &dyn Store,
-    layout: &KeyLayout,
-    v: &Verification,
-) -> Result<Vec<ContentHash>, InspectError> {
+/// The packs `v` blames: wrong size, or holding a file whose bytes do not hash to the manifest's.
+fn blamed(v: &Verification) -> Vec<ContentHash> {
     let mut damaged: Vec<ContentHash> = Vec::new();
     for p in &v.problems {
         match p {
@@ -636,12 +678,144 @@ pub fn repair(
     }
     damaged.sort();
     damaged.dedup();
-    let mut removed = Vec::new();
-    for pack in damaged {
-        // Mooncake refuses to remove a key read in the last seconds (verify just read it).
-        if catalog::remove_one(store, &layout.pack(&pack), catalog::LeaseWait::ONE_KEY)? {
-            removed.push(pack);
+    damaged
+}
+
+/// The packs `v` checked and found whole: fetched, of its manifest's size, every file of it that
+/// they hold hashing right.
+fn vouched(v: &Verification) -> HashSet<ContentHash> {
+    let bad: HashSet<ContentHash> = blamed(v)
+        .into_iter()
+        .chain(v.problems.iter().filter_map(|p| match p {
+            Problem::PackMissing { pack } => Some(*pack),
+            _ => None,
+        }))
+        .collect();
+    v.checked_packs
+        .iter()
+        .filter(|p| !bad.contains(p))
+        .copied()
+        .collect()
+}
+
+/// Removes damaged packs, judging by trust: anyone can write a manifest claiming any hashes for
+/// any pack, so a pack is condemned only on the word of a manifest the trust admits (a head of it
+/// is `admitted`), and never while another admitted generation verifies it. Puts never
+/// overwrite, so a poisoned or torn pack would otherwise stay forever; once removed, the next
+/// publish of a root holding those files uploads the pack again (a parent whose packs are gone
+/// is used without their files), and installs fall back meanwhile. Missing packs and manifests
+/// are left to gc and the next publish.
+pub struct Repairer<'a> {
+    store: &'a dyn Store,
+    layout: &'a KeyLayout,
+    survey: &'a Survey,
+    trust: &'a TrustPolicy,
+    /// Admitted generations verified so far, with the packs each vouches for (`vouched`).
+    verified: HashMap<GenerationId, HashSet<ContentHash>>,
+}
+
+/// What one repair did: the packs removed, and why others `v` blames were not.
+#[derive(Debug, Clone, Default)]
+pub struct Repair {
+    pub removed: Vec<ContentHash>,
+    pub refused: Vec<String>,
+}
+
+impl<'a> Repairer<'a> {
+    pub fn new(
+        store: &'a dyn Store,
+        layout: &'a KeyLayout,
+        survey: &'a Survey,
+        trust: &'a TrustPolicy,
+    ) -> Self {
+        Self {
+            store,
+            layout,
+            survey,
+            trust,
+            verified: HashMap::new(),
         }
     }
-    Ok(removed)
+
+    /// Whether a head of generation `id` is one the trust admits (a manifest no head names counts
+    /// only where every head would: trust mode `off` or `warn`).
+    fn admits(&self, id: &GenerationId) -> bool {
+        let mut heads = self
+            .survey
+            .generations()
+            .filter(|(_, g)| g.id == *id)
+            .flat_map(|(_, g)| g.signatures.iter())
+            .peekable();
+        if heads.peek().is_none() {
+            return self.trust.mode() != crate::trust::TrustMode::Required;
+        }
+        heads.any(|s| admitted(self.trust, &s.signer))
+    }
+
+    /// Removes the packs `v` blames, as far as the trust allows (see `Repairer`).
+    pub fn repair(&mut self, v: &Verification) -> Result<Repair, InspectError> {
+        let mut out = Repair::default();
+        let damaged = blamed(v);
+        if damaged.is_empty() {
+            return Ok(out);
+        }
+        if !self.admits(&v.generation) {
+            out.refused.push(format!(
+                "generation {} is not admitted by the trust in force (no head of it is signed by                  a trusted key): its manifest condemns no pack; remove its head and manifest if                  it is not yours",
+                v.generation
+            ));
+            return Ok(out);
+        }
+        for pack in damaged {
+            if let Some(other) = self.verified_by(&pack, &v.generation)? {
+                out.refused.push(format!(
+                    "pack {pack}: generation {other} (admitted) verifies it, so the fault is in                      the manifest of {}, not in the pack; not removed",
+                    v.generation
+                ));
+                continue;
+            }
+            // Mooncake refuses to remove a key read in the last seconds (verify just read it).
+            if catalog::remove_one(
+                self.store,
+                &self.layout.pack(&pack),
+                catalog::LeaseWait::ONE_KEY,
+            )? {
+                out.removed.push(pack);
+            }
+        }
+        Ok(out)
+    }
+
+    /// An admitted generation other than `besides` that references `pack` and verifies it.
+    fn verified_by(
+        &mut self,
+        pack: &ContentHash,
+        besides: &GenerationId,
+    ) -> Result<Option<GenerationId>, InspectError> {
+        let mut candidates: Vec<GenerationId> = self
+            .survey
+            .generations()
+            .filter(|(_, g)| g.id != *besides)
+            .filter(|(_, g)| {
+                g.summary()
+                    .is_some_and(|s| s.packs.iter().any(|p| p.id == *pack))
+            })
+            .map(|(_, g)| g.id)
+            .collect();
+        candidates.sort();
+        candidates.dedup();
+        for id in candidates {
+            if !self.admits(&id) {
+                continue;
+            }
+            if !self.verified.contains_key(&id) {
+                let v = verify(self.store, self.layout, &id)?;
+                self.verified.insert(id, vouched(&v));
+            }
+            if self.verified[&id].contains(pack) {
+                return Ok(Some(id));
+            }
+        }
+        Ok(None)
+    }
 }

@@ -15,6 +15,7 @@ mod durable_registry;
 mod facts_cli;
 mod foundation;
 mod gc;
+mod hostile_operator;
 mod hostile_store;
 mod kubernetes_examples;
 mod mooncake_conformance;

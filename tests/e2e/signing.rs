@@ -538,7 +538,12 @@ fn a_corrupt_pack_is_passed_over_repaired_and_republished_on(place: Place) {
             p,
             jitship::inspect::Problem::FileCorrupt { packs, .. } if packs.contains(&poisoned.id)
         )));
-        let removed = jitship::inspect::repair(store, &s.layout, &v).unwrap();
+        let survey = jitship::inspect::survey(store, &s.layout, &policy()).unwrap();
+        let trust = policy();
+        let removed = jitship::inspect::Repairer::new(store, &s.layout, &survey, &trust)
+            .repair(&v)
+            .unwrap()
+            .removed;
         assert_eq!(removed, vec![poisoned.id], "[{}]", b.name);
         assert!(!store.exists(&pack_key).unwrap());
 

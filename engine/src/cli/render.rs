@@ -1,4 +1,9 @@
 //! How reports print for a person: summaries, tables, ages, spinners.
+//!
+//! Every line a person reads goes through `say!` (or `clean`): strings from store records
+//! (facts, compat keys, writer ids, a policy's words, error details) are anyone's, and a control
+//! character in them would let a record move the cursor, erase lines or write a line that looks
+//! like jitship's own ("signed by trusted key ..."). JSON output is JSON and is not touched.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -9,6 +14,41 @@ use crate::install::{InstallOutcome, InstallReport};
 use crate::oci::BakeOutcome;
 use crate::policy::ReasonCategory;
 use crate::publish::{PublishOutcome, PublishReport};
+
+/// `text` with its control characters escaped (`\n`, `\u{1b}`, ...), and the bidirectional
+/// overrides and isolates that reorder what a terminal shows; other characters, non-ASCII
+/// included, unchanged.
+pub(crate) fn clean(text: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if bad(c) {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Prints one line for a person, escaped (`clean`): a line holds no line break of its own.
+pub(crate) fn say_line(line: &str) {
+    println!("{}", clean(line));
+}
+
+/// `println!` for a person: the formatted line, escaped (`clean`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::render::say_line(&format!($($arg)*))
+    };
+}
+pub(crate) use say;
 
 /// How much a person sees: 0 = one line per cache, 1+ (`-v`) = the figures and every skip reason.
 static VERBOSITY: AtomicU8 = AtomicU8::new(0);
@@ -128,9 +168,9 @@ pub(crate) fn print_publish(r: &PublishReport) {
         ),
         PublishOutcome::Empty => "nothing to publish yet".into(),
     };
-    println!("{}: {head}", r.cache_kind);
+    say!("{}: {head}", r.cache_kind);
     if verbose() {
-        println!(
+        say!(
             "  {} hashed ({} ms), {} packs uploaded ({} ms), {} packs / {} already stored",
             r.files_hashed,
             r.hash_ms,
@@ -141,35 +181,35 @@ pub(crate) fn print_publish(r: &PublishReport) {
         );
     }
     for line in skipped_lines(r) {
-        println!("{line}");
+        say!("{line}");
     }
     if let Some(why) = &r.incomplete {
-        println!(
+        say!(
             "  incomplete cache: {why} (recorded in the generation; installs prefer a complete one)"
         );
     }
     if let Some(parent) = &r.parent_signer {
-        println!("  built on a generation {parent}");
+        say!("  built on a generation {parent}");
     }
     for c in &r.conflicts {
-        println!(
+        say!(
             "  conflict: {} differs from the published copy (kept the published one)",
             c.path
         );
     }
     if let Some(push) = &r.registry {
         match (&push.generation, &push.error) {
-            (_, Some(e)) => println!(
+            (_, Some(e)) => say!(
                 "  durable tier: NOT pushed to {}: {e} (the store has the generation; the next \
                  publish pushes it)",
                 push.registry
             ),
-            (Some(g), None) if g.outcome == BakeOutcome::AlreadyPresent => println!(
+            (Some(g), None) if g.outcome == BakeOutcome::AlreadyPresent => say!(
                 "  durable tier: {} already in {}",
                 short_id(&g.generation),
                 push.registry
             ),
-            (Some(g), None) => println!(
+            (Some(g), None) => say!(
                 "  durable tier: {} ({} packs, {}) {} in {}",
                 short_id(&g.generation),
                 g.packs,
@@ -177,7 +217,7 @@ pub(crate) fn print_publish(r: &PublishReport) {
                 g.outcome,
                 seconds(push.duration_ms)
             ),
-            (None, None) => println!(
+            (None, None) => say!(
                 "  durable tier: nothing pushed to {}: the store holds no whole generation this \
                  publisher trusts",
                 push.registry
@@ -191,7 +231,7 @@ pub(crate) fn print_install(r: &InstallReport) {
         // The figures on one line; the detail (which generation, its signer, what was passed
         // over, completeness) on the next.
         InstallOutcome::Installed => {
-            println!(
+            say!(
                 "{}: installed {} files ({}) into {} at {} in {}",
                 r.cache_kind,
                 r.files_installed,
@@ -201,7 +241,7 @@ pub(crate) fn print_install(r: &InstallReport) {
                 seconds(r.duration_ms)
             );
             let prefix = format!("installed {} files of ", r.files_installed);
-            println!("  {}", r.detail.strip_prefix(&prefix).unwrap_or(&r.detail));
+            say!("  {}", r.detail.strip_prefix(&prefix).unwrap_or(&r.detail));
         }
         _ => {
             // The outcome word once: details that already start with it are not prefixed again.
@@ -210,16 +250,16 @@ pub(crate) fn print_install(r: &InstallReport) {
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default();
             if r.detail.starts_with(&word) {
-                println!("{}: {}", r.cache_kind, r.detail);
+                say!("{}: {}", r.cache_kind, r.detail);
             } else {
-                println!("{}: {word}: {}", r.cache_kind, r.detail);
+                say!("{}: {word}: {}", r.cache_kind, r.detail);
             }
         }
     }
     if let Some(t) = &r.tiers
         && t.fast_hits + t.durable_hits > 0
     {
-        println!(
+        say!(
             "  tiers: {} objects from the fast tier, {} ({}) from the durable tier, {} put back in the fast tier{}",
             t.fast_hits,
             t.durable_hits,
@@ -234,7 +274,7 @@ pub(crate) fn print_install(r: &InstallReport) {
     }
     if let Some(pull) = &r.registry {
         match &pull.served {
-            Some(g) => println!(
+            Some(g) => say!(
                 "  durable tier: {} ({} packs, {}) pulled from {}:{}, verified, and {} in the \
                  store ({})",
                 short_id(&g.generation),
@@ -249,18 +289,18 @@ pub(crate) fn print_install(r: &InstallReport) {
                 },
                 seconds(pull.duration_ms)
             ),
-            None => println!(
+            None => say!(
                 "  durable tier: {} served nothing: {}",
                 pull.registry,
                 pull.error.as_deref().unwrap_or("no generation")
             ),
         }
         for why in pull.passed_over.iter().take(5) {
-            println!("    passed over {why}");
+            say!("    passed over {why}");
         }
     }
     if !r.newer_incomplete.is_empty() {
-        println!(
+        say!(
             "  passed over {} newer incomplete generation(s): {}",
             r.newer_incomplete.len(),
             r.newer_incomplete
@@ -271,7 +311,7 @@ pub(crate) fn print_install(r: &InstallReport) {
         );
     }
     if r.outcome == InstallOutcome::Conflict {
-        println!(
+        say!(
             "  {} files ({}) into {}; fetched {} packs ({})",
             r.files_installed,
             bytesize::ByteSize(r.bytes_installed),
@@ -282,9 +322,9 @@ pub(crate) fn print_install(r: &InstallReport) {
     }
     if verbose() {
         if let Some(g) = &r.generation {
-            println!("  generation {g}");
+            say!("  generation {g}");
         }
-        println!(
+        say!(
             "  {} files in the generation, {} already present; fetched {} packs ({}); {} ms",
             r.files_in_generation,
             r.files_already_present,
@@ -294,12 +334,12 @@ pub(crate) fn print_install(r: &InstallReport) {
         );
     }
     for c in &r.conflicts {
-        println!("  left alone: {c}");
+        say!("  left alone: {c}");
     }
 }
 
 pub(crate) fn print_audit(r: &AuditReport) {
-    audit_lines(r).iter().for_each(|l| println!("{l}"));
+    audit_lines(r).iter().for_each(|l| say!("{l}"));
 }
 
 /// The audit of one root for a person: the verdict, the figures, and every compiled-anyway file
@@ -403,13 +443,26 @@ pub(crate) fn print_gc(report: &crate::gc::GcReport) {
         table(&["KIND", "COMPAT ID", "DECIDED BY"], &rows);
     }
     for e in &report.policy_errors {
-        println!("policy error: {e}");
+        say!("policy error: {e}");
     }
     for f in &report.faulty_heads {
-        println!("not a usable head: {f}");
+        say!("not a usable head: {f}");
+    }
+    for j in &report.journals_refused {
+        say!("gc journal refused: {j}");
+    }
+    if !report.unsigned.is_empty() {
+        say!(
+            "WARNING: records no trusted key signed decided this gc (anyone who can write the \
+             store can write them); configure [trust] trusted_keys (--trusted-key) so gc takes \
+             settings and times from signed generations only:"
+        );
+        for u in &report.unsigned {
+            say!("  unsigned: {u}");
+        }
     }
     for u in &report.unreadable {
-        println!(
+        say!(
             "cannot read {u}; keeping every generation of that compat id and removing no pack \
              this run (run gc with a jitship that reads it, or remove that generation)"
         );
@@ -423,7 +476,7 @@ pub(crate) fn print_gc(report: &crate::gc::GcReport) {
         0 => String::new(),
         n => format!(" and {n} packs of unknown size"),
     };
-    println!(
+    say!(
         "{verb} {} head records, {} manifests, {} packs ({}{unknown}); {} packs kept because a retained generation shares them",
         report.heads.len(),
         report.manifests.len(),
@@ -433,23 +486,23 @@ pub(crate) fn print_gc(report: &crate::gc::GcReport) {
     );
     if report.dry_run {
         for h in &report.heads {
-            println!("  head      {h}");
+            say!("  head      {h}");
         }
         for m in &report.manifests {
-            println!("  manifest  {m}");
+            say!("  manifest  {m}");
         }
         for p in &report.packs {
-            println!("  pack      {p}");
+            say!("  pack      {p}");
         }
     }
     if let Some(j) = report.resumed_journal {
-        println!("finished the interrupted gc run of journal {j}");
+        say!("finished the interrupted gc run of journal {j}");
     }
     for e in &report.errors {
-        println!("could not remove {e}");
+        say!("could not remove {e}");
     }
     if let Some(r) = &report.registry {
-        println!(
+        say!(
             "durable tier {}: {verb} {} generation(s){}",
             r.registry,
             r.deleted.len(),
@@ -461,32 +514,32 @@ pub(crate) fn print_gc(report: &crate::gc::GcReport) {
         );
         if report.dry_run {
             for t in &r.deleted {
-                println!("  tag       {t}");
+                say!("  tag       {t}");
             }
         }
         for e in &r.errors {
-            println!("could not delete {e}");
+            say!("could not delete {e}");
         }
     }
 }
 
 pub(crate) fn print_failed(kind: &str, what: &str, why: &str) {
-    eprintln!("{kind}: {what}: {why}");
+    eprintln!("{}", clean(&format!("{kind}: {what}: {why}")));
 }
 
 /// `  root DIR (where it came from)` when the environment decided the root (a kind given
 /// without `=ROOT`); under `-v` for every root.
 pub(crate) fn print_root(root: &std::path::Path, resolved_from: Option<&str>) {
     match resolved_from {
-        Some(origin) => println!("  root {} ({origin})", root.display()),
-        None if verbose() => println!("  root {} (given)", root.display()),
+        Some(origin) => say!("  root {} ({origin})", root.display()),
+        None if verbose() => say!("  root {} (given)", root.display()),
         None => {}
     }
 }
 
 /// `error: ...` on stderr, each cause once, never in Debug form.
 pub(crate) fn print_error(e: &anyhow::Error) {
-    eprintln!("error: {}", super::output::one_line(e));
+    eprintln!("error: {}", clean(&super::output::one_line(e)));
 }
 
 /// "45s", "12m", "3h", "5d" ago.
@@ -521,7 +574,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) {
                 out.push_str(&format!("{c:<w$}  ", w = widths[i]));
             }
         }
-        println!("{}", out.trim_end());
+        say!("{}", out.trim_end());
     };
     line(header.to_vec());
     for r in rows {
@@ -538,26 +591,30 @@ pub(crate) fn print_call_cost<T>(call: &crate::author::Call<T>) -> String {
 
 pub(crate) fn print_policy_logs<T>(call: &crate::author::Call<T>) {
     for l in &call.logs {
-        println!("    log [{}] {}", l.level, l.message);
+        say!("    log [{}] {}", l.level, l.message);
     }
 }
 
 pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
-    println!(
+    say!(
         "policy {} {} (cache kind {:?}, contract {}, blake3 {})",
-        r.policy.name, r.policy.version, r.policy.cache_kind, r.contract, r.digest
+        r.policy.name,
+        r.policy.version,
+        r.policy.cache_kind,
+        r.contract,
+        r.digest
     );
     if !r.settings.is_empty() {
-        println!("settings: {}", crate::policy::host::describe(&r.settings));
+        say!("settings: {}", crate::policy::host::describe(&r.settings));
     }
     match (&r.compat_key.value, &r.compat_key.error) {
         (Some(key), _) => {
-            println!("compat key: {key} {}", print_call_cost(&r.compat_key));
+            say!("compat key: {key} {}", print_call_cost(&r.compat_key));
             if let Some(id) = &r.compat_id {
-                println!("  compat id {id}");
+                say!("  compat id {id}");
             }
         }
-        (None, Some(e)) => println!(
+        (None, Some(e)) => say!(
             "compat key: REFUSED: {e} {}",
             print_call_cost(&r.compat_key)
         ),
@@ -566,12 +623,12 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
     print_policy_logs(&r.compat_key);
     if let Some(s) = &r.select {
         match &s.call.error {
-            Some(e) => println!(
+            Some(e) => say!(
                 "select on {}: FAILED: {e} {}",
                 s.root.display(),
                 print_call_cost(&s.call)
             ),
-            None => println!(
+            None => say!(
                 "select on {}: {} to publish ({}), {} skipped; {} {}",
                 s.root.display(),
                 s.publish_files,
@@ -595,20 +652,22 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
                 (false, true) => " [embeds-root]",
                 (false, false) => "",
             };
-            println!(
+            say!(
                 "  {verdict} {}  ({}: {}){traits}",
-                d.path, d.category, d.detail
+                d.path,
+                d.category,
+                d.detail
             );
         }
         for (path, why) in &s.never_offered {
-            println!("  never   {path}  ({why}; not offered to the policy)");
+            say!("  never   {path}  ({why}; not offered to the policy)");
         }
         print_policy_logs(&s.call);
     }
     if let Some(t) = &r.retain {
         match (&t.call.value, &t.call.error) {
             (Some(drop), _) => {
-                println!(
+                say!(
                     "retain over {} generations: drop {}, keep {} {}",
                     t.generations,
                     drop.len(),
@@ -616,13 +675,13 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
                     print_call_cost(&t.call)
                 );
                 for d in drop {
-                    println!("  drop {}  ({}: {})", d.id, d.category, d.detail);
+                    say!("  drop {}  ({}: {})", d.id, d.category, d.detail);
                 }
                 for id in &t.keep {
-                    println!("  keep {id}");
+                    say!("  keep {id}");
                 }
             }
-            (None, Some(e)) => println!("retain: FAILED: {e} {}", print_call_cost(&t.call)),
+            (None, Some(e)) => say!("retain: FAILED: {e} {}", print_call_cost(&t.call)),
             (None, None) => {}
         }
         print_policy_logs(&t.call);

@@ -6,7 +6,7 @@ use crate::catalog::now_secs;
 use crate::cli::args::{
     ExportArgs, GcArgs, ImportArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs,
 };
-use crate::cli::render::{age, print_gc, short, spinner, table};
+use crate::cli::render::{age, print_gc, say, short, spinner, table};
 use crate::cli::session::Session;
 use crate::cli::{exit, output};
 use crate::generation::GenerationId;
@@ -32,7 +32,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
         return Ok(exit::OK);
     }
     if survey.compats.is_empty() {
-        println!(
+        say!(
             "no generations in namespace {:?} of {}",
             survey.namespace,
             session.store.describe()
@@ -40,7 +40,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
         return Ok(exit::OK);
     }
     for c in &survey.compats {
-        println!(
+        say!(
             "{} {}  compat id {}",
             c.cache_kind.as_deref().unwrap_or("?"),
             c.compat_key.as_deref().unwrap_or("(no readable manifest)"),
@@ -130,7 +130,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
         );
         // Anyone can write the store: what is no usable head is shown, never hidden.
         for f in &c.faulty_heads {
-            println!("  head seq {}: not a usable head: {}", f.seq, f.fault);
+            say!("  head seq {}: not a usable head: {}", f.seq, f.fault);
         }
     }
     Ok(exit::OK)
@@ -147,10 +147,10 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
         emit_json("inspect", [&i], exit::OK);
         return Ok(exit::OK);
     }
-    println!("generation  {}", i.id);
-    println!("cache       {} (compat id {})", i.cache_kind, i.compat_id);
-    println!("compat key  {}", i.compat_key);
-    println!(
+    say!("generation  {}", i.id);
+    say!("cache       {} (compat id {})", i.cache_kind, i.compat_id);
+    say!("compat key  {}", i.compat_key);
+    say!(
         "created     {} ago by {}{} (jitship {})",
         age(i.created_at),
         i.producer.host,
@@ -161,11 +161,13 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
             .unwrap_or_default(),
         i.producer.jitship_version
     );
-    println!(
+    say!(
         "policy      {} {} ({})",
-        i.policy.name, i.policy.version, i.policy.digest
+        i.policy.name,
+        i.policy.version,
+        i.policy.digest
     );
-    println!(
+    say!(
         "content     {} files, {}, in {} packs ({})",
         i.file_count,
         bytesize::ByteSize(i.size_bytes),
@@ -185,16 +187,16 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
             if i.is_head { " (the newest)" } else { "" }
         )
     };
-    println!("heads       {heads}");
+    say!("heads       {heads}");
     match &i.incomplete {
-        None => println!("complete    yes (a complete cache for its kind)"),
-        Some(why) => println!("complete    NO: {why} (installs prefer a complete generation)"),
+        None => say!("complete    yes (a complete cache for its kind)"),
+        Some(why) => say!("complete    NO: {why} (installs prefer a complete generation)"),
     }
     for s in &i.signatures {
-        println!("signed      head {}: {}", s.seq, s.signer);
+        say!("signed      head {}: {}", s.seq, s.signer);
     }
     match &i.pinned {
-        Some(p) => println!(
+        Some(p) => say!(
             "pinned      {} ago by {}{}",
             age(p.pinned_at),
             p.by,
@@ -203,32 +205,32 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default()
         ),
-        None => println!("pinned      no"),
+        None => say!("pinned      no"),
     }
-    println!("facts");
+    say!("facts");
     for (k, v) in &i.facts {
-        println!("  {k} = {v}");
+        say!("  {k} = {v}");
     }
     if !i.merged.is_empty() {
-        println!("merged (publishers that lost a head race)");
+        say!("merged (publishers that lost a head race)");
         for m in &i.merged {
-            println!("  {m}");
+            say!("  {m}");
         }
     }
-    println!("parent chain");
+    say!("parent chain");
     if i.parent_chain.is_empty() {
-        println!("  (none: first generation of its chain)");
+        say!("  (none: first generation of its chain)");
     }
     for link in &i.parent_chain {
         match (link.created_at, link.file_count) {
-            (Some(c), Some(n)) => println!("  {}  {n} files, {} ago", link.id, age(c)),
-            _ => println!("  {}  (manifest gone: collected or evicted)", link.id),
+            (Some(c), Some(n)) => say!("  {}  {n} files, {} ago", link.id, age(c)),
+            _ => say!("  {}  (manifest gone: collected or evicted)", link.id),
         }
     }
     if args.files {
-        println!("files");
+        say!("files");
         for f in &i.files {
-            println!(
+            say!(
                 "  {}  {:>10}  {}",
                 short(&f.blake3),
                 bytesize::ByteSize(f.size).to_string(),
@@ -257,6 +259,10 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         }
     };
     let mut results = Vec::new();
+    // Repair judges by trust: a pack is condemned only on an admitted manifest's word, and never
+    // one another admitted generation verifies.
+    let mut repairer =
+        inspect::Repairer::new(store, &session.layout, &survey, session.trust.as_ref());
     for id in &ids {
         let bar = spinner(format!("verifying {}", short(id)));
         let v = inspect::verify(store, &session.layout, id);
@@ -269,8 +275,11 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         }
         v.ok = v.problems.is_empty();
         if args.repair {
-            v.repaired = inspect::repair(store, &session.layout, &v)
+            let repair = repairer
+                .repair(&v)
                 .with_context(|| format!("repairing {id}"))?;
+            v.repaired = repair.removed;
+            v.repair_refused = repair.refused;
         }
         if !args.common.json {
             let signed = v
@@ -280,7 +289,7 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
                 .collect::<Vec<_>>()
                 .join("; ");
             if v.ok {
-                println!(
+                say!(
                     "{}: ok ({} files, {} packs, {}; {signed})",
                     v.generation,
                     v.files_checked,
@@ -288,19 +297,22 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
                     bytesize::ByteSize(v.bytes_fetched)
                 );
             } else {
-                println!(
+                say!(
                     "{}: {} problem(s) ({signed})",
                     v.generation,
                     v.problems.len()
                 );
                 for p in &v.problems {
-                    println!("  {p}");
+                    say!("  {p}");
                 }
             }
             for pack in &v.repaired {
-                println!(
+                say!(
                     "  removed damaged pack {pack}: the next publish of a root holding its files uploads it again"
                 );
+            }
+            for why in &v.repair_refused {
+                say!("  not repaired: {why}");
             }
         }
         results.push(v);
@@ -313,7 +325,7 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
     if args.common.json {
         emit_json("verify", &results, code);
     } else if ids.is_empty() {
-        println!("no generations to verify");
+        say!("no generations to verify");
     }
     Ok(code)
 }
