@@ -2,26 +2,38 @@
 //! the OCI image spec): `jitship export` writes generations to one, `jitship import` puts them
 //! into a store from one. The index names each generation's manifest by its compat id
 //! (`org.opencontainers.image.ref.name`). A compat id the store already has heads for is left
-//! alone on import (said so), unless it holds this very head.
+//! alone on import (said so), unless it holds this very head, or only untrusted heads where the
+//! import brings a trusted one (see `put_generation`).
+//!
+//! Import judges every head by the trust, as install does, before anything else of its
+//! generation is read: under `required` a generation no trusted key signed is refused (listed in
+//! the report's `refused`, with its signer), and if that leaves nothing to import the command
+//! fails (exit 1) with the reasons. A layout is someone else's directory: every file of it is
+//! opened beneath it without following a link, without blocking (a FIFO), and must be a regular
+//! file of a bounded size; a generation or a pack listed twice is refused before it is read
+//! twice; packs are streamed to temporary files while verified and written one at a time.
 //!
 //! The layout also travels as one tar archive (`--out FILE.tar`, `--from FILE.tar`; what
 //! `skopeo copy oci-archive:` reads): written by archiving a layout directory, read by unpacking
 //! only the layout's own names, each regular file bounded in size, into a scratch directory.
 
+use std::collections::HashSet;
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use jitship_confined::Confined;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::{
     ARTIFACT_TYPE, BakedGeneration, BlobSink, BlobSource, Descriptor, OCI_INDEX, OciError,
     REF_NAME, sha256_digest, sha256_hex,
 };
 use crate::catalog::{self, KeyLayout};
-use crate::generation::CompatId;
+use crate::generation::{CompatId, GenerationId};
 use crate::store::Store;
-use crate::trust::TrustPolicy;
+use crate::trust::{Signer, TrustPolicy};
 
 /// Bounds on what an import reads before it trusts anything.
 const MAX_INDEX_BYTES: u64 = 16 << 20;
@@ -51,14 +63,37 @@ pub struct BakeReport {
     pub generations: Vec<BakedGeneration>,
     /// Compat ids exported with nothing (no usable, trusted, complete-in-the-store head).
     pub skipped: Vec<String>,
+    /// Import: generations the trust did not admit (nothing of them was written).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedGeneration>,
 }
 
-/// A layout directory, as blobs are written to and read from it.
+/// A generation of a layout that `import` did not put into the store because the trust does not
+/// admit its head.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedGeneration {
+    pub compat_id: CompatId,
+    pub generation: GenerationId,
+    pub seq: u64,
+    pub signer: Signer,
+}
+
+/// A layout directory, as blobs are written to and read from it: every file reached beneath the
+/// directory's descriptor (`confined`), never through a link.
 struct LayoutDir<'a> {
     dir: &'a Path,
+    root: Confined,
 }
 
-impl LayoutDir<'_> {
+impl<'a> LayoutDir<'a> {
+    fn open(dir: &'a Path) -> Result<Self, OciError> {
+        // The operator named this path (a link there is their choice); nothing below it is
+        // followed.
+        let real = fs::canonicalize(dir).map_err(io(dir))?;
+        let root = Confined::open(&real).map_err(io(dir))?;
+        Ok(Self { dir, root })
+    }
+
     fn refuse(&self, why: String) -> OciError {
         OciError::Refused {
             from: self.dir.display().to_string(),
@@ -66,18 +101,78 @@ impl LayoutDir<'_> {
         }
     }
 
-    fn blob_path(&self, digest: &str) -> Option<PathBuf> {
-        sha256_hex(digest).map(|hex| self.dir.join("blobs/sha256").join(hex))
+    fn blob_rel(&self, digest: &str) -> Option<String> {
+        sha256_hex(digest).map(|hex| format!("blobs/sha256/{hex}"))
+    }
+
+    /// Opens `rel` for reading: a regular file (not a link, FIFO, device or directory, refused
+    /// without blocking and unread) of at most `limit` bytes; returns it with its size.
+    fn open_regular(&self, rel: &str, limit: u64) -> Result<(fs::File, u64), OciError> {
+        let file =
+            self.root
+                .open_read(rel)
+                .map_err(|e| match jitship_confined::what_is_there(&e) {
+                    Some(what) => self.refuse(format!(
+                        "{rel} is {what}, not a regular file: a layout holds only regular files"
+                    )),
+                    None => io(&self.dir.join(rel))(e),
+                })?;
+        let len = file.metadata().map_err(io(&self.dir.join(rel)))?.len();
+        if len > limit {
+            return Err(self.refuse(format!("{rel} is {len} bytes, over the {limit}-byte bound")));
+        }
+        Ok((file, len))
+    }
+
+    /// `open_regular` of the blob `d` names, checked to be `d.size` bytes, at most `limit`.
+    fn open_blob(&self, d: &Descriptor, limit: u64) -> Result<fs::File, OciError> {
+        let rel = self
+            .blob_rel(&d.digest)
+            .ok_or_else(|| self.refuse(format!("{:?} is not a sha256 digest", d.digest)))?;
+        if d.size > limit {
+            return Err(self.refuse(format!(
+                "blob {} claims {} bytes, over the {limit}-byte bound for a {}",
+                d.digest, d.size, d.media_type
+            )));
+        }
+        let (file, len) = self.open_regular(&rel, limit)?;
+        if len != d.size {
+            return Err(self.refuse(format!(
+                "blob {} is {len} bytes, its descriptor says {}",
+                d.digest, d.size
+            )));
+        }
+        Ok(file)
+    }
+
+    fn altered(&self, d: &Descriptor) -> OciError {
+        self.refuse(format!(
+            "blob {} does not hash to its digest (altered)",
+            d.digest
+        ))
+    }
+
+    /// Writes `bytes` as the new regular file `rel` (never through a link); `false` if a file
+    /// is there already.
+    fn create(&self, rel: &str, bytes: &[u8]) -> Result<bool, OciError> {
+        let path = self.dir.join(rel);
+        match self.root.create_new(rel, 0o644) {
+            Ok(mut f) => {
+                f.write_all(bytes).map_err(io(&path))?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(io(&path)(e)),
+        }
     }
 }
 
 impl BlobSink for LayoutDir<'_> {
     fn put_blob(&mut self, media_type: &str, bytes: &[u8]) -> Result<Descriptor, OciError> {
         let d = Descriptor::of(media_type, bytes);
-        let path = self.blob_path(&d.digest).expect("a digest we computed");
-        if !path.exists() {
-            fs::write(&path, bytes).map_err(io(&path))?;
-        }
+        let rel = self.blob_rel(&d.digest).expect("a digest we computed");
+        // A blob already there is these bytes: this export wrote it (the directory was empty).
+        self.create(&rel, bytes)?;
         Ok(d)
     }
 }
@@ -88,32 +183,50 @@ impl BlobSource for LayoutDir<'_> {
     }
 
     fn read_blob(&self, d: &Descriptor, limit: u64) -> Result<Vec<u8>, OciError> {
-        let path = self
-            .blob_path(&d.digest)
-            .ok_or_else(|| self.refuse(format!("{:?} is not a sha256 digest", d.digest)))?;
-        if d.size > limit {
-            return Err(self.refuse(format!(
-                "blob {} claims {} bytes, over the {limit}-byte bound for a {}",
-                d.digest, d.size, d.media_type
-            )));
-        }
-        let file = fs::File::open(&path).map_err(io(&path))?;
-        let len = file.metadata().map_err(io(&path))?.len();
-        if len != d.size {
-            return Err(self.refuse(format!(
-                "blob {} is {len} bytes, its descriptor says {}",
-                d.digest, d.size
-            )));
-        }
-        let mut bytes = Vec::with_capacity(len as usize);
-        file.take(len).read_to_end(&mut bytes).map_err(io(&path))?;
+        let file = self.open_blob(d, limit)?;
+        let mut bytes = Vec::with_capacity(d.size as usize);
+        let path = self.dir.join(self.blob_rel(&d.digest).unwrap_or_default());
+        file.take(d.size)
+            .read_to_end(&mut bytes)
+            .map_err(io(&path))?;
         if sha256_digest(&bytes) != d.digest {
-            return Err(self.refuse(format!(
-                "blob {} does not hash to its digest (altered)",
-                d.digest
-            )));
+            return Err(self.altered(d));
         }
         Ok(bytes)
+    }
+
+    fn spool_blob(&self, d: &Descriptor, limit: u64) -> Result<fs::File, OciError> {
+        let file = self.open_blob(d, limit)?;
+        let path = self.dir.join(self.blob_rel(&d.digest).unwrap_or_default());
+        let mut spooled = tempfile::tempfile().map_err(io(&std::env::temp_dir()))?;
+        let mut hashing = HashingWriter {
+            out: &mut spooled,
+            hash: Sha256::new(),
+        };
+        let copied = std::io::copy(&mut file.take(d.size), &mut hashing).map_err(io(&path))?;
+        let digest = format!("sha256:{:x}", hashing.hash.finalize());
+        if copied != d.size || digest != d.digest {
+            return Err(self.altered(d));
+        }
+        Ok(spooled)
+    }
+}
+
+/// Writes through to `out`, hashing what passes.
+struct HashingWriter<'a> {
+    out: &'a mut fs::File,
+    hash: Sha256,
+}
+
+impl Write for HashingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
 
@@ -127,12 +240,17 @@ pub fn export(
     compat_ids: &[CompatId],
     dir: &Path,
 ) -> Result<BakeReport, OciError> {
-    let mut sink = LayoutDir { dir };
     if dir.exists() && fs::read_dir(dir).map_err(io(dir))?.next().is_some() {
-        return Err(sink.refuse("it exists and is not empty; export writes a new layout".into()));
+        return Err(OciError::Refused {
+            from: dir.display().to_string(),
+            why: "it exists and is not empty; export writes a new layout".into(),
+        });
     }
-    let blobs = dir.join("blobs/sha256");
-    fs::create_dir_all(&blobs).map_err(io(&blobs))?;
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut sink = LayoutDir::open(dir)?;
+    sink.root
+        .mkdir_all("blobs/sha256", 0o755)
+        .map_err(io(dir))?;
     let ids = if compat_ids.is_empty() {
         catalog::compat_ids(store, layout)?
     } else {
@@ -161,50 +279,72 @@ pub fn export(
         index.manifests.push(descriptor);
         report.generations.push(baked);
     }
-    let layout_file = dir.join("oci-layout");
-    fs::write(&layout_file, br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(io(&layout_file))?;
-    let index_file = dir.join("index.json");
+    let exists = |rel: &str| OciError::Io {
+        path: dir.join(rel),
+        source: std::io::ErrorKind::AlreadyExists.into(),
+    };
+    if !sink.create("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)? {
+        return Err(exists("oci-layout"));
+    }
     let text = serde_json::to_vec_pretty(&index).expect("an index serializes");
-    fs::write(&index_file, text).map_err(io(&index_file))?;
+    if !sink.create("index.json", &text)? {
+        return Err(exists("index.json"));
+    }
     Ok(report)
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(
     source: &LayoutDir,
-    path: &Path,
+    rel: &str,
     limit: u64,
 ) -> Result<T, OciError> {
-    let len = fs::metadata(path).map_err(io(path))?.len();
-    if len > limit {
-        return Err(source.refuse(format!(
-            "{} is {len} bytes, over the {limit}-byte bound",
-            path.display()
-        )));
-    }
-    let bytes = fs::read(path).map_err(io(path))?;
-    serde_json::from_slice(&bytes).map_err(|e| source.refuse(format!("{}: {e}", path.display())))
+    let (file, len) = source.open_regular(rel, limit)?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(limit)
+        .read_to_end(&mut bytes)
+        .map_err(io(&source.dir.join(rel)))?;
+    serde_json::from_slice(&bytes).map_err(|e| source.refuse(format!("{rel}: {e}")))
 }
 
-/// Puts every generation of the layout directory `dir` into `store` (see the module docs for
-/// the checks and the order). A layout jitship refuses is an error before anything is written;
-/// a generation whose compat id the store already holds other heads for is reported, not put.
-pub fn import(store: &dyn Store, layout: &KeyLayout, dir: &Path) -> Result<BakeReport, OciError> {
-    let source = LayoutDir { dir };
-    let marker: serde_json::Value = read_json(&source, &dir.join("oci-layout"), 4096)?;
+/// Puts every generation of the layout directory `dir` that `trust` admits into `store` (see
+/// the module docs for the checks and the order). A layout jitship refuses is an error before
+/// anything is written, and so is one of which the trust admits nothing; a generation the trust
+/// does not admit is reported (`refused`), one whose compat id the store already holds other
+/// heads for is reported, not put.
+pub fn import(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    trust: &TrustPolicy,
+    dir: &Path,
+) -> Result<BakeReport, OciError> {
+    let source = LayoutDir::open(dir)?;
+    let marker: serde_json::Value = read_json(&source, "oci-layout", 4096)?;
     if marker["imageLayoutVersion"] != "1.0.0" {
         return Err(source.refuse(format!(
             "oci-layout is {marker}, not imageLayoutVersion 1.0.0"
         )));
     }
-    let index: ImageIndex = read_json(&source, &dir.join("index.json"), MAX_INDEX_BYTES)?;
+    let index: ImageIndex = read_json(&source, "index.json", MAX_INDEX_BYTES)?;
     if index.manifests.len() > MAX_GENERATIONS {
         return Err(source.refuse(format!(
             "index.json lists {} manifests; at most {MAX_GENERATIONS}",
             index.manifests.len()
         )));
     }
+    // Each manifest once (export lists each generation once): a listing repeated 2,000 times
+    // would be verified 2,000 times.
+    let mut listed = HashSet::new();
+    if let Some(d) = index.manifests.iter().find(|d| !listed.insert(&d.digest)) {
+        return Err(source.refuse(format!(
+            "index.json: manifest {} is listed more than once (jitship export lists each \
+             generation once)",
+            d.digest
+        )));
+    }
     // Everything verified first: a refused layout writes nothing.
     let mut verified = Vec::new();
+    let mut generations = HashSet::new();
+    let mut refused = Vec::new();
     for d in index
         .manifests
         .iter()
@@ -212,6 +352,28 @@ pub fn import(store: &dyn Store, layout: &KeyLayout, dir: &Path) -> Result<BakeR
     {
         let bytes = source.read_blob(d, super::MAX_OCI_MANIFEST_BYTES)?;
         let head = super::read_artifact_head(&source, &bytes, &d.digest)?;
+        let h = &head.head;
+        if !generations.insert(h.generation) {
+            return Err(source.refuse(format!(
+                "generation {} is listed more than once (under several manifests)",
+                h.generation
+            )));
+        }
+        // Judged as install judges it, before anything else of it is read.
+        let signer = trust.judge(layout.namespace(), h);
+        let what = format_args!(
+            "generation {} (head {} of {})",
+            h.generation, h.seq, h.compat_id
+        );
+        if !trust.admits(&signer, &what) {
+            refused.push(RefusedGeneration {
+                compat_id: h.compat_id,
+                generation: h.generation,
+                seq: h.seq,
+                signer,
+            });
+            continue;
+        }
         verified.push(super::verify_artifact(
             &source,
             head,
@@ -220,6 +382,24 @@ pub fn import(store: &dyn Store, layout: &KeyLayout, dir: &Path) -> Result<BakeR
             false,
         )?);
     }
+    if verified.is_empty() && !refused.is_empty() {
+        let reasons: Vec<String> = refused
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} of compat id {} is {}",
+                    r.generation, r.compat_id, r.signer
+                )
+            })
+            .collect();
+        return Err(source.refuse(format!(
+            "its {} generation(s) are not admitted by the trust (mode {}), nothing was imported: \
+             {}; import only what a trusted key signed, or trust its signer (--trusted-key)",
+            refused.len(),
+            trust.mode().as_str(),
+            reasons.join("; ")
+        )));
+    }
     if verified.is_empty() {
         return Err(source.refuse(format!(
             "index.json names no {ARTIFACT_TYPE} manifest: not a layout jitship export wrote"
@@ -227,12 +407,13 @@ pub fn import(store: &dyn Store, layout: &KeyLayout, dir: &Path) -> Result<BakeR
     }
     let mut report = BakeReport {
         dir: dir.to_path_buf(),
+        refused,
         ..BakeReport::default()
     };
     for g in verified {
         report
             .generations
-            .push(super::put_generation(store, layout, &source, g)?);
+            .push(super::put_generation(store, layout, trust, &source, g)?);
     }
     Ok(report)
 }
@@ -290,6 +471,7 @@ pub fn export_archive(
 pub fn import_archive(
     store: &dyn Store,
     layout: &KeyLayout,
+    trust: &TrustPolicy,
     file: &Path,
 ) -> Result<BakeReport, OciError> {
     let scratch = tempfile::Builder::new()
@@ -298,7 +480,7 @@ pub fn import_archive(
         .map_err(io(&std::env::temp_dir()))?;
     let limit = store.max_value_size().max(MAX_INDEX_BYTES);
     unpack_layout(file, scratch.path(), limit)?;
-    let mut report = import(store, layout, scratch.path()).map_err(|e| match e {
+    let mut report = import(store, layout, trust, scratch.path()).map_err(|e| match e {
         // Name the archive, not the scratch directory.
         OciError::Refused { why, .. } => OciError::Refused {
             from: file.display().to_string(),

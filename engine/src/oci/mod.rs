@@ -26,6 +26,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+
 use crate::catalog::{self, CatalogError, KeyLayout};
 use crate::generation::{CompatId, ContentHash, ContentHasher, GenerationId, HeadRecord, Manifest};
 use crate::store::{Store, StoreError, ValueClass};
@@ -194,6 +198,31 @@ pub trait BlobSource {
     fn read_blobs(&self, ds: &[Descriptor], limit: u64) -> Result<Vec<Vec<u8>>, OciError> {
         ds.iter().map(|d| self.read_blob(d, limit)).collect()
     }
+
+    /// `read_blob` into an anonymous temporary file: a layout streams it there (its sha256
+    /// checked on the way), so memory holds a buffer, not the blob.
+    fn spool_blob(&self, d: &Descriptor, limit: u64) -> Result<File, OciError> {
+        spool(&self.read_blob(d, limit)?)
+    }
+}
+
+/// An anonymous temporary file (in `$TMPDIR`, gone when dropped) holding `bytes`.
+pub fn spool(bytes: &[u8]) -> Result<File, OciError> {
+    let io = |source| OciError::Io {
+        path: std::env::temp_dir(),
+        source,
+    };
+    let mut file = tempfile::tempfile().map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
+    Ok(file)
+}
+
+/// A pack id `m` lists more than once, if any. jitship never writes one, and each listing would
+/// be read, held and written again (one pack listed 100 times cost export and import 100 times
+/// its size).
+pub fn repeated_pack(m: &Manifest) -> Option<ContentHash> {
+    let mut seen = std::collections::HashSet::with_capacity(m.packs.len());
+    m.packs.iter().find(|p| !seen.insert(p.id)).map(|p| p.id)
 }
 
 /// A generation ready to be written as an artifact: the newest head of a compat id that the
@@ -208,8 +237,9 @@ pub struct StoredGeneration {
 
 /// A pack of a generation being written as an artifact.
 pub enum PackBlob {
-    /// Read from the store.
-    Bytes(Vec<u8>),
+    /// Read from the store into an anonymous temporary file, so a generation's packs are never
+    /// all held in memory (one is, while it is written to the sink).
+    Spooled(File),
     /// Already a blob of the sink (pushed by the publish that uploaded it).
     InSink(Descriptor),
 }
@@ -246,6 +276,13 @@ pub fn newest_whole(
         let Some(manifest) = catalog::fetch_manifest(store, layout, &head.generation)? else {
             continue;
         };
+        if let Some(id) = repeated_pack(&manifest) {
+            tracing::warn!(
+                generation = %head.generation,
+                "not written as an artifact: pack {id} is listed more than once in its manifest"
+            );
+            continue;
+        }
         let mut packs = Vec::with_capacity(manifest.packs.len());
         for p in &manifest.packs {
             let key = layout.pack(&p.id);
@@ -253,22 +290,24 @@ pub fn newest_whole(
                 packs.push(PackBlob::InSink(d.clone()));
                 continue;
             }
-            match store.get(&key)? {
-                Some(bytes) => packs.push(PackBlob::Bytes(bytes)),
-                None => break,
+            // At most the size the manifest records: a larger value is damage, not read.
+            match store.get_capped(&key, p.size) {
+                Ok(Some(bytes)) => packs.push(PackBlob::Spooled(spool(&bytes)?)),
+                Ok(None) | Err(StoreError::TooLarge { .. }) => break,
+                Err(e) => return Err(e.into()),
             }
         }
         if packs.len() != manifest.packs.len() {
             continue;
         }
-        let read: Vec<Option<&[u8]>> = packs
+        let read: Vec<Option<&File>> = packs
             .iter()
             .map(|p| match p {
-                PackBlob::Bytes(b) => Some(b.as_slice()),
+                PackBlob::Spooled(f) => Some(f),
                 PackBlob::InSink(_) => None,
             })
             .collect();
-        if let Err(why) = check_files(&manifest, &read) {
+        if let Err(why) = check_spooled_files(&manifest, &read) {
             tracing::warn!(generation = %head.generation, "not written as an artifact: {why}");
             continue;
         }
@@ -292,7 +331,15 @@ pub fn write_artifact(
     let mut layers = Vec::with_capacity(g.packs.len() + 1);
     for (p, blob) in g.manifest.packs.iter().zip(&g.packs) {
         let mut d = match blob {
-            PackBlob::Bytes(bytes) => sink.put_blob(PACK_MEDIA_TYPE, bytes)?,
+            PackBlob::Spooled(file) => {
+                let mut bytes = vec![0; p.size as usize];
+                file.read_exact_at(&mut bytes, 0)
+                    .map_err(|source| OciError::Io {
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                sink.put_blob(PACK_MEDIA_TYPE, &bytes)?
+            }
             PackBlob::InSink(d) => d.clone(),
         };
         d.annotations.insert(annotation("pack"), p.id.to_string());
@@ -372,8 +419,8 @@ pub fn read_artifact_head(
 
 /// A generation of an artifact, every byte verified. Its packs are held when the reader asked
 /// (a registry: reading them twice would pull them twice), else read again (and their sha256
-/// checked again) when put, so an import of many holds one generation's packs at a time while
-/// verifying, and one pack while writing.
+/// checked again) when put: a layout import spools each pack to a temporary file while verifying
+/// (its sha256 on the way in, its files' blake3 from there) and holds one pack while writing.
 pub struct Verified {
     pub manifest: Manifest,
     manifest_bytes: Vec<u8>,
@@ -402,6 +449,12 @@ pub fn verify_artifact(
     let id = GenerationId(ContentHash::of(&manifest_bytes));
     let manifest = Manifest::decode(&manifest_bytes, id)
         .map_err(|e| refuse(format!("generation {id}: {e}")))?;
+    if let Some(pack) = repeated_pack(&manifest) {
+        return Err(refuse(format!(
+            "generation {id}: pack {pack} is listed more than once in its manifest (jitship \
+             never writes that; each listing would be read again)"
+        )));
+    }
     if head.generation != id || head.compat_id != manifest.compat_id {
         return Err(refuse(format!(
             "the head of {id} names generation {} of compat id {}: not this generation's",
@@ -432,15 +485,27 @@ pub fn verify_artifact(
             )));
         }
     }
-    let bytes = source.read_blobs(pack_layers, max_pack_bytes)?;
-    let read: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
-    check_files(&manifest, &read).map_err(|why| refuse(format!("generation {id}: {why}")))?;
+    let packs = if keep_packs {
+        let bytes = source.read_blobs(pack_layers, max_pack_bytes)?;
+        let read: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+        check_files(&manifest, &read).map_err(|why| refuse(format!("generation {id}: {why}")))?;
+        Some(bytes)
+    } else {
+        let spooled = pack_layers
+            .iter()
+            .map(|l| source.spool_blob(l, max_pack_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let read: Vec<Option<&File>> = spooled.iter().map(Some).collect();
+        check_spooled_files(&manifest, &read)
+            .map_err(|why| refuse(format!("generation {id}: {why}")))?;
+        None
+    };
     Ok(Verified {
         manifest,
         manifest_bytes,
         head,
         pack_layers: pack_layers.to_vec(),
-        packs: keep_packs.then_some(bytes),
+        packs,
     })
 }
 
@@ -476,15 +541,59 @@ pub fn check_files(manifest: &Manifest, packs: &[Option<&[u8]>]) -> Result<(), S
     Ok(())
 }
 
+/// [`check_files`] of packs spooled to files (`None`: not read, its files not checked), each
+/// chunk read where it lies, so memory holds one buffer whatever the packs weigh.
+pub fn check_spooled_files(manifest: &Manifest, packs: &[Option<&File>]) -> Result<(), String> {
+    let unreadable =
+        |p: usize, e: std::io::Error| format!("reading back pack {}: {e}", manifest.packs[p].id);
+    for (i, (p, file)) in manifest.packs.iter().zip(packs).enumerate() {
+        let Some(file) = file else { continue };
+        let len = file.metadata().map_err(|e| unreadable(i, e))?.len();
+        if len != p.size {
+            return Err(format!(
+                "pack {} is {len} bytes, the manifest says {}",
+                p.id, p.size
+            ));
+        }
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    'files: for f in &manifest.files {
+        let mut h = ContentHasher::new();
+        for c in &f.chunks {
+            let Some(pack) = packs[c.pack as usize] else {
+                continue 'files;
+            };
+            // In bounds: `Manifest::validate` checked every chunk against its pack's size.
+            let (mut at, end) = (c.offset, c.offset + c.len);
+            while at < end {
+                let n = ((end - at) as usize).min(buf.len());
+                pack.read_exact_at(&mut buf[..n], at)
+                    .map_err(|e| unreadable(c.pack as usize, e))?;
+                h.update(&buf[..n]);
+                at += n as u64;
+            }
+        }
+        if h.finish() != f.blake3 {
+            return Err(format!("{} does not hash to its blake3 (altered)", f.path));
+        }
+    }
+    Ok(())
+}
+
 /// Puts the verified generation `g` into `store` (see the module docs for the order).
 ///
 /// A store that already holds this very head gets what it lost put back (packs evicted, a
 /// manifest gone): `repaired`, or `already-present` if nothing was missing. A store holding
 /// other heads of the compat id is left alone (`left out`, with why): the head keeps its seq
-/// (its signature binds it), and that place is taken.
+/// (its signature binds it), and that place is taken. Except that an untrusted head never
+/// shadows a trusted one: a head `trust` finds validly signed by a trusted key is left out only
+/// for another trusted head; an unsigned, untrusted or forged record at its seq is removed (no
+/// `required` install takes it), and so is a pack under one of its pack ids that is not the
+/// bytes it verified (planted), so what it names is what lands.
 pub fn put_generation(
     store: &dyn Store,
     layout: &KeyLayout,
+    trust: &TrustPolicy,
     source: &dyn BlobSource,
     g: Verified,
 ) -> Result<BakedGeneration, OciError> {
@@ -498,20 +607,41 @@ pub fn put_generation(
         bytes: g.manifest.packed_bytes(),
         outcome: BakeOutcome::Imported,
     };
+    let ns = layout.namespace();
+    let is_trusted = |h: &HeadRecord| matches!(trust.judge(ns, h), Signer::Trusted { .. });
+    let trusted = is_trusted(&g.head);
     let held = catalog::all_heads(store, layout, &compat)?;
     let holds_this_head = held.heads.contains(&g.head);
-    if !holds_this_head && (!held.heads.is_empty() || !held.faulty.is_empty()) {
+    let taken = if trusted {
+        held.heads.iter().find(|h| is_trusted(h))
+    } else {
+        held.heads.first()
+    };
+    if !holds_this_head && (taken.is_some() || (!trusted && !held.faulty.is_empty())) {
         baked.outcome = BakeOutcome::LeftOut(format!(
-            "the store already has heads for compat id {compat} (newest seq {})",
-            held.heads.first().map_or(0, |h| h.seq)
+            "the store already has {}heads for compat id {compat} (newest seq {})",
+            if trusted { "trusted " } else { "" },
+            taken.map_or(0, |h| h.seq)
         ));
         return Ok(baked);
     }
     let mut put = 0;
     for (i, (p, layer)) in g.manifest.packs.iter().zip(&g.pack_layers).enumerate() {
         let key = layout.pack(&p.id);
-        if holds_this_head && store.exists(&key)? {
-            continue;
+        if store.exists(&key)? {
+            if !(holds_this_head || trusted) {
+                continue;
+            }
+            // What is there is these bytes (read back, one pack at a time), or it goes.
+            match store.get_capped(&key, p.size) {
+                Ok(Some(there)) if sha256_digest(&there) == layer.digest => continue,
+                Ok(None) => {}
+                Ok(Some(_)) | Err(StoreError::TooLarge { .. }) => {
+                    tracing::warn!(pack = %p.id, "replacing a pack that is not the bytes its id names");
+                    store.remove(&key)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         match &g.packs {
             Some(held) => store.put(&key, &held[i], ValueClass::Bulk)?,
@@ -523,8 +653,19 @@ pub fn put_generation(
         }
         put += 1;
     }
+    // The manifest's key is its blake3: any other bytes there are damage or planted.
     let manifest_key = layout.generation(&g.head.generation);
-    if !(holds_this_head && store.exists(&manifest_key)?) {
+    let manifest_there =
+        match store.get_capped(&manifest_key, crate::generation::MAX_MANIFEST_BYTES as u64) {
+            Ok(Some(there)) if there == g.manifest_bytes => true,
+            Ok(None) => false,
+            Ok(Some(_)) | Err(StoreError::TooLarge { .. }) => {
+                store.remove(&manifest_key)?;
+                false
+            }
+            Err(e) => return Err(e.into()),
+        };
+    if !manifest_there {
         store.put(&manifest_key, &g.manifest_bytes, ValueClass::Record)?;
         put += 1;
     }
@@ -538,6 +679,32 @@ pub fn put_generation(
     }
     let head_key = layout.head(&compat, g.head.seq);
     let head_bytes = g.head.encode();
+    if trusted {
+        // A record at this seq that is not a trusted head (unsigned, untrusted, forged, junk)
+        // is what no `required` install takes: it goes, so the signed head lands at its seq.
+        let there = match store.get_capped(&head_key, catalog::MAX_HEAD_BYTES) {
+            Ok(there) => there,
+            Err(StoreError::TooLarge { .. }) => Some(vec![]),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(there) = there
+            && there != head_bytes
+        {
+            if HeadRecord::decode(&there).is_ok_and(|h| h.compat_id == compat && is_trusted(&h)) {
+                baked.outcome = BakeOutcome::LeftOut(format!(
+                    "seq {} of compat id {compat} holds another trusted head",
+                    g.head.seq
+                ));
+                return Ok(baked);
+            }
+            tracing::warn!(
+                seq = g.head.seq,
+                %compat,
+                "removing an untrusted record at the seq of a trusted head being imported"
+            );
+            store.remove(&head_key)?;
+        }
+    }
     store.put(&head_key, &head_bytes, ValueClass::Record)?;
     if store.get_capped(&head_key, catalog::MAX_HEAD_BYTES)? != Some(head_bytes) {
         baked.outcome = BakeOutcome::LeftOut(format!(

@@ -591,7 +591,9 @@ impl Registry {
                     continue;
                 }
             };
-            pull.served = Some(super::put_generation(store, layout, &source, verified)?);
+            pull.served = Some(super::put_generation(
+                store, layout, trust, &source, verified,
+            )?);
             pull.tag = Some(tag);
             return Ok(());
         }

@@ -386,8 +386,13 @@ pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
     } else {
         crate::oci::import
     };
-    let report = import(session.store.as_ref(), &session.layout, &args.from)
-        .with_context(|| format!("importing from {}", args.from.display()))?;
+    let report = import(
+        session.store.as_ref(),
+        &session.layout,
+        &session.trust,
+        &args.from,
+    )
+    .with_context(|| format!("importing from {}", args.from.display()))?;
     if args.common.json {
         emit_json("import", [&report], exit::OK);
         return Ok(exit::OK);
@@ -400,6 +405,15 @@ pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
             g.seq,
             g.cache_kind,
             short(&g.compat_id)
+        );
+    }
+    for r in &report.refused {
+        println!(
+            "refused {} (seq {}) of compat id {}: not admitted by the trust ({})",
+            r.generation,
+            r.seq,
+            short(&r.compat_id),
+            r.signer
         );
     }
     Ok(exit::OK)
