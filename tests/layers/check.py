@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRATES = {
     "jitship-generation": set(),
     "mooncake-sys": set(),
-    "jitship-store": {"mooncake-sys"},
+    "jitship-store": {"mooncake-sys", "jitship-confined"},
     "jitship-catalog": {"jitship-generation", "jitship-store"},
     "jitship-policy-contract": set(),
     "jitship-policy-sdk": {"jitship-policy-contract"},
