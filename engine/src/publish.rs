@@ -32,6 +32,7 @@
 mod hashing;
 mod head;
 mod packs;
+mod reach;
 mod report;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -195,6 +196,7 @@ fn publish_to_store(
     catalog::ensure_indexed(store, layout, &compat_id, kind, key)?;
     let first_seq = base.first_seq;
     let (generation, seq) = commit_head(store, layout, candidate, first_seq, opts, &mut report)?;
+    reach::check_reachable(store, layout, &compat_id, seq, &opts.trust)?;
     report.outcome = PublishOutcome::Published { generation, seq };
     report.signed_by = opts
         .trust
@@ -373,17 +375,38 @@ fn find_base(
 ) -> Result<Base, PublishError> {
     let mut walk = catalog::HeadWalk::new(store, layout, compat_id)?;
     let occupied = walk.newest_seq();
-    let head = admitted_base(&mut walk, layout, trust)?;
+    let (head, passed) = admitted_base(&mut walk, layout, trust)?;
     let (parent, parent_damaged) = match &head {
         Some(h) => usable_parent(store, layout, &h.generation)?,
         None => (None, false),
     };
+    let mut first_seq = first_seq_to_write(occupied, head.as_ref());
+    let mut covers_refused_head = occupied != head.as_ref().map(|h| h.seq);
+    if trust.removes_untrusted && occupied.is_some_and(reach::is_high) && !passed.is_empty() {
+        // Someone pushed this key's seqs towards the ceiling. Under `required` nothing above the
+        // base may be installed: clear it and write just above the base (`reach`), or above what
+        // could not be removed.
+        let kept = reach::remove_heads(store, layout, compat_id, &passed);
+        let below_passed = if head.is_none() && passed.len() >= reach::MAX_REMOVED_PER_PUBLISH {
+            // The walk stopped inside the flood: what lies below the removed seqs is unknown.
+            passed.iter().min().map(|s| s - 1)
+        } else {
+            head.as_ref().map(|h| h.seq)
+        };
+        first_seq = kept
+            .iter()
+            .copied()
+            .chain(below_passed)
+            .max()
+            .map_or(1, |s| s + 1);
+        covers_refused_head = !kept.is_empty();
+    }
     Ok(Base {
         signer: head
             .as_ref()
             .map(|h| trust.policy.judge(layout.namespace(), h)),
-        covers_refused_head: occupied != head.as_ref().map(|h| h.seq),
-        first_seq: first_seq_to_write(occupied, head.as_ref()),
+        covers_refused_head,
+        first_seq,
         head,
         parent,
         parent_damaged,
@@ -521,49 +544,55 @@ fn new_manifest(
 
 /// How many heads a publish passes over (refused by its trust, or faulty) looking for its base
 /// before it starts a fresh chain: a store flooded with junk costs a publish a fresh chain, not a
-/// long walk.
+/// long walk. A publisher that removes what it refuses (`reach`) walks up to
+/// `reach::MAX_REMOVED_PER_PUBLISH`.
 const MAX_PASSED_OVER: usize = 256;
 
 /// The newest head this publisher may build on: the newest usable head its trust admits, walking
-/// down past refused and faulty ones (None: start a fresh chain).
+/// down past refused and faulty ones (None: start a fresh chain), with the seqs passed over.
 fn admitted_base(
     walk: &mut catalog::HeadWalk<'_>,
     layout: &KeyLayout,
     trust: &PublishTrust,
-) -> Result<Option<HeadRecord>, PublishError> {
-    let mut passed = 0;
+) -> Result<(Option<HeadRecord>, Vec<u64>), PublishError> {
+    let limit = if trust.removes_untrusted {
+        reach::MAX_REMOVED_PER_PUBLISH
+    } else {
+        MAX_PASSED_OVER
+    };
+    let mut passed = Vec::new();
     while let Some(entry) = walk.next_head()? {
         match entry {
             Ok(h) if trust.admits(layout.namespace(), &h) => {
-                if passed > 0 {
+                if !passed.is_empty() {
                     tracing::warn!(
                         seq = h.seq,
-                        passed,
-                        "newer heads are not trusted or not usable: building on the newest trusted head and writing above them"
+                        passed = passed.len(),
+                        "newer heads are not trusted or not usable: building on the newest trusted head"
                     );
                 }
-                return Ok(Some(h));
+                return Ok((Some(h), passed));
             }
             Ok(h) => {
-                tracing::warn!(seq = h.seq, generation = %h.generation, "head not admitted by this publisher's trust; passed over");
+                tracing::debug!(seq = h.seq, generation = %h.generation, "head not admitted by this publisher's trust; passed over");
+                passed.push(h.seq);
             }
-            Err(f) => tracing::warn!(seq = f.seq, "head passed over: {}", f.fault),
+            Err(f) => {
+                tracing::debug!(seq = f.seq, "head passed over: {}", f.fault);
+                passed.push(f.seq);
+            }
         }
-        passed += 1;
-        if passed >= MAX_PASSED_OVER {
+        if passed.len() >= limit {
             tracing::warn!(
-                passed,
+                passed = passed.len(),
                 "no usable trusted head among the newest; publishing a fresh chain"
             );
             break;
         }
     }
-    Ok(None)
+    Ok((None, passed))
 }
 
-/// The seq a publish tries first: above every seq anyone wrote. Should that be the last seq
-/// there is (a record planted at `MAX_SEQ`), above its own base instead: the slots between are
-/// taken or not like any other, and readers pass the planted record over.
 fn first_seq_to_write(occupied: Option<u64>, base: Option<&HeadRecord>) -> u64 {
     match occupied {
         None => 1,

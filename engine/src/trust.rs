@@ -330,6 +330,9 @@ pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TrustError>
 pub struct PublishTrust {
     pub signing_key: Option<std::sync::Arc<PublisherKey>>,
     pub policy: std::sync::Arc<TrustPolicy>,
+    /// A signing publisher whose configured mode is `required`: no install may use a head this
+    /// trust refuses, so the publisher removes those above its base (`publish::reach`).
+    pub removes_untrusted: bool,
 }
 
 impl PublishTrust {
@@ -339,6 +342,7 @@ impl PublishTrust {
         signing_key: Option<std::sync::Arc<PublisherKey>>,
         policy: std::sync::Arc<TrustPolicy>,
     ) -> Self {
+        let removes_untrusted = signing_key.is_some() && policy.mode() == TrustMode::Required;
         let policy = match &signing_key {
             Some(key) => std::sync::Arc::new(policy.for_signing_publisher(key)),
             None => policy,
@@ -346,6 +350,7 @@ impl PublishTrust {
         Self {
             signing_key,
             policy,
+            removes_untrusted,
         }
     }
 

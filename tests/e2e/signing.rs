@@ -44,6 +44,7 @@ fn publish(
     opts.trust = PublishTrust {
         signing_key: key.map(|k| Arc::new(k.clone())),
         policy: Arc::new(trust),
+        removes_untrusted: false,
     };
     jitship::publish::publish(
         s.store.as_ref(),

@@ -13,7 +13,8 @@ use super::report::{InstallError, InstallReport, PassReason, RefusedHead};
 
 /// How many heads an install passes over (refused by its trust, faulty, incomplete in the
 /// store) before it gives up: anyone can write heads, so the walk is bounded whatever is there.
-const MAX_PASSED_OVER: usize = 256;
+/// Publish checks its head is reachable within the same bound (`publish::reach`).
+const MAX_PASSED_OVER: usize = catalog::MAX_FAULTY_PASSED;
 
 /// What the pick reads by and judges against.
 pub(super) struct PickContext<'a> {

@@ -140,6 +140,13 @@ pub enum PublishError {
     )]
     Contention(u32),
     #[error(
+        "wrote the head at seq {seq}, but an install would not reach it: {passed} head records \
+         above it that installs pass over were written meanwhile (anyone can write the store); \
+         publish again with a signing key under trust mode required (it removes them), or run \
+         `jitship gc`"
+    )]
+    Unreachable { seq: u64, passed: usize },
+    #[error(
         "trust mode is required but no signing key is configured: set trust.signing_key_file, \
          --signing-key or JITSHIP_SIGNING_KEY_FILE (make a key with `jitship key generate`), or \
          every generation this publisher writes would be refused"

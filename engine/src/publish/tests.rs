@@ -283,6 +283,7 @@ fn under_required_a_lost_race_merges_only_a_trusted_winner_and_signs_the_merged_
     o.trust = PublishTrust {
         signing_key: Some(Arc::new(key.clone())),
         policy: Arc::new(policy.clone()),
+        removes_untrusted: false,
     };
     for trusted_winner in [true, false] {
         let (dir, store, layout) = setup();
