@@ -17,6 +17,14 @@
 //! everything else takes a [`ProcessEnv`], so tests give theirs explicitly. A relative result is
 //! refused: the engine would resolve it against its own working directory, which jitship cannot
 //! know.
+//!
+//! Whose root it is ([`check_owner`]): a default root under `/tmp` can be created first by any
+//! local user (or be a symlink to their directory), who would then own the verified files and
+//! could swap one after verification. So `install`, `publish` and `watch` refuse a root (a
+//! symlink's target) owned by another user than jitship's and root, or writable by group or
+//! others without being jitship's own. A sticky world-writable directory such as `/tmp` is
+//! fine as the root's parent, never as the root. An empty root an install replaces gets its mode
+//! without group and other write (`install::commit`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -278,6 +286,48 @@ pub fn resolve_cache_roots(
         .collect()
 }
 
+/// A cache root jitship refuses to install into or publish from: it belongs to someone else.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{path}: the cache root {why}; jitship installs into and publishes from a root only if it \
+     is owned by uid {me} (the user jitship runs as) or by root and writable by no one else. \
+     Remove it if you did not create it, or make it ours (`chown {me} DIR; chmod go-w DIR`), \
+     or point the cache elsewhere"
+)]
+pub struct ForeignRoot {
+    pub path: PathBuf,
+    pub why: String,
+    pub me: u32,
+}
+
+/// Checks that the directory at `path` (a symlink's target: the caller passes what it opened),
+/// owned by `owner` with `mode`, belongs to the user jitship runs as: owned by another non-root
+/// user, or writable by group or others while not ours, it is refused.
+pub fn check_owner(path: &Path, owner: u32, mode: u32) -> Result<(), ForeignRoot> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let who = |uid: u32| match passwd_entry(uid) {
+        Some((name, _)) => format!("uid {uid} ({name})"),
+        None => format!("uid {uid}"),
+    };
+    let why = if owner != me && owner != 0 {
+        format!("is owned by {}, another user", who(owner))
+    } else if owner != me && mode & 0o022 != 0 {
+        format!(
+            "is owned by {} and writable by group or others (mode {:o})",
+            who(owner),
+            mode & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(ForeignRoot {
+        path: path.to_owned(),
+        why,
+        me,
+    })
+}
+
 /// The passwd entry of `uid`: (name, home). Hand-written over libc (already a dependency) because
 /// this one lookup is all jitship needs of the user database; a crate (nix, uzers) would add a
 /// dependency for a single call.
@@ -318,6 +368,28 @@ fn passwd_entry(uid: u32) -> Option<(String, PathBuf)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_of_another_user_or_writable_without_being_ours_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let other = if me == 65534 { 65533 } else { 65534 };
+        let p = Path::new("/tmp/torchinductor_x");
+        assert_eq!(check_owner(p, me, 0o755), Ok(()));
+        assert_eq!(check_owner(p, me, 0o777), Ok(()), "ours, however writable");
+        let e = check_owner(p, other, 0o700).unwrap_err();
+        assert!(e.why.contains(&format!("uid {other}")), "{e}");
+        assert!(e.to_string().contains("chown"), "{e}");
+        assert!(check_owner(p, other, 0o1777).is_err());
+        if me != 0 {
+            assert_eq!(
+                check_owner(p, 0, 0o755),
+                Ok(()),
+                "root's, writable by no one else"
+            );
+            assert!(check_owner(p, 0, 0o775).is_err());
+        }
+    }
     use crate::policy::native::NativeRules;
 
     fn info(kind: &str, default_root: &str, root_env: &[&str]) -> PolicyInfo {

@@ -16,6 +16,7 @@ mod facts_cli;
 mod foundation;
 mod gc;
 mod hostile_operator;
+mod hostile_roots;
 mod hostile_import;
 mod hostile_store;
 mod kubernetes_examples;

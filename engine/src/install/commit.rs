@@ -112,8 +112,9 @@ fn commit_whole_tree(
         // The root is a mount point, or a file appeared in it: go file by file.
         Err(_) => return None,
     }
-    // The tree took the empty root's place: give it the root's permissions.
-    if let Some(mode) = old_mode {
+    // The tree took the empty root's place: give it the root's permissions, never group or other
+    // write (an empty root may have been made 0777 by anyone before jitship ran).
+    if let Some(mode) = old_mode.map(|m| m & !0o022) {
         let chmod = target
             .parent
             .open_dir(&target.name)

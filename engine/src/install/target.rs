@@ -25,7 +25,8 @@ impl Target {
 }
 
 /// Resolves the configured root once: a root that is a symlink is followed now (and logged) and
-/// never again; the parent directory is created if missing. Everything after this goes through
+/// never again; the parent directory is created if missing. A root (a symlink's target) that is
+/// not ours is refused (`roots::check_owner`): another user could change the verified files. Everything after this goes through
 /// the descriptors opened here.
 pub(super) fn resolve_root(configured: &Path) -> Result<Target, InstallError> {
     let absolute = std::path::absolute(configured).map_err(io("resolve", configured))?;
@@ -52,7 +53,16 @@ pub(super) fn resolve_root(configured: &Path) -> Result<Target, InstallError> {
     let parent_path = fs::canonicalize(parent).map_err(io("resolve", parent))?;
     let parent = Confined::open(&parent_path).map_err(io("open", &parent_path))?;
     let dir = match parent.open_dir(name) {
-        Ok(d) => Some(d),
+        Ok(d) => {
+            // Judged on the directory opened, so a swap after the check changes nothing.
+            let st = rustix::fs::fstat(d.fd()).map_err(|e| InstallError::Io {
+                op: "stat",
+                path: parent_path.join(name),
+                source: e.into(),
+            })?;
+            crate::roots::check_owner(&parent_path.join(name), st.st_uid, st.st_mode)?;
+            Some(d)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
             return Err(InstallError::RootNotDir(parent_path.join(name)));
