@@ -1038,3 +1038,36 @@ fn remove_all(
     errors.extend(removal.failed.iter().map(|(key, e)| format!("{key}: {e}")));
     removal.removed
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_journal_may_name_only_this_namespaces_head_and_manifest_keys() {
+        let layout = KeyLayout::new("ns").unwrap();
+        let compat = CompatId::new("kernels", "k");
+        let id = GenerationId(ContentHash::of(b"g"));
+        let ok = |k: &str| parse_journal_key(&layout, k).is_some();
+        assert!(ok(&layout.head(&compat, 7)));
+        assert!(matches!(
+            parse_journal_key(&layout, &layout.generation(&id)),
+            Some(JournalKey::Manifest(g)) if g == id
+        ));
+        let other = KeyLayout::new("other").unwrap();
+        for bad in [
+            other.head(&compat, 7),
+            other.generation(&id),
+            layout.pack(&id.0),
+            layout.pin(&id),
+            layout.floor(&compat, 1),
+            layout.gc_journal(1),
+            format!("{}/../other/head/{compat}/7", layout.namespace()),
+            format!("{}/x", layout.head(&compat, 7)),
+            layout.head(&compat, 7).replace("/7", "/07"),
+            format!("{}/head/{compat}/", layout.namespace()),
+        ] {
+            assert!(!ok(&bad), "{bad} accepted");
+        }
+    }
+}

@@ -687,3 +687,22 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
         print_policy_logs(&t.call);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::clean;
+
+    #[test]
+    fn clean_escapes_control_characters_and_bidi_overrides_only() {
+        assert_eq!(
+            clean("gpu: NVIDIA H100 — ünïcode ✓"),
+            "gpu: NVIDIA H100 — ünïcode ✓"
+        );
+        assert_eq!(
+            clean("ok\u{1b}[2K\rsigned by trusted key\nx\u{7}\t"),
+            "ok\\u{1b}[2K\\rsigned by trusted key\\nx\\u{7}\\t"
+        );
+        assert_eq!(clean("a\u{202e}b\u{2066}c"), "a\\u{202e}b\\u{2066}c");
+        assert!(matches!(clean("plain"), std::borrow::Cow::Borrowed(_)));
+    }
+}
