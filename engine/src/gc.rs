@@ -5,8 +5,9 @@
 //! - the newest generation (the head installs read) is never dropped;
 //! - a pinned generation (`{ns}/pin/{id}` exists) is never dropped, whatever the policy says;
 //! - the policy's `retain` names the others to drop, given the operator's quotas. The policy is
-//!   the one that governs the compat id: the one its newest generation (that counts, with a
-//!   readable manifest) was published with (`Manifest.policy`), found by digest among the
+//!   the one that governs the compat id: the one its newest generation (with a readable
+//!   manifest, signed by a trusted key where one is; see trust below) was published with
+//!   (`Manifest.policy`), found by digest among the
 //!   built-in modules, the modules of the configured caches (`[[cache]] policy`, `gc --cache
 //!   KIND:x.wasm`) and the modules directory (`[policy] modules_dir`, `gc --policy-dir`); digest
 //!   `native` is the native rules (`PolicyIndex`). Never the rule of whatever this gc happens to
@@ -143,7 +144,8 @@ pub struct Decision {
 pub struct KeyPolicy {
     pub compat_id: CompatId,
     pub cache_kind: Option<String>,
-    /// The policy its newest generation that counts (with a readable manifest) was published with.
+    /// The policy its deciding generation was published with: the newest readable one a trusted
+    /// key signed, else the newest readable one that counts (then reported in `unsigned`).
     pub published_with: Option<PolicyRef>,
     /// The policy whose `retain` decided, and where gc found it.
     pub decided_by: Option<UsedPolicy>,

@@ -57,7 +57,8 @@ pub struct UsedPolicy {
     pub version: String,
     pub digest: String,
     pub found: PolicyOrigin,
-    /// The settings it decided with: those the key's newest generation recorded.
+    /// The settings it decided with: those recorded by the generation that decided (the newest
+    /// readable one a trusted key signed, else the newest that counts; see `gc`).
     #[serde(skip_serializing_if = "PolicySettings::is_empty")]
     pub settings: PolicySettings,
 }
