@@ -310,6 +310,26 @@ fn import_under_required_refuses_unsigned_untrusted_and_forged_generations() {
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     assert!(heads(&target).is_empty());
 
+    // The same layout as a tar archive (`--from FILE.tar`): the same judgement.
+    let archive = tmp.path().join("unsigned.tar");
+    let status = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&l.unsigned)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = import(&target, &archive, &required(&l.public));
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not admitted by the trust"),
+        "{}",
+        show(&out)
+    );
+    assert!(heads(&target).is_empty());
+
     let out = import(&target, &l.trusted, &required(&l.public));
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     assert!(

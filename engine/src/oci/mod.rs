@@ -638,7 +638,7 @@ pub fn put_generation(
                 Ok(None) => {}
                 Ok(Some(_)) | Err(StoreError::TooLarge { .. }) => {
                     tracing::warn!(pack = %p.id, "replacing a pack that is not the bytes its id names");
-                    store.remove(&key)?;
+                    catalog::remove_one(store, &key, catalog::LeaseWait::ONE_KEY)?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -660,7 +660,7 @@ pub fn put_generation(
             Ok(Some(there)) if there == g.manifest_bytes => true,
             Ok(None) => false,
             Ok(Some(_)) | Err(StoreError::TooLarge { .. }) => {
-                store.remove(&manifest_key)?;
+                catalog::remove_one(store, &manifest_key, catalog::LeaseWait::ONE_KEY)?;
                 false
             }
             Err(e) => return Err(e.into()),
@@ -702,7 +702,7 @@ pub fn put_generation(
                 %compat,
                 "removing an untrusted record at the seq of a trusted head being imported"
             );
-            store.remove(&head_key)?;
+            catalog::remove_one(store, &head_key, catalog::LeaseWait::ONE_KEY)?;
         }
     }
     store.put(&head_key, &head_bytes, ValueClass::Record)?;
