@@ -14,6 +14,7 @@ mod confinement;
 mod durable_registry;
 mod facts_cli;
 mod foundation;
+mod fuzz_decoders;
 mod gc;
 mod hostile_operator;
 mod hostile_roots;
