@@ -555,3 +555,63 @@ fn a_fifo_in_a_layout_is_refused_without_hanging() {
     );
     assert!(heads(&target).is_empty());
 }
+
+/// "Already imported" is the very signed head being there, and it vouched for whatever sat under
+/// its keys: an attacker who copied the trusted head into the store over planted garbage (zeros
+/// under its pack ids, junk at its manifest key) made a trusted import answer `already-present`
+/// and installs fail. Now what the head names is read back and replaced (`repaired`).
+#[test]
+fn a_replayed_trusted_head_over_planted_garbage_is_repaired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let l = layouts(tmp.path());
+    let target = local("hostile_import", false);
+    let (_, manifest, head) = only_generation(&l.trusted);
+    let (s, layout) = (target.store.as_ref(), &target.layout);
+    s.put(
+        &layout.head(&head.compat_id, head.seq),
+        &head.encode(),
+        ValueClass::Record,
+    )
+    .unwrap();
+    for p in &manifest.packs {
+        s.put(
+            &layout.pack(&p.id),
+            &vec![0; p.size as usize],
+            ValueClass::Bulk,
+        )
+        .unwrap();
+    }
+    s.put(
+        &layout.generation(&head.generation),
+        b"{}",
+        ValueClass::Record,
+    )
+    .unwrap();
+    catalog::ensure_indexed(
+        s,
+        layout,
+        &head.compat_id,
+        &manifest.cache_kind,
+        &manifest.compat_key,
+    )
+    .unwrap();
+    let out = import(&target, &l.trusted, &required(&l.public));
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("repaired"),
+        "{}",
+        show(&out)
+    );
+    let dst = tmp.path().join("dst");
+    let mut args = strings(&["install"]);
+    args.extend(store_flags(&target));
+    args.extend(strings(&[
+        "--cache",
+        &format!("kernels:native={}", dst.display()),
+        "--fact",
+        "test.tag=hostile-import",
+    ]));
+    args.extend(required(&l.public));
+    expect(&args, 0);
+    assert_eq!(digest(&dst), digest(&l.trusted_root));
+}
