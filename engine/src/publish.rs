@@ -384,28 +384,35 @@ fn find_base(
 ) -> Result<Base, PublishError> {
     let mut walk = catalog::HeadWalk::new(store, layout, compat_id)?;
     let occupied = walk.newest_seq();
-    let (head, passed) = admitted_base(&mut walk, layout, trust)?;
+    // Seqs pushed towards the ceiling: under `required` a signing publisher clears what it
+    // refuses above its base and writes just above the base (`reach`), walking as far as it
+    // removes.
+    let clears = trust.removes_untrusted && occupied.is_some_and(reach::is_high);
+    let limit = if clears {
+        reach::MAX_REMOVED_PER_PUBLISH
+    } else {
+        MAX_PASSED_OVER
+    };
+    let (head, passed) = admitted_base(&mut walk, layout, trust, limit)?;
     let (parent, parent_damaged) = match &head {
         Some(h) => usable_parent(store, layout, &h.generation)?,
         None => (None, false),
     };
     let mut first_seq = first_seq_to_write(occupied, head.as_ref());
     let mut covers_refused_head = occupied != head.as_ref().map(|h| h.seq);
-    if trust.removes_untrusted && occupied.is_some_and(reach::is_high) && !passed.is_empty() {
-        // Someone pushed this key's seqs towards the ceiling. Under `required` nothing above the
-        // base may be installed: clear it and write just above the base (`reach`), or above what
-        // could not be removed.
+    if clears && !passed.is_empty() {
         let kept = reach::remove_heads(store, layout, compat_id, &passed);
-        let below_passed = if head.is_none() && passed.len() >= reach::MAX_REMOVED_PER_PUBLISH {
-            // The walk stopped inside the flood: what lies below the removed seqs is unknown.
-            passed.iter().min().map(|s| s - 1)
-        } else {
-            head.as_ref().map(|h| h.seq)
-        };
+        if head.is_none() && passed.len() >= limit {
+            // Where the flood ends is unknown: writing in it would start a chain in the upper
+            // half. The next publish goes on clearing.
+            return Err(PublishError::Flooded {
+                removed: passed.len() - kept.len(),
+            });
+        }
         first_seq = kept
             .iter()
             .copied()
-            .chain(below_passed)
+            .chain(head.as_ref().map(|h| h.seq))
             .max()
             .map_or(1, |s| s + 1);
         covers_refused_head = !kept.is_empty();
@@ -553,22 +560,19 @@ fn new_manifest(
 
 /// How many heads a publish passes over (refused by its trust, or faulty) looking for its base
 /// before it starts a fresh chain: a store flooded with junk costs a publish a fresh chain, not a
-/// long walk. A publisher that removes what it refuses (`reach`) walks up to
+/// long walk. A publisher that clears what it refuses (`reach`) walks up to
 /// `reach::MAX_REMOVED_PER_PUBLISH`.
 const MAX_PASSED_OVER: usize = 256;
 
 /// The newest head this publisher may build on: the newest usable head its trust admits, walking
-/// down past refused and faulty ones (None: start a fresh chain), with the seqs passed over.
+/// down past at most `limit` refused and faulty ones (None: start a fresh chain), with the seqs
+/// passed over.
 fn admitted_base(
     walk: &mut catalog::HeadWalk<'_>,
     layout: &KeyLayout,
     trust: &PublishTrust,
+    limit: usize,
 ) -> Result<(Option<HeadRecord>, Vec<u64>), PublishError> {
-    let limit = if trust.removes_untrusted {
-        reach::MAX_REMOVED_PER_PUBLISH
-    } else {
-        MAX_PASSED_OVER
-    };
     let mut passed = Vec::new();
     while let Some(entry) = walk.next_head()? {
         match entry {

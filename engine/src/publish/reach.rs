@@ -25,8 +25,13 @@ use crate::trust::PublishTrust;
 
 use super::PublishError;
 
-/// How many refused or faulty heads one publish removes above its base.
-pub const MAX_REMOVED_PER_PUBLISH: usize = 4096;
+/// How many refused or faulty heads one publish reads and removes above its base: a flood of a
+/// million costs one publish (on the local store about ... s; `docs/threat-model.md`), a larger
+/// one more publishes, each failing with `PublishError::Flooded` until the flood is cleared.
+pub const MAX_REMOVED_PER_PUBLISH: usize = 1 << 20;
+
+/// How many keys one removal round takes (memory stays bounded however many go).
+const REMOVAL_CHUNK: usize = 4096;
 
 /// Whether `seq` is in the upper half of the seq range, where only a store writer puts heads.
 pub fn is_high(seq: u64) -> bool {
@@ -51,23 +56,30 @@ pub(super) fn remove_heads(
     if seqs.is_empty() {
         return vec![];
     }
-    let keys: Vec<String> = seqs.iter().map(|&s| layout.head(compat, s)).collect();
-    let removal = catalog::remove_waiting_out_leases(store, &keys, JUNK_LEASE_WAIT);
+    let (mut removed, mut kept) = (0, Vec::new());
+    for chunk in seqs.chunks(REMOVAL_CHUNK) {
+        let keys: Vec<String> = chunk.iter().map(|&s| layout.head(compat, s)).collect();
+        let removal = catalog::remove_waiting_out_leases(store, &keys, JUNK_LEASE_WAIT);
+        removed += removal.removed.len();
+        for (key, e) in &removal.failed {
+            tracing::warn!(key = %key, "could not remove a refused head: {e}");
+        }
+        let failed: std::collections::HashSet<&str> =
+            removal.failed.iter().map(|(k, _)| k.as_str()).collect();
+        kept.extend(
+            chunk
+                .iter()
+                .copied()
+                .filter(|&s| failed.contains(layout.head(compat, s).as_str())),
+        );
+    }
     tracing::warn!(
         compat = %compat,
-        removed = removal.removed.len(),
-        failed = removal.failed.len(),
+        removed,
+        failed = kept.len(),
         "removed head records this publisher's trust refuses above its base (trust mode required)"
     );
-    let failed: std::collections::HashSet<&str> =
-        removal.failed.iter().map(|(k, _)| k.as_str()).collect();
-    for (key, e) in &removal.failed {
-        tracing::warn!(key = %key, "could not remove a refused head: {e}");
-    }
-    seqs.iter()
-        .copied()
-        .filter(|&s| failed.contains(layout.head(compat, s).as_str()))
-        .collect()
+    kept
 }
 
 /// Checks that an install's walk (newest first, passing over at most

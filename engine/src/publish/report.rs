@@ -147,6 +147,12 @@ pub enum PublishError {
     )]
     Unreachable { seq: u64, passed: usize },
     #[error(
+        "removed {removed} head records this publisher's trust refuses near the top of the seq \
+         range (someone flooded the store; trust mode required), and more remain: nothing was \
+         published; publish again to go on clearing"
+    )]
+    Flooded { removed: usize },
+    #[error(
         "trust mode is required but no signing key is configured: set trust.signing_key_file, \
          --signing-key or JITSHIP_SIGNING_KEY_FILE (make a key with `jitship key generate`), or \
          every generation this publisher writes would be refused"

@@ -353,7 +353,9 @@ fn error_kind(e: &PublishError) -> ErrorKind {
         PublishError::Store(_) => ErrorKind::Store,
         PublishError::Catalog(_) => ErrorKind::Catalog,
         // Both: other writers kept this publisher's head from being the one readers reach.
-        PublishError::Contention(_) | PublishError::Unreachable { .. } => ErrorKind::Contention,
+        PublishError::Contention(_)
+        | PublishError::Unreachable { .. }
+        | PublishError::Flooded { .. } => ErrorKind::Contention,
         PublishError::NoSigningKey => ErrorKind::Config,
         // The watcher passes no interrupt of its own (it stops through its loop); only a library
         // caller that raises one gets here.
