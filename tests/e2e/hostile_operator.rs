@@ -458,8 +458,11 @@ fn control_characters_from_store_records_are_escaped_in_human_output() {
     assert_clean("ls", &text);
     let (text, _) = expect(&b, &trusted, &["verify"], 3);
     assert_clean("verify", &text);
-    let (text, _) = expect(&b, &[], &["gc", "--dry-run"], 0);
+    let (text, log) = expect(&b, &[], &["gc", "--dry-run"], 0);
     assert_clean("gc", &text);
+    // gc's WARN lines name what unsigned records decided (the policy name is the attacker's).
+    assert!(log.contains("unsigned"), "{log}");
+    assert_clean("gc's log", &log);
 
     // JSON stays JSON: the exact strings, escaped by JSON alone.
     let (out, _) = expect(&b, &trusted, &["inspect", &evil_id, "--json"], 0);

@@ -87,16 +87,17 @@ fn init_logging(format: LogFormat, color: ColorChoice, verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match format {
+        // Escaped: log lines name store records (`render::LogWriter`).
         LogFormat::Text => builder
+            .with_writer(render::LogWriter)
             .with_ansi(use_color(color))
             .with_target(false)
             .init(),
         // One object per line, the event's fields at the top level beside "message".
         LogFormat::Json => builder
+            .with_writer(std::io::stderr)
             .json()
             .with_ansi(false)
             .flatten_event(true)

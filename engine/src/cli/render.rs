@@ -19,11 +19,15 @@ use crate::publish::{PublishOutcome, PublishReport};
 /// overrides and isolates that reorder what a terminal shows; other characters, non-ASCII
 /// included, unchanged.
 pub(crate) fn clean(text: &str) -> std::borrow::Cow<'_, str> {
-    let bad = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.chars().any(bad) {
+    escape(text, |c| c.is_control() || bidi(c))
+}
+
+fn bidi(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn escape(text: &str, bad: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(&bad) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
@@ -35,6 +39,37 @@ pub(crate) fn clean(text: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// Where text log lines go: stderr, each event's line escaped like `clean`, but for ESC (tracing
+/// escapes ESC in what it formats itself, and colors its own output with it). Log lines name
+/// store records too, and tracing leaves CR and LF in them: a record could forge a line.
+pub(crate) struct LogWriter;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        LogWriter
+    }
+}
+
+impl std::io::Write for LogWriter {
+    /// tracing writes one event per call, ending in its line break.
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        let (line, end) = match text.strip_suffix('\n') {
+            Some(line) => (line, "\n"),
+            None => (&*text, ""),
+        };
+        let line = escape(line, |c| (c.is_control() && c != '\u{1b}') || bidi(c));
+        std::io::stderr().write_all(format!("{line}{end}").as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 /// Prints one line for a person, escaped (`clean`): a line holds no line break of its own.
