@@ -24,6 +24,11 @@
 //! A head whose manifest is missing or corrupt is not a parent (a fresh chain starts above it);
 //! a parent whose packs were evicted or collected is used without the files they held.
 //!
+//! Deduplication is checked: a pack already in the store is read back and checked before the new
+//! generation names it (one holding other bytes is put under a salted key instead), and so are the
+//! parent's packs once a generation is to be written (files in one that fails are dropped from
+//! the parent and uploaded again); a watcher checks each parent once (`packs`).
+//!
 //! Signing (`crate::trust`): every head this publisher writes is signed with its key, including the
 //! heads it writes after merging a lost head race. A head its trust does not admit (unsigned,
 //! untrusted or forged, under `required`) is never a parent and never merged: the publish builds on
@@ -58,7 +63,7 @@ pub use report::{
 
 use hashing::{RootFiles, RootReader, Stored, hash_selected};
 use head::commit_head;
-use packs::{KeptContents, upload_packs};
+use packs::{KeptContents, check_parent_packs, upload_packs};
 
 /// For a one-off publish: the root must exist (`watch` instead waits for a missing root to
 /// appear, so `publish` itself treats a missing root as empty).
@@ -131,7 +136,7 @@ fn publish_to_store(
     policy: &dyn CachePolicy,
     root: &Path,
     opts: &PublishOptions,
-    hashes: Option<&mut HashCache>,
+    mut hashes: Option<&mut HashCache>,
 ) -> Result<PublishReport, PublishError> {
     let started = Instant::now();
     check_can_start(opts)?;
@@ -143,7 +148,7 @@ fn publish_to_store(
     let snap = scan_root(root)?;
     let selection = select(policy, root, &snap)?;
     let mut report = PublishReport::new(kind, root, compat_key, compat_id, &selection);
-    let base = find_base(store, layout, &compat_id, &opts.trust)?;
+    let mut base = find_base(store, layout, &compat_id, &opts.trust)?;
     report.parent_signer = base.signer.clone();
 
     let hashing = Instant::now();
@@ -156,9 +161,10 @@ fn publish_to_store(
         interrupt: &opts.interrupt,
     };
     let parent = base.parent.as_ref();
-    let local = hash_selected(&reader, &selection.files, parent, hashes, &mut report)?;
+    let memo = hashes.as_deref_mut();
+    let local = hash_selected(&reader, &selection.files, parent, memo, &mut report)?;
     report.hash_ms = hashing.elapsed().as_millis() as u64;
-    let new_files = new_files(&local, parent);
+    let mut new_files = new_files(&local, parent);
     report.files_new = new_files.len() as u64;
     if !base.needs_generation(new_files.is_empty(), report.incomplete.is_none()) {
         report.conflicts = conflicts_with_parent(&local, parent);
@@ -170,6 +176,13 @@ fn publish_to_store(
         return Ok(report);
     }
 
+    // Only now that a generation will be written: its parent's packs are read back and checked
+    // before it inherits them; files in one that fails are uploaded again from here.
+    if check_parent_packs(store, layout, &mut base, hashes.as_deref())? {
+        new_files = self::new_files(&local, base.parent.as_ref());
+        report.files_new = new_files.len() as u64;
+    }
+    let parent = base.parent.as_ref();
     let (mut plans, source_of) = plan_new_contents(&new_files, parent, opts.pack_size);
     let uploading = Instant::now();
     // A pack already in the store is checked first; one that held other bytes comes back with the
@@ -197,6 +210,10 @@ fn publish_to_store(
     let first_seq = base.first_seq;
     let (generation, seq) = commit_head(store, layout, candidate, first_seq, opts, &mut report)?;
     reach::check_reachable(store, layout, &compat_id, seq, &opts.trust)?;
+    // Its packs are this publish's own or checked by it (not a race winner's it merged).
+    if let Some(memo) = hashes.filter(|_| report.merged.is_empty()) {
+        memo.note_checked(generation);
+    }
     report.outcome = PublishOutcome::Published { generation, seq };
     report.signed_by = opts
         .trust

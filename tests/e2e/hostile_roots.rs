@@ -14,7 +14,7 @@ use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
 use jitship::publish::{PublishError, PublishReport};
 use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, TrustPolicy};
-use jitship_tests::backends::{Place, backends};
+use jitship_tests::backends::{Place, backends, remove_retrying};
 use jitship_tests::fixtures::triton_tree;
 use jitship_tests::harness::{Scenario, published};
 
@@ -166,6 +166,57 @@ fn a_pack_planted_under_its_predictable_key_is_never_referenced() {
         let r = publish_signed(&other, &src, &key).unwrap();
         assert_eq!(r.packs_uploaded, 0, "[{}] {r:?}", b.name);
         assert_eq!(r.packs_reused as usize, m.packs.len(), "[{}] {r:?}", b.name);
+    }
+}
+
+/// A parent generation whose pack was replaced by garbage of the same size (removed and put
+/// again: the store lets anyone) is not inherited: the next trusted publish reads the parent's
+/// packs back, drops the files of the bad pack and uploads them again under a key that works, so
+/// the new generation installs whole under `required`. (Before the fix it named the bad pack,
+/// like every later generation.)
+#[test]
+fn a_parent_pack_replaced_by_garbage_is_not_inherited() {
+    let key = PublisherKey::generate().unwrap();
+    for b in backends("hostile_parent_pack", Place::Local) {
+        let mut s = Scenario::new(b.store.clone(), "kernels");
+        s.layout = b.layout.clone();
+        s.pack_size = 16 << 10;
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        triton_tree(&src, 4, 5);
+        let (g1, _) = published(&publish_signed(&s, &src, &key).unwrap());
+        let m1 = catalog::fetch_manifest(b.store.as_ref(), &b.layout, &g1)
+            .unwrap()
+            .unwrap();
+        let bad = m1.packs[0].clone();
+        let pack_key = b.layout.pack(&bad.id);
+        assert!(remove_retrying(b.store.as_ref(), &pack_key));
+        b.store
+            .put(
+                &pack_key,
+                &vec![0xA5u8; bad.size as usize],
+                ValueClass::Bulk,
+            )
+            .unwrap();
+
+        triton_tree(&src, 2, 6);
+        let (g2, _) = published(&publish_signed(&s, &src, &key).unwrap());
+        let m2 = catalog::fetch_manifest(b.store.as_ref(), &b.layout, &g2)
+            .unwrap()
+            .unwrap();
+        assert!(
+            !m2.packs.iter().any(|p| p.id == bad.id),
+            "[{}] generation {g2} inherits the bad pack {}",
+            b.name,
+            bad.id
+        );
+        let v = jitship::inspect::verify(b.store.as_ref(), &b.layout, &g2).unwrap();
+        assert!(v.ok, "[{}] {:?}", b.name, v.problems);
+        let root = tmp.path().join("root");
+        let r = install_required(&s, &root, &key);
+        assert_eq!(r.generation, Some(g2), "[{}] {}", b.name, r.detail);
+        assert!(r.damaged.is_empty(), "[{}] {:?}", b.name, r.damaged);
+        assert_eq!(tree(&src), tree(&root), "[{}]", b.name);
     }
 }
 

@@ -34,9 +34,26 @@ pub(super) struct RootReader<'a> {
 #[derive(Debug, Default)]
 pub struct HashCache {
     entries: HashMap<RelPath, (u64, i64, u32, u64, Stored)>,
+    /// Generations whose packs this watcher read back and checked, or wrote itself: a parent is
+    /// checked once, not every round (`publish::check_parent_packs`).
+    checked: std::collections::HashSet<crate::generation::GenerationId>,
 }
 
+/// Most generations a watcher remembers as checked (it needs only its current parent).
+const MAX_CHECKED: usize = 64;
+
 impl HashCache {
+    pub(super) fn is_checked(&self, id: &crate::generation::GenerationId) -> bool {
+        self.checked.contains(id)
+    }
+
+    pub(super) fn note_checked(&mut self, id: crate::generation::GenerationId) {
+        if self.checked.len() >= MAX_CHECKED {
+            self.checked.clear();
+        }
+        self.checked.insert(id);
+    }
+
     fn lookup(&self, f: &ScannedFile) -> Option<Stored> {
         let &(size, s, ns, ino, stored) = self.entries.get(&f.path)?;
         (size == f.size && s == f.mtime_s && ns == f.mtime_ns && ino == f.ino).then_some(stored)

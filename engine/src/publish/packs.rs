@@ -231,6 +231,63 @@ fn random_salt() -> Result<[u8; 32], PublishError> {
     Ok(salt)
 }
 
+/// Reads the packs of the base's generation back and checks every file against its hash
+/// (`inspect::verify`) before the new generation inherits them: a pack someone planted under its
+/// key before an older publisher referenced it, or put there after removing the real one, must
+/// not be carried into every later generation. Files in a pack that failed are dropped from the
+/// parent, like the files of an evicted pack, and uploaded again from this root if it has them
+/// (true: files were dropped). A watcher remembers the generations it checked or wrote, so it
+/// reads a parent back once, not every round; a one-off publish reads its parent back once.
+pub(super) fn check_parent_packs(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    base: &mut super::Base,
+    memo: Option<&super::HashCache>,
+) -> Result<bool, PublishError> {
+    use crate::inspect::{InspectError, Problem};
+    let (Some(head), Some(parent)) = (&base.head, &mut base.parent) else {
+        return Ok(false);
+    };
+    let id = head.generation;
+    if memo.is_some_and(|m| m.is_checked(&id)) {
+        return Ok(false);
+    }
+    let v = crate::inspect::verify(store, layout, &id).map_err(|e| match e {
+        InspectError::Store(e) => PublishError::Store(e),
+        InspectError::Catalog(e) => PublishError::Catalog(e),
+        other => PublishError::Store(crate::store::StoreError::Other(other.to_string())),
+    })?;
+    let bad: std::collections::HashSet<ContentHash> = v
+        .problems
+        .iter()
+        .flat_map(|p| match p {
+            Problem::PackSize { pack, .. } | Problem::PackMissing { pack } => vec![*pack],
+            Problem::FileCorrupt { packs, .. } => packs.clone(),
+            _ => vec![],
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(false);
+    }
+    let before = parent.files.len();
+    let packs = &parent.packs;
+    parent.files.retain(|f| {
+        f.chunks
+            .iter()
+            .all(|c| !bad.contains(&packs[c.pack as usize].id))
+    });
+    crate::generation::prune_packs(parent);
+    tracing::warn!(
+        generation = %id,
+        packs_bad = bad.len(),
+        files_dropped = before - parent.files.len(),
+        "the head generation's packs hold bytes that are not its files (planted or replaced): not \
+         inheriting them; uploading those files again from this root"
+    );
+    base.parent_damaged = true;
+    Ok(true)
+}
+
 /// Writes `pieces` (of one pack) into `buf`, each at its pack offset.
 fn fill_pack(
     reader: &RootReader,
