@@ -133,6 +133,11 @@ pub const MAX_RECORD_BYTES: u64 = 1 << 20;
 pub const MAX_JOURNAL_BYTES: u64 = 64 << 20;
 /// How many floor records of one compat id a head walk reads (newest first).
 const FLOORS_READ: usize = 4;
+/// How many of the heads all floors read say they keep below them a head walk looks at (each
+/// costs a probe without listing). gc keeps the retained and pinned generations below a floor,
+/// a handful; a floor anyone wrote could name millions (issue 39: four forged floors of 60,000
+/// each cost a walk 240,002 probes and 7.7 s).
+pub const MAX_FLOOR_KEEPS: usize = 1024;
 
 /// The newest seq of a sequence (`prefix`, `key(seq)`) contiguous from 1, if any: see `walk`.
 fn newest_seq(
@@ -218,9 +223,12 @@ pub fn newest_floor(
     Ok(recent_floors(store, layout, compat, 1)?.into_iter().next())
 }
 
-/// Up to `n` floor records of `compat`, newest first. One that is corrupt, oversized or names
-/// another place than its key is passed over (logged): anyone can write a floor, so a floor only
-/// ever adds a place a head walk starts from (`HeadWalk`), it never hides the heads below it.
+/// Floor records of `compat`, newest first, until `n` of them are *held*: a head exists at their
+/// `floor` seq, as gc leaves it (gc never removes a head at or above its floor). A floor that is
+/// corrupt, oversized or names another place than its key is passed over (logged), and one that
+/// is not held is returned but not counted: anyone can write a floor, so a floor only ever adds a
+/// place a head walk starts from (`HeadWalk`), it never hides the heads below it, and planted
+/// floors that start nowhere cannot push gc's out of the walk. At most `4n` records are read.
 fn recent_floors(
     store: &dyn Store,
     layout: &KeyLayout,
@@ -229,16 +237,19 @@ fn recent_floors(
 ) -> Result<Vec<FloorRecord>, CatalogError> {
     let key = |seq| layout.floor(compat, seq);
     let mut seqs = SeqWalk::new(store, &layout.floors_prefix(compat), key, &[1])?;
-    let mut out = Vec::new();
+    let (mut out, mut held) = (Vec::new(), 0);
     // Floors are never removed: a miss is eviction, and the one below is the next best bound.
     for _ in 0..n.saturating_mul(4) {
-        if out.len() >= n {
+        if held >= n {
             break;
         }
         let Some(seq) = seqs.next_seq()? else { break };
         let k = key(seq);
         match read_record::<FloorRecord>(store, &k, MAX_RECORD_BYTES) {
             Ok(Some(f)) if f.compat_id == *compat && f.seq == seq && f.floor <= MAX_SEQ => {
+                if f.floor >= 1 && store.exists(&layout.head(compat, f.floor))? {
+                    held += 1;
+                }
                 out.push(f)
             }
             Ok(None) => {}
@@ -422,7 +433,12 @@ impl<'a> HeadWalk<'a> {
             starts.extend(floors.iter().map(|f| f.floor));
             let key = move |seq| layout.head(&compat, seq);
             let mut seqs = SeqWalk::new(store, &layout.heads_prefix(&compat), key, &starts)?;
-            let keep: Vec<u64> = floors.iter().flat_map(|f| f.keep.iter().copied()).collect();
+            // Newest first within each floor, the newest floor first.
+            let keep: Vec<u64> = floors
+                .iter()
+                .flat_map(|f| f.keep.iter().copied())
+                .take(MAX_FLOOR_KEEPS)
+                .collect();
             seqs.also(&keep);
             let first = seqs.next_seq()?;
             if !lists {

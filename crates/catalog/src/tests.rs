@@ -339,6 +339,43 @@ fn hostile_floors_never_hide_the_heads() {
     );
 }
 
+/// Issue 39 (found by the decoder fuzzing): heads at 100..=105 under gc's floor at 100, then four
+/// forged floors, each starting nowhere and naming 60,000 kept seqs. The walk cost 240,002
+/// probes and 7.7 s and found no head: the forged floors were the four it read. Now kept seqs
+/// are capped and floors that start nowhere do not count.
+#[test]
+fn forged_floors_neither_hide_gcs_floor_nor_cost_a_probe_per_kept_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = WithoutListing(LocalStore::open(dir.path()).unwrap());
+    let layout = KeyLayout::new("ns").unwrap();
+    let compat = CompatId::new("triton", "k");
+    for s in 100..=105 {
+        put_raw(&store, &layout.head(&compat, s), &head(compat, s).encode());
+    }
+    write_floor(&store, &layout, &compat, 100, vec![]).unwrap();
+    for seq in 2..=5 {
+        let f = FloorRecord {
+            compat_id: compat,
+            seq,
+            floor: MAX_SEQ,
+            keep: (1..=60_000).map(|k| MAX_SEQ - 1 - k).collect(),
+            written_at: 0,
+            writer: "attacker".into(),
+        };
+        put_raw(&store, &layout.floor(&compat, seq), &encode_record(&f));
+    }
+    let mut walk = HeadWalk::new(&store, &layout, &compat).unwrap();
+    assert_eq!(
+        walk.next_usable(MAX_FAULTY_PASSED).unwrap().unwrap().seq,
+        105
+    );
+    assert!(
+        walk.probes() < 4 * MAX_FLOOR_KEEPS as u64,
+        "{} probes",
+        walk.probes()
+    );
+}
+
 #[test]
 fn append_seq_never_wraps_and_a_record_at_the_ceiling_does_not_freeze_the_sequence() {
     let dir = tempfile::tempdir().unwrap();
