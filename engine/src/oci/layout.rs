@@ -497,7 +497,19 @@ fn unpack_layout(file: &Path, dir: &Path, max_file_bytes: u64) -> Result<(), Oci
         from: file.display().to_string(),
         why,
     };
-    let mut archive = tar::Archive::new(fs::File::open(file).map_err(io(file))?);
+    // Never blocking on a FIFO put where the archive was named, and only a regular file read.
+    let opened = {
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(file)
+            .map_err(io(file))?
+    };
+    if !opened.metadata().map_err(io(file))?.is_file() {
+        return Err(refuse("it is not a regular file".into()));
+    }
+    let mut archive = tar::Archive::new(opened);
     archive.set_preserve_permissions(false);
     archive.set_unpack_xattrs(false);
     for (n, entry) in archive.entries().map_err(io(file))?.enumerate() {
