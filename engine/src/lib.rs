@@ -12,6 +12,7 @@ pub mod inspect;
 pub mod install;
 pub mod interrupt;
 pub mod oci;
+pub mod owner;
 pub mod policies;
 pub mod publish;
 pub mod ready;

@@ -247,13 +247,13 @@ fn check_can_start(opts: &PublishOptions) -> Result<(), PublishError> {
 
 /// The root's files. A file where the root should be is never a cache (a missing root is: not
 /// written yet); a root another user owns, or could write without being ours, is not published
-/// from (`roots::check_owner`: they could plant files the publisher would sign).
+/// from (`owner::check_owner`: they could plant files the publisher would sign).
 fn scan_root(root: &Path) -> Result<scan::Snapshot, PublishError> {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(root) {
         Ok(m) if !m.is_dir() => return Err(PublishError::RootNotDir(root.into())),
         Ok(m) => {
-            crate::roots::check_owner(root, m.uid(), m.mode()).map_err(|e| PublishError::Scan {
+            crate::owner::check_owner(root, m.uid(), m.mode()).map_err(|e| PublishError::Scan {
                 root: root.into(),
                 source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e),
             })?

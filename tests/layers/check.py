@@ -37,11 +37,11 @@ CRATES = {
 # Engine modules by layer: a module may use modules of lower layers only. `generation`,
 # `store`, `catalog`, `confined`, `facts` and `policy` are crates, re-exported under those names.
 LAYERS = [
-    {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready"},
+    {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready", "owner"},
     {"policy", "trust"},
-    {"config"},
+    {"config", "inspect"},
     {"scan", "policies", "oci"},
-    {"publish", "install", "inspect", "author", "roots"},
+    {"publish", "install", "author", "roots"},
     {"gc", "audit", "watch", "engines"},
     {"cli"},
 ]

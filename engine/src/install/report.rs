@@ -293,9 +293,9 @@ pub enum InstallError {
     },
     #[error("{0}: the cache root must be a directory (or not exist yet)")]
     RootNotDir(PathBuf),
-    /// The root (or a symlink's target) belongs to another user (`roots::check_owner`).
+    /// The root (or a symlink's target) belongs to another user (`owner::check_owner`).
     #[error(transparent)]
-    ForeignRoot(#[from] crate::roots::ForeignRoot),
+    ForeignRoot(#[from] crate::owner::ForeignRoot),
     /// A name jitship keeps beside the root (its lock file) holds something else.
     #[error(
         "{path} is {what}, not the regular file jitship keeps there: it is never followed, read \

@@ -26,7 +26,7 @@ impl Target {
 
 /// Resolves the configured root once: a root that is a symlink is followed now (and logged) and
 /// never again; the parent directory is created if missing. A root (a symlink's target) that is
-/// not ours is refused (`roots::check_owner`): another user could change the verified files. Everything after this goes through
+/// not ours is refused (`owner::check_owner`): another user could change the verified files. Everything after this goes through
 /// the descriptors opened here.
 pub(super) fn resolve_root(configured: &Path) -> Result<Target, InstallError> {
     let absolute = std::path::absolute(configured).map_err(io("resolve", configured))?;
@@ -60,7 +60,7 @@ pub(super) fn resolve_root(configured: &Path) -> Result<Target, InstallError> {
                 path: parent_path.join(name),
                 source: e.into(),
             })?;
-            crate::roots::check_owner(&parent_path.join(name), st.st_uid, st.st_mode)?;
+            crate::owner::check_owner(&parent_path.join(name), st.st_uid, st.st_mode)?;
             Some(d)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
