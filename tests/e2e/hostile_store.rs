@@ -874,6 +874,96 @@ mod property {
             }
         }
 
+        /// The operator commands over what the adversary wrote, each bounded by `HANG`: `ls`
+        /// (a survey), `verify` of every generation, `export` under `required` (only generations
+        /// the key signed, every file as published), `import` of that layout into a fresh store,
+        /// and `gc` under `required`. None may fail on a record anyone wrote; only the store
+        /// failing is an error.
+        fn check_commands(&self, n: usize) -> Result<(), TestCaseError> {
+            let s = self.s.clone();
+            let trust = required(&self.key);
+            let survey = {
+                let (s, trust) = (s.clone(), trust.clone());
+                bounded("ls", move || {
+                    jitship::inspect::survey(s.store.as_ref(), &s.layout, &trust)
+                })
+            };
+            let survey = survey.map_err(|e| TestCaseError::fail(format!("ls failed: {e}")))?;
+            let generations: Vec<GenerationId> = survey
+                .compats
+                .iter()
+                .flat_map(|c| c.generations.iter().map(|g| g.id))
+                .collect();
+            for g in generations.into_iter().take(8) {
+                let s = s.clone();
+                let v = bounded("verify", move || {
+                    jitship::inspect::verify(s.store.as_ref(), &s.layout, &g)
+                });
+                v.map_err(|e| TestCaseError::fail(format!("verify {g} failed: {e}")))?;
+            }
+            let out = self.tmp.path().join(format!("export-{n}"));
+            let exported = {
+                let (s, trust, out) = (s.clone(), trust.clone(), out.clone());
+                bounded("export", move || {
+                    jitship::oci::layout::export(s.store.as_ref(), &s.layout, &trust, &[], &out)
+                })
+            };
+            match exported {
+                Ok(report) => {
+                    for g in &report.generations {
+                        prop_assert!(
+                            self.trusted_gens.contains(&g.generation),
+                            "exported {} under required, which the key never published",
+                            g.generation
+                        );
+                    }
+                    if !report.generations.is_empty() {
+                        let into = tempfile::tempdir().unwrap();
+                        let target =
+                            Arc::new(jitship::store::LocalStore::open(into.path()).unwrap());
+                        let (layout, trust) = (s.layout.clone(), trust.clone());
+                        let imported = bounded("import", move || {
+                            jitship::oci::layout::import(target.as_ref(), &layout, &trust, &out)
+                        });
+                        imported.map_err(|e| {
+                            TestCaseError::fail(format!("importing what export wrote failed: {e}"))
+                        })?;
+                    }
+                }
+                // Nothing the trust admits whole: refused, never a partial layout.
+                Err(e) => prop_assert!(
+                    !out.join("index.json").exists(),
+                    "export failed ({e}) but left a layout"
+                ),
+            }
+            let report = {
+                let s = s.clone();
+                bounded("gc", move || {
+                    let opts = jitship::gc::GcOptions {
+                        now: catalog::now_secs(),
+                        grace: Duration::ZERO,
+                        limits: jitship::policy::RetentionLimits {
+                            max_generations: Some(3),
+                            ..Default::default()
+                        },
+                        dry_run: false,
+                        lease_wait: Duration::from_secs(11),
+                        lease_rounds: jitship::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
+                        trust: Arc::new(trust),
+                    };
+                    let policy: Arc<dyn jitship::policy::CachePolicy> = s.policy.clone();
+                    jitship::gc::collect(
+                        s.store.as_ref(),
+                        &s.layout,
+                        &|_: &str| policy.clone(),
+                        &opts,
+                    )
+                })
+            };
+            report.map_err(|e| TestCaseError::fail(format!("gc failed: {e}")))?;
+            Ok(())
+        }
+
         /// Whatever was written, the trusted publisher publishes a new generation and a
         /// `required` install then takes exactly it.
         fn check_trusted_publisher_keeps_its_key(&mut self, n: usize) -> Result<(), TestCaseError> {
@@ -965,6 +1055,7 @@ mod property {
             for (n, a) in attacks.iter().enumerate() {
                 w.apply(a);
                 w.check_install(n)?;
+                w.check_commands(n)?;
             }
             w.check_trusted_publisher_keeps_its_key(attacks.len())?;
         }
