@@ -102,8 +102,15 @@ fn main() {
         let good = tmp.path().join("good");
         triton_tree(&good, 2, 1);
         let (_, base_seq) = published(&publish(&s, &good, &key));
-        let (r, baseline, baseline_rss) = measured(|| install(&s, &tmp.path().join("t0"), &key));
-        assert_eq!(r.outcome, InstallOutcome::Installed, "{}", r.detail);
+        // Best of three (the first loads the policy and warms the page cache).
+        let (mut baseline, mut baseline_rss) = (Duration::MAX, 0);
+        for i in 0..3 {
+            let (r, d, rss) = measured(|| install(&s, &tmp.path().join(format!("t0-{i}")), &key));
+            assert_eq!(r.outcome, InstallOutcome::Installed, "{}", r.detail);
+            if d < baseline {
+                (baseline, baseline_rss) = (d, rss);
+            }
+        }
 
         // Planted as files beside the store's own (a key is a path under the store directory,
         // as the attacker with a shared volume would): a put per record takes a millisecond.

@@ -125,8 +125,15 @@ impl Candidates {
                 if self.exhausted {
                     return Ok(None);
                 }
-                // The newest alone first; then a batch, read once it does not do.
-                let n = if self.read.is_empty() { 1 } else { 16 };
+                // The newest alone first; then a batch, read once it does not do; then the rest
+                // of what an install may pass over. Each batch opens a walk again (listing every
+                // head on a store that lists), so a store flooded with junk costs three walks,
+                // not one per 16 heads (issue 39: 16 listings of 10^6 junk heads took 129 s).
+                let n = match self.read.len() {
+                    0 => 1,
+                    1 => 16,
+                    read => MAX_PASSED_OVER.saturating_sub(read).max(1),
+                };
                 self.read_heads(cx, n)?;
                 continue;
             }
