@@ -351,6 +351,13 @@ fn note_faulty_and_unreadable(survey: &inspect::Survey, opts: &GcOptions, report
                 c.compat_id, f.seq, f.fault
             ));
         }
+        let unnamed = c.faulty_count.saturating_sub(c.faulty_heads.len() as u64);
+        if unnamed > 0 {
+            report.faulty_heads.push(format!(
+                "compat id {}: {unnamed} more heads that are no usable head, below those (left in place)",
+                c.compat_id
+            ));
+        }
     }
     for (c, g) in survey.generations().filter(|(_, g)| counts(opts, g)) {
         if let ManifestState::Corrupt { error } = &g.state {

@@ -132,8 +132,11 @@ pub struct CompatView {
     pub floor: Option<FloorRecord>,
     /// Head records that exist but cannot be used (corrupt, oversized, another place's), each
     /// with why: anyone can write the store; readers pass them over.
+    /// The newest `catalog::MAX_FAULTY_LISTED` of them; `faulty_count` counts all.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub faulty_heads: Vec<catalog::FaultyHead>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub faulty_count: u64,
     /// Newest first (by newest head seq).
     pub generations: Vec<GenerationView>,
 }
@@ -179,6 +182,7 @@ pub fn survey_compat(
         floor,
         heads,
         faulty,
+        faulty_count,
     } = catalog::all_heads(store, layout, compat)?;
     let mut view = CompatView {
         compat_id: *compat,
@@ -186,6 +190,7 @@ pub fn survey_compat(
         compat_key: None,
         floor,
         faulty_heads: faulty,
+        faulty_count,
         generations: vec![],
     };
     // heads are newest first; a head's generation is superseded when the next newer head that
@@ -818,4 +823,8 @@ impl<'a> Repairer<'a> {
         }
         Ok(None)
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -555,12 +555,17 @@ pub fn older_heads(
 }
 
 /// Every head of `compat` that exists, newest first, with the newest floor and the heads that
-/// cannot be used (each with why).
+/// cannot be used (each with why, the newest [`MAX_FAULTY_LISTED`] of them; `faulty_count` counts
+/// all: anyone can write a million junk heads, and a report naming each would be the attack).
 pub struct CompatHeads {
     pub floor: Option<FloorRecord>,
     pub heads: Vec<HeadRecord>,
     pub faulty: Vec<FaultyHead>,
+    pub faulty_count: u64,
 }
+
+/// How many faulty heads of one compat id `all_heads` names.
+pub const MAX_FAULTY_LISTED: usize = 64;
 
 /// Every head of `compat` (see `CompatHeads`).
 pub fn all_heads(
@@ -569,17 +574,23 @@ pub fn all_heads(
     compat: &CompatId,
 ) -> Result<CompatHeads, CatalogError> {
     let mut walk = HeadWalk::new(store, layout, compat)?;
-    let (mut heads, mut faulty) = (Vec::new(), Vec::new());
+    let (mut heads, mut faulty, mut faulty_count) = (Vec::new(), Vec::new(), 0);
     while let Some(entry) = walk.next_head()? {
         match entry {
             Ok(h) => heads.push(h),
-            Err(f) => faulty.push(f),
+            Err(f) => {
+                faulty_count += 1;
+                if faulty.len() < MAX_FAULTY_LISTED {
+                    faulty.push(f);
+                }
+            }
         }
     }
     Ok(CompatHeads {
         floor: walk.floor.take(),
         heads,
         faulty,
+        faulty_count,
     })
 }
 

@@ -376,6 +376,27 @@ fn forged_floors_neither_hide_gcs_floor_nor_cost_a_probe_per_kept_seq() {
     );
 }
 
+/// Issue 39: 10^6 junk heads cost gc 931 MB and a 200 MB report, one entry each. `all_heads`
+/// (what `ls` and gc read) names the newest 64 and counts the rest.
+#[test]
+fn all_heads_names_a_bounded_number_of_faulty_heads_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in both_stores(dir.path()) {
+        let store = store.as_ref();
+        let layout = KeyLayout::new("ns").unwrap();
+        let compat = CompatId::new("triton", "k");
+        heads(store, &layout, compat, 2);
+        for seq in 3..=1002 {
+            put_raw(store, &layout.head(&compat, seq), b"x");
+        }
+        let all = all_heads(store, &layout, &compat).unwrap();
+        assert_eq!(all.heads.len(), 2);
+        assert_eq!(all.faulty.len(), MAX_FAULTY_LISTED);
+        assert_eq!(all.faulty[0].seq, 1002, "the newest are named");
+        assert_eq!(all.faulty_count, 1000);
+    }
+}
+
 #[test]
 fn append_seq_never_wraps_and_a_record_at_the_ceiling_does_not_freeze_the_sequence() {
     let dir = tempfile::tempdir().unwrap();

@@ -132,6 +132,10 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
         for f in &c.faulty_heads {
             say!("  head seq {}: not a usable head: {}", f.seq, f.fault);
         }
+        let unnamed = c.faulty_count.saturating_sub(c.faulty_heads.len() as u64);
+        if unnamed > 0 {
+            say!("  and {unnamed} more heads below those that are no usable head");
+        }
     }
     Ok(exit::OK)
 }
