@@ -256,6 +256,46 @@ fn forged_and_untrusted_tags_are_passed_over_for_the_newest_trusted_generation()
     assert_eq!(digest(&env.path("dst")), digest(&env.path("src")));
 }
 
+/// Issue 39: 64 tags at seqs beyond any head's (2^53 and above) were the 64 candidates a pull
+/// tries, newest seq first, so the trusted generation below them was never reached.
+#[test]
+#[ignore = "needs Debian's docker-registry and skopeo (apt-get install docker-registry skopeo): tests/run-all.sh runs it with -- --ignored durable_registry::"]
+fn tags_at_seqs_no_head_can_have_never_push_the_trusted_one_out() {
+    let env = Env::new();
+    let registry = TestRegistry::start();
+    let durable = registry.durable_store_arg();
+    triton_tree(&env.path("src"), 2, 41);
+    let out = env.publish(&env.store("store"), "src", &durable, true);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let published = result(&out);
+    let trusted = published["generation"].as_str().unwrap().to_owned();
+    let compat = published["compat_id"].as_str().unwrap().to_owned();
+    let source = format!("{}:{compat}.1.{}", registry.skopeo_repo(), &trusted[..16]);
+    for i in 0..65u64 {
+        let seq = (1u64 << 53) + 1 + i;
+        let forged = format!(
+            "{}:{compat}.{seq}.{}",
+            registry.skopeo_repo(),
+            &trusted[..16]
+        );
+        let copied = Command::new("skopeo")
+            .args(["copy", "--src-tls-verify=false", "--dest-tls-verify=false"])
+            .args([&source, &forged])
+            .output()
+            .unwrap();
+        assert!(copied.status.success(), "{}", text(&copied.stderr));
+    }
+    let out = env.install(&env.store("emptied"), "dst", &durable, "60s");
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert_eq!(
+        result(&out)["generation"],
+        trusted.as_str(),
+        "{}",
+        show(&out)
+    );
+    assert_eq!(digest(&env.path("dst")), digest(&env.path("src")));
+}
+
 #[test]
 #[ignore = "needs Debian's docker-registry and skopeo (apt-get install docker-registry skopeo): tests/run-all.sh runs it with -- --ignored durable_registry::"]
 fn a_registry_down_or_silent_bounds_the_install_and_leaves_store_hits_alone() {

@@ -527,7 +527,10 @@ impl Registry {
             .into_iter()
             .filter_map(|t| {
                 let (seq, _) = t.strip_prefix(&prefix)?.split_once('.')?;
-                Some((seq.parse::<u64>().ok()?, t))
+                // The seqs heads may have (`catalog::walk::parse_seq`): a tag at 2^64-1 or with
+                // leading zeros is no generation's, and never pushes a real one out of the
+                // candidates (issue 39: 64 forged tags at huge seqs did).
+                Some((crate::catalog::walk::parse_seq(seq)?, t))
             })
             .collect();
         candidates.sort_unstable_by(|a, b| b.cmp(a));
