@@ -33,6 +33,7 @@ pub(super) fn commit_head(
         writer: writer_id(),
         base_seq: seq.saturating_sub(1),
         included: candidate.parent.into_iter().collect(),
+        written: None,
     };
     for _ in 0..opts.max_head_attempts {
         if seq > catalog::MAX_SEQ {
@@ -75,6 +76,15 @@ pub(super) fn commit_head(
             Step::TrySeq(next) => seq = next,
         }
     }
+    // A head of ours that installs take is already written: going on was only to get above a
+    // head nobody may build on (issue 39: that publish exited 1 though installs took its head).
+    if let Some((generation, seq)) = commit.written {
+        tracing::warn!(
+            seq,
+            "could not write above the head over ours that this publisher does not trust; the head at {seq} stands"
+        );
+        return Ok((generation, seq));
+    }
     Err(PublishError::Contention(opts.max_head_attempts))
 }
 
@@ -95,6 +105,10 @@ struct HeadCommit<'a> {
     base_seq: u64,
     /// Generations the candidate builds on or merged (never merged twice).
     included: HashSet<GenerationId>,
+    /// A head of ours already written that holds everything the candidate holds, with only
+    /// heads this publisher does not trust above it: what this publish stands on if it cannot
+    /// write above those.
+    written: Option<(GenerationId, u64)>,
 }
 
 impl HeadCommit<'_> {
@@ -152,6 +166,7 @@ impl HeadCommit<'_> {
         };
         tracing::info!(seq = below, generation = %missed.generation, "a head below ours was never merged; merging it");
         self.included.insert(missed.generation);
+        self.written = None;
         if let Some(other) = winner_manifest(self.store, self.layout, &missed.generation)? {
             merge(candidate, generation, &other, Parent::Ours, report);
             return Ok(Step::TrySeq(seq + 1));
@@ -181,9 +196,13 @@ impl HeadCommit<'_> {
         };
         tracing::info!(seq = seq + 1, generation = %above, "a head above ours does not include ours; merging onto it");
         self.included.insert(above);
-        if let Some(other) = manifest
-            && merge(candidate, generation, &other, Parent::Theirs, report)
-        {
+        let Some(other) = manifest else {
+            // Refused or unreadable: nothing to merge, only to write above.
+            self.written = Some((generation, seq));
+            return Ok(Step::TrySeq(seq + 2));
+        };
+        self.written = None;
+        if merge(candidate, generation, &other, Parent::Theirs, report) {
             return Ok(Step::Done(other.id(), seq + 1));
         }
         Ok(Step::TrySeq(seq + 2))
@@ -211,6 +230,7 @@ impl HeadCommit<'_> {
             tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
             return Ok(Step::TrySeq(seq + 1));
         };
+        self.written = None;
         if merge(candidate, generation, &winner, Parent::Theirs, report) {
             return Ok(Step::Done(winner.id(), seq));
         }

@@ -174,6 +174,54 @@ fn a_head_written_above_ours_without_it_is_merged() {
     assert_eq!(paths(&m), vec!["o.bin", "w.bin"]);
 }
 
+/// Issue 39: when our head is read back, a store writer has put an unsigned head right above it
+/// and junk above that, at every seq a publisher tries next. The publish wrote a head installs
+/// take (the one at seq 1: the rest is passed over) and still exited 1 ("gave up after 4
+/// attempts"); now it reports that head.
+#[test]
+fn a_head_of_ours_that_only_untrusted_heads_cover_is_reported_not_a_failure() {
+    use crate::trust::{PublisherKey, TrustPolicy};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let layout = KeyLayout::new("ns").unwrap();
+    let inner = LocalStore::open(dir.path().join("store")).unwrap();
+    let store = Hooked::new(inner, Mutex::new(true)).on_get(|inner, armed, key| {
+        let value = inner.get(key)?;
+        if key.contains("/head/")
+            && let Some(v) = &value
+            && std::mem::take(&mut *armed.lock().unwrap())
+        {
+            let mut head = HeadRecord::decode(v).unwrap();
+            head.signature = None;
+            head.writer = "attacker".into();
+            let (prefix, _) = key.rsplit_once('/').unwrap();
+            head.seq += 1;
+            inner.put(
+                &format!("{prefix}/{}", head.seq),
+                &head.encode(),
+                ValueClass::Record,
+            )?;
+            for junk in head.seq + 1..head.seq + 20 {
+                inner.put(&format!("{prefix}/{junk}"), b"x", ValueClass::Record)?;
+            }
+        }
+        Ok(value)
+    });
+    let key = PublisherKey::generate().unwrap();
+    let policy = TrustPolicy::new(crate::config::TrustMode::Required, &[key.public_key()]);
+    let mut o = opts();
+    o.trust = PublishTrust::new(Some(Arc::new(key)), Arc::new(policy));
+    let root = dir.path().join("ours");
+    tree(&root, &[("o.bin", b"ours")]);
+    let policy = NativeRules::new("triton");
+    let r = publish(&store, &layout, &policy, &root, &o, None).unwrap();
+    assert!(
+        matches!(r.outcome, PublishOutcome::Published { seq: 1, .. }),
+        "{:?}",
+        r.outcome
+    );
+}
+
 fn opts() -> PublishOptions {
     let mut facts = Facts::new();
     facts.set("model.id", "m");
