@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use jitship::catalog::{self, MAX_SEQ};
 use jitship::config::TrustMode;
-use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
+use jitship::install::{InstallOutcome, InstallReport};
 use jitship::publish::PublishReport;
 use jitship::store::{LocalStore, Store};
 use jitship::trust::{PublishTrust, PublisherKey, TrustPolicy};
@@ -51,32 +51,17 @@ fn measured<T>(f: impl FnOnce() -> T) -> (T, Duration, u64) {
 }
 
 fn install(s: &Scenario, root: &std::path::Path, key: &PublisherKey) -> InstallReport {
-    let opts = InstallOptions {
-        trust: Arc::new(TrustPolicy::new(TrustMode::Required, &[key.public_key()])),
-        deadline: Duration::from_secs(600),
-        ..InstallOptions::default()
-    };
-    jitship::install::install(
-        s.store.clone(),
-        &s.layout,
-        s.policy.clone(),
+    s.install_trusting(
         root,
-        &s.facts,
-        &opts,
+        TrustPolicy::new(TrustMode::Required, &[key.public_key()]),
     )
 }
 
 fn publish(s: &Scenario, root: &std::path::Path, key: &PublisherKey) -> PublishReport {
-    let mut opts = s.publish_opts("bench");
     let trust = TrustPolicy::new(TrustMode::Required, &[key.public_key()]);
-    opts.trust = PublishTrust::new(Some(Arc::new(key.clone())), Arc::new(trust));
-    jitship::publish::publish(
-        s.store.as_ref(),
-        &s.layout,
-        s.policy.as_ref(),
+    s.publish_trusting(
         root,
-        &opts,
-        None,
+        PublishTrust::new(Some(Arc::new(key.clone())), Arc::new(trust)),
     )
     .expect("trusted publish")
 }

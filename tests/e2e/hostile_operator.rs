@@ -30,21 +30,11 @@ fn scenario(b: &Backend) -> Scenario {
 /// the publisher writes above whatever the attacker put on top (a publisher under `required` may
 /// clear it first) and the scenarios stay where the tests put them.
 fn publish_signed(s: &Scenario, root: &Path, key: &PublisherKey) -> (GenerationId, u64) {
-    let mut opts = s.publish_opts("pod-trusted");
-    opts.trust = PublishTrust::new(
+    let trust = PublishTrust::new(
         Some(Arc::new(key.clone())),
         Arc::new(TrustPolicy::new(TrustMode::Warn, &[key.public_key()])),
     );
-    let r = jitship::publish::publish(
-        s.store.as_ref(),
-        &s.layout,
-        s.policy.as_ref(),
-        root,
-        &opts,
-        None,
-    )
-    .expect("trusted publish");
-    published(&r)
+    published(&s.publish_trusting(root, trust).expect("trusted publish"))
 }
 
 fn manifest(b: &Backend, id: &GenerationId) -> Manifest {

@@ -10,7 +10,7 @@ use jitship::catalog;
 use jitship::catalog::KeyLayout;
 use jitship::config::TrustMode;
 use jitship::generation::ContentHash;
-use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
+use jitship::install::{InstallOutcome, InstallReport};
 use jitship::publish::{PublishError, PublishReport};
 use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, TrustPolicy};
@@ -30,35 +30,18 @@ fn publish_signed(
     root: &Path,
     key: &PublisherKey,
 ) -> Result<PublishReport, PublishError> {
-    let mut opts = s.publish_opts("pod-a");
-    opts.trust = PublishTrust {
-        signing_key: Some(Arc::new(key.clone())),
-        policy: Arc::new(required(key)),
-        removes_untrusted: false,
-    };
-    jitship::publish::publish(
-        s.store.as_ref(),
-        &s.layout,
-        s.policy.as_ref(),
+    s.publish_trusting(
         root,
-        &opts,
-        None,
+        PublishTrust {
+            signing_key: Some(Arc::new(key.clone())),
+            policy: Arc::new(required(key)),
+            removes_untrusted: false,
+        },
     )
 }
 
 fn install_required(s: &Scenario, root: &Path, key: &PublisherKey) -> InstallReport {
-    let opts = InstallOptions {
-        trust: Arc::new(required(key)),
-        ..InstallOptions::default()
-    };
-    jitship::install::install(
-        s.store.clone(),
-        &s.layout,
-        s.policy.clone(),
-        root,
-        &s.facts,
-        &opts,
-    )
+    s.install_trusting(root, required(key))
 }
 
 fn tree(root: &Path) -> Vec<(String, ContentHash)> {

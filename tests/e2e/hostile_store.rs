@@ -60,16 +60,7 @@ fn publish(
     let root = root.to_owned();
     let key = key.cloned();
     bounded("publish", move || {
-        let mut opts = s.publish_opts("pod-a");
-        opts.trust = PublishTrust::new(key.map(Arc::new), Arc::new(trust));
-        jitship::publish::publish(
-            s.store.as_ref(),
-            &s.layout,
-            s.policy.as_ref(),
-            &root,
-            &opts,
-            None,
-        )
+        s.publish_trusting(&root, PublishTrust::new(key.map(Arc::new), Arc::new(trust)))
     })
 }
 

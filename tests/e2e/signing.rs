@@ -12,7 +12,7 @@ use jitship::catalog;
 use jitship::catalog::KeyLayout;
 use jitship::config::TrustMode;
 use jitship::generation::{ContentHash, GenerationId, HeadRecord};
-use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
+use jitship::install::{InstallOutcome, InstallReport};
 use jitship::publish::{PublishError, PublishReport};
 use jitship::store::ValueClass;
 use jitship::trust::{PublishTrust, PublisherKey, Signer, TrustPolicy};
@@ -40,35 +40,18 @@ fn publish(
     key: Option<&PublisherKey>,
     trust: TrustPolicy,
 ) -> Result<PublishReport, PublishError> {
-    let mut opts = s.publish_opts("pod-a");
-    opts.trust = PublishTrust {
-        signing_key: key.map(|k| Arc::new(k.clone())),
-        policy: Arc::new(trust),
-        removes_untrusted: false,
-    };
-    jitship::publish::publish(
-        s.store.as_ref(),
-        &s.layout,
-        s.policy.as_ref(),
+    s.publish_trusting(
         root,
-        &opts,
-        None,
+        PublishTrust {
+            signing_key: key.map(|k| Arc::new(k.clone())),
+            policy: Arc::new(trust),
+            removes_untrusted: false,
+        },
     )
 }
 
 fn install(s: &Scenario, root: &Path, trust: TrustPolicy) -> InstallReport {
-    let opts = InstallOptions {
-        trust: Arc::new(trust),
-        ..InstallOptions::default()
-    };
-    jitship::install::install(
-        s.store.clone(),
-        &s.layout,
-        s.policy.clone(),
-        root,
-        &s.facts,
-        &opts,
-    )
+    s.install_trusting(root, trust)
 }
 
 fn head(s: &Scenario, seq: u64) -> HeadRecord {

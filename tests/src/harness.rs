@@ -13,6 +13,7 @@ use jitship::install::{InstallOptions, InstallReport};
 use jitship::policy::native::NativeRules;
 use jitship::publish::{PublishError, PublishOptions, PublishOutcome, PublishReport};
 use jitship::store::Store;
+use jitship::trust::{PublishTrust, TrustPolicy};
 
 pub struct Scenario {
     pub store: Arc<dyn Store>,
@@ -60,18 +61,47 @@ impl Scenario {
     }
 
     pub fn publish(&self, root: &Path) -> Result<PublishReport, PublishError> {
+        self.publish_trusting(root, PublishTrust::default())
+    }
+
+    /// A publish with `trust` (`PublishTrust::new` for what the CLI builds from a signing key
+    /// and the configured trust).
+    pub fn publish_trusting(
+        &self,
+        root: &Path,
+        trust: PublishTrust,
+    ) -> Result<PublishReport, PublishError> {
+        let mut opts = self.publish_opts("pod-a");
+        opts.trust = trust;
         jitship::publish::publish(
             self.store.as_ref(),
             &self.layout,
             self.policy.as_ref(),
             root,
-            &self.publish_opts("pod-a"),
+            &opts,
             None,
         )
     }
 
     pub fn install(&self, root: &Path) -> InstallReport {
         self.install_within(root, Duration::from_secs(60))
+    }
+
+    /// An install that judges heads by `trust`.
+    pub fn install_trusting(&self, root: &Path, trust: TrustPolicy) -> InstallReport {
+        let opts = InstallOptions {
+            trust: Arc::new(trust),
+            deadline: Duration::from_secs(600),
+            ..InstallOptions::default()
+        };
+        jitship::install::install(
+            self.store.clone(),
+            &self.layout,
+            self.policy.clone(),
+            root,
+            &self.facts,
+            &opts,
+        )
     }
 
     /// Installs within `deadline` and returns once the install's job has ended too, also one the
