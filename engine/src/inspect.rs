@@ -626,14 +626,30 @@ pub fn verify(
     Ok(v)
 }
 
-/// A pack's bytes if present and of the manifest's size; otherwise records the problem.
+/// A pack's bytes if present and of the manifest's size; otherwise records the problem. Read
+/// under the manifest's size as a cap: anyone can put a pack key, and a planted value far larger
+/// than the pack must not cost verify (or a publish checking its parent) its memory.
 fn fetch_pack(
     store: &dyn Store,
     layout: &KeyLayout,
     pack: &PackRef,
     v: &mut Verification,
 ) -> Result<Option<Vec<u8>>, InspectError> {
-    let Some(bytes) = store.get(&layout.pack(&pack.id))? else {
+    let fetched = match store.get_capped(&layout.pack(&pack.id), pack.size) {
+        Err(crate::store::StoreError::TooLarge { size, .. }) => {
+            let p = Problem::PackSize {
+                pack: pack.id,
+                expected: pack.size,
+                actual: size,
+            };
+            if !v.problems.contains(&p) {
+                v.problems.push(p);
+            }
+            return Ok(None);
+        }
+        other => other?,
+    };
+    let Some(bytes) = fetched else {
         let p = Problem::PackMissing { pack: pack.id };
         if !v.problems.contains(&p) {
             v.problems.push(p);
