@@ -151,6 +151,17 @@ fn required(public: &str) -> Vec<String> {
 }
 
 /// Every head the store holds, over all its compat ids.
+/// The import failed (exit 1), saying `says`, and put no head into `target`.
+fn assert_refused(out: &Output, target: &Backend, says: &str) {
+    assert_eq!(out.status.code(), Some(1), "{}", show(out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(says),
+        "{}",
+        show(out)
+    );
+    assert!(heads(target).is_empty());
+}
+
 fn heads(b: &Backend) -> Vec<HeadRecord> {
     let s = b.store.as_ref();
     catalog::compat_ids(s, &b.layout)
@@ -322,13 +333,7 @@ fn import_under_required_refuses_unsigned_untrusted_and_forged_generations() {
         .unwrap();
     assert!(status.success());
     let out = import(&target, &archive, &required(&l.public));
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not admitted by the trust"),
-        "{}",
-        show(&out)
-    );
-    assert!(heads(&target).is_empty());
+    assert_refused(&out, &target, "not admitted by the trust");
 
     let out = import(&target, &l.trusted, &required(&l.public));
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
@@ -402,13 +407,7 @@ fn an_index_listing_a_generation_twice_is_refused() {
     std::fs::write(&path, serde_json::to_vec(&index).unwrap()).unwrap();
     let target = local("hostile_import", false);
     let out = import(&target, &layout, &[]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("listed more than once"),
-        "{}",
-        show(&out)
-    );
-    assert!(heads(&target).is_empty());
+    assert_refused(&out, &target, "listed more than once");
 }
 
 /// A manifest whose only pack is listed `n` times (chunks all in the first): a valid manifest
@@ -442,13 +441,7 @@ fn import_refuses_a_manifest_listing_a_pack_twice() {
     write_generation(&layout, &oci);
     let target = local("hostile_import", false);
     let out = import(&target, &layout, &[]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("listed more than once"),
-        "{}",
-        show(&out)
-    );
-    assert!(heads(&target).is_empty());
+    assert_refused(&out, &target, "listed more than once");
 }
 
 /// Attack 3b, export: a head in the store naming such a manifest made export read and hold the
@@ -520,13 +513,7 @@ fn a_link_in_a_layout_is_refused_unread() {
     std::fs::rename(&pack, &outside).unwrap();
     std::os::unix::fs::symlink(&outside, &pack).unwrap();
     let out = import(&target, &layout, &[]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("symbolic link"),
-        "{}",
-        show(&out)
-    );
-    assert!(heads(&target).is_empty());
+    assert_refused(&out, &target, "symbolic link");
 }
 
 /// Attack 3d: a FIFO in a layout hung import forever (opened for reading, it waits for a
@@ -547,13 +534,7 @@ fn a_fifo_in_a_layout_is_refused_without_hanging() {
         .unwrap();
     assert!(status.success());
     let out = import(&target, &layout, &[]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("FIFO"),
-        "{}",
-        show(&out)
-    );
-    assert!(heads(&target).is_empty());
+    assert_refused(&out, &target, "FIFO");
 }
 
 /// "Already imported" is the very signed head being there, and it vouched for whatever sat under

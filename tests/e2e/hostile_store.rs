@@ -515,8 +515,18 @@ fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on(place: Pl
 }
 
 fn gc(s: &Scenario, trust: TrustPolicy, keep: u32) -> jitship::gc::GcReport {
+    try_gc(s, trust, keep, catalog::now_secs() + 7200).unwrap()
+}
+
+/// A gc under `trust` keeping `keep` generations, at time `now`, with no grace.
+fn try_gc(
+    s: &Scenario,
+    trust: TrustPolicy,
+    keep: u32,
+    now: u64,
+) -> Result<jitship::gc::GcReport, jitship::gc::GcError> {
     let opts = jitship::gc::GcOptions {
-        now: catalog::now_secs() + 7200,
+        now,
         grace: Duration::ZERO,
         limits: jitship::policy::RetentionLimits {
             max_generations: Some(keep),
@@ -534,7 +544,6 @@ fn gc(s: &Scenario, trust: TrustPolicy, keep: u32) -> jitship::gc::GcReport {
         &|_: &str| policy.clone(),
         &opts,
     )
-    .unwrap()
 }
 
 /// Peak resident set of this process, KiB (`VmHWM`).
@@ -929,27 +938,7 @@ mod property {
             }
             let report = {
                 let s = s.clone();
-                bounded("gc", move || {
-                    let opts = jitship::gc::GcOptions {
-                        now: catalog::now_secs(),
-                        grace: Duration::ZERO,
-                        limits: jitship::policy::RetentionLimits {
-                            max_generations: Some(3),
-                            ..Default::default()
-                        },
-                        dry_run: false,
-                        lease_wait: Duration::from_secs(11),
-                        lease_rounds: jitship::gc::GcOptions::DEFAULT_LEASE_ROUNDS,
-                        trust: Arc::new(trust),
-                    };
-                    let policy: Arc<dyn jitship::policy::CachePolicy> = s.policy.clone();
-                    jitship::gc::collect(
-                        s.store.as_ref(),
-                        &s.layout,
-                        &|_: &str| policy.clone(),
-                        &opts,
-                    )
-                })
+                bounded("gc", move || try_gc(&s, trust, 3, catalog::now_secs()))
             };
             report.map_err(|e| TestCaseError::fail(format!("gc failed: {e}")))?;
             Ok(())
