@@ -252,6 +252,12 @@ pub struct PublishConfig {
     pub pack_size: ByteSize,
     /// Recorded as the producer of each generation (defaults to $POD_NAME, then nothing).
     pub pod: Option<String>,
+    /// Copies of each new pack, the primary included (1 to 8): each extra copy goes under a key
+    /// of its own so Mooncake places it on another store node and installs, which pick a copy at
+    /// random, spread a rollout's reads. Each copy costs the pack's size in the store's memory
+    /// (a generation of B bytes of packs takes B x pack_replicas). Set it alike for publishers
+    /// and installers: an install picks among this many.
+    pub pack_replicas: u32,
 }
 
 impl Default for PublishConfig {
@@ -259,6 +265,7 @@ impl Default for PublishConfig {
         Self {
             pack_size: ByteSize::mib(64),
             pod: None,
+            pack_replicas: 1,
         }
     }
 }
@@ -402,6 +409,17 @@ impl Config {
                 what: "publish.pack_size",
                 value: self.publish.pack_size.to_string(),
                 hint: "must be at least 4 KiB".into(),
+            });
+        }
+        let most = crate::catalog::KeyLayout::MAX_PACK_REPLICAS;
+        if !(1..=most).contains(&self.publish.pack_replicas) {
+            return Err(ConfigError::Invalid {
+                what: "publish.pack_replicas",
+                value: self.publish.pack_replicas.to_string(),
+                hint: format!(
+                    "must be 1 to {most}: copies of each pack, the primary included, each \
+                     costing the pack's size in the store's memory"
+                ),
             });
         }
         self.watch.validate()?;

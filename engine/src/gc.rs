@@ -769,6 +769,11 @@ struct Rules<'a> {
     unreadable: bool,
     /// What the governing policy drops, or why every generation is kept.
     policy_drops: Result<HashMap<GenerationId, RetentionDrop>, &'static str>,
+    // Replicas first (publish's `[publish] pack_replicas`, whatever this run's setting: every
+    // possible one, found with one batch of exists), so a failed run leaves the primary, which
+    // its journal names for the next run to retry, rather than replicas nothing can find.
+    let replicas = replica_keys(store, layout, size_of.values().map(|(id, _)| *id));
+    remove_all(store, &replicas, opts, &mut report.errors);
 }
 
 impl<'a> Rules<'a> {
@@ -780,6 +785,25 @@ impl<'a> Rules<'a> {
     ) -> Self {
         let counting = || compat.generations.iter().filter(|g| counts(opts, g));
         let newest = counting().next();
+/// The replica keys of `packs` the store holds.
+fn replica_keys(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    packs: impl Iterator<Item = ContentHash>,
+) -> Vec<String> {
+    let keys: Vec<String> = packs
+        .flat_map(|id| (1..KeyLayout::MAX_PACK_REPLICAS).map(move |k| layout.pack_copy(&id, k)))
+        .collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    // One whose existence cannot be told is tried: removing what is absent is harmless.
+    let present = store.exists_batch(&refs);
+    keys.iter()
+        .zip(present)
+        .filter(|(_, p)| !matches!(p, Ok(false)))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
         Rules {
             opts,
             newest,
@@ -1080,3 +1104,51 @@ mod tests {
         }
     }
 }
+    #[test]
+    fn removing_a_pack_removes_every_replica_whatever_this_runs_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        use crate::store::ValueClass;
+        let store = crate::store::LocalStore::open(dir.path()).unwrap();
+        // Written with 3 copies; gc runs with the default of 1.
+        let layout = KeyLayout::new("ns").unwrap();
+        let (gone, kept) = (ContentHash::of(b"gone"), ContentHash::of(b"kept"));
+        for id in [gone, kept] {
+            for k in 0..3 {
+                store
+                    .put(&layout.pack_copy(&id, k), b"pack", ValueClass::Bulk)
+                    .unwrap();
+            }
+        }
+        let opts = GcOptions {
+            now: 0,
+            grace: Duration::ZERO,
+            limits: RetentionLimits::default(),
+            dry_run: false,
+            lease_wait: Duration::ZERO,
+            lease_rounds: 0,
+            trust: Default::default(),
+        };
+        let mut report = GcReport::default();
+        let spared = HashSet::from([kept]);
+        remove_packs(
+            &store,
+            &layout,
+            &opts,
+            vec![(gone, 4), (kept, 4)],
+            &spared,
+            &mut report,
+        );
+        assert_eq!(report.packs, vec![gone]);
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        for k in 0..3 {
+            assert!(
+                !store.exists(&layout.pack_copy(&gone, k)).unwrap(),
+                "copy {k}"
+            );
+            assert!(
+                store.exists(&layout.pack_copy(&kept, k)).unwrap(),
+                "spared copy {k}"
+            );
+        }
+    }
+

@@ -4,6 +4,7 @@
 //! | key                               | value                                  | written by        |
 //! |-----------------------------------|----------------------------------------|-------------------|
 //! | `{ns}/pack/{blake3}`              | packed file bytes                      | publish           |
+//! | `{ns}/replica/{k}/{blake3}`       | copy k (1..replicas) of that pack      | publish           |
 //! | `{ns}/gen/{generation-id}`        | canonical manifest (id = its blake3)   | publish           |
 //! | `{ns}/head/{compat-id}/{seq}`     | head record: seq -> generation         | publish           |
 //! | `{ns}/index/{seq}`                | index entry: one compat id             | publish (first)   |
@@ -21,6 +22,12 @@
 //! seq: gc writes a floor record *before* it removes any head below it, and never removes a head at
 //! or above it (see `catalog` and `gc`).
 
+//!
+//! Pack replicas (`[publish] pack_replicas`, at most `KeyLayout::MAX_PACK_REPLICAS`) are whole
+//! copies of a pack under keys of their own, so that Mooncake can place them on other store nodes
+//! and a rollout's reads spread over them (its own replicas do not: a client reads the first
+//! complete one). Installs pick one at random and fall back to the others; gc removes every
+//! possible one (it cannot list them).
 use jitship_generation::{CompatId, ContentHash, GenerationId};
 use jitship_store::{StoreError, check_key};
 
@@ -28,16 +35,42 @@ use jitship_store::{StoreError, check_key};
 pub struct KeyLayout {
     namespace: String,
 }
+    /// Copies of each pack publish writes and installs pick from, the primary included (>= 1).
+    pack_replicas: u32,
 
 impl KeyLayout {
     pub fn new(namespace: &str) -> Result<Self, StoreError> {
+    /// Most copies of a pack (the primary included) `pack_replicas` may ask for; gc looks for
+    /// this many, whatever this deployment's setting, so lowering it leaves nothing behind.
+    pub const MAX_PACK_REPLICAS: u32 = 8;
+
         check_key(namespace)?;
         Ok(Self {
             namespace: namespace.trim_end_matches('/').to_owned(),
         })
+            pack_replicas: 1,
     }
 
     pub fn namespace(&self) -> &str {
+    /// This layout with `n` copies of each pack (the primary included), clamped to
+    /// `1..=Self::MAX_PACK_REPLICAS` (the config refuses values outside it).
+    pub fn with_pack_replicas(mut self, n: u32) -> Self {
+        self.pack_replicas = n.clamp(1, Self::MAX_PACK_REPLICAS);
+        self
+    }
+
+    pub fn pack_replicas(&self) -> u32 {
+        self.pack_replicas
+    }
+
+    /// Key of copy `k` of a pack: 0 is the primary (`pack`), 1.. a replica.
+    pub fn pack_copy(&self, id: &ContentHash, k: u32) -> String {
+        match k {
+            0 => self.pack(id),
+            k => format!("{}/replica/{k}/{id}", self.namespace),
+        }
+    }
+
         &self.namespace
     }
 

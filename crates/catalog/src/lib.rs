@@ -642,17 +642,21 @@ pub fn read_manifest(
     })
 }
 
-/// True if every pack `manifest` references is in the store right now.
+/// True if every pack `manifest` references is in the store right now: its primary, or else one
+/// of the replicas `layout` names (installs read whichever copy is there).
 pub fn packs_present(
     store: &dyn Store,
     layout: &KeyLayout,
     manifest: &Manifest,
 ) -> Result<bool, StoreError> {
-    let keys: Vec<String> = manifest.packs.iter().map(|p| layout.pack(&p.id)).collect();
-    for chunk in keys.chunks(256) {
-        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-        for r in store.exists_batch(&refs) {
-            if !r? {
+    for chunk in manifest.packs.chunks(256) {
+        let keys: Vec<String> = chunk.iter().map(|p| layout.pack(&p.id)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for (p, r) in chunk.iter().zip(store.exists_batch(&refs)) {
+            if r? {
+                continue;
+            }
+            if !replica_present(store, layout, &p.id)? {
                 return Ok(false);
             }
         }
@@ -661,6 +665,20 @@ pub fn packs_present(
 }
 
 // ---------------------------------------------------------------------------------------------
+/// Whether one of the pack's replicas (`KeyLayout::pack_copy` 1..) is in the store.
+fn replica_present(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &ContentHash,
+) -> Result<bool, StoreError> {
+    for k in 1..layout.pack_replicas() {
+        if store.exists(&layout.pack_copy(id, k))? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 // The compat index
 
 /// Makes sure `compat` is in the index (publish calls it before writing a head). One `exists`

@@ -146,7 +146,8 @@ impl CacheSession {
                 "no cache roots configured: pass --cache KIND[=ROOT] (e.g. --cache triton, or --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"
             );
         }
-        let layout = KeyLayout::new(&config.store.namespace)?;
+        let layout = KeyLayout::new(&config.store.namespace)?
+            .with_pack_replicas(config.publish.pack_replicas);
         let trust = Arc::new(TrustPolicy::from_config(&config.trust)?);
         let registry = open_registry(&config.store)?;
         // Keys are built from gathered facts (GPU, driver, Python, packages) with the overrides
@@ -300,7 +301,8 @@ impl Session {
     ) -> Result<Self> {
         let config = args.resolve()?;
         let store = open(&config.store)?;
-        let layout = KeyLayout::new(&config.store.namespace)?;
+        let layout = KeyLayout::new(&config.store.namespace)?
+            .with_pack_replicas(config.publish.pack_replicas);
         let mut facts = Facts::new();
         facts.merge(&config.facts);
         // gc asks the policies of the kinds it finds (retain); a kind whose policy cannot load

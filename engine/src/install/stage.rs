@@ -159,17 +159,26 @@ impl Stager<'_> {
         );
         let (tx, rx) = mpsc::sync_channel::<FetchedBatch>(0);
         let gate = self.cutoff.gate.clone();
+        let seed = random_seed();
         std::thread::spawn(move || {
             for batch in batches {
                 if gate.cancelled() {
                     return;
                 }
+                let picks: Vec<u32> = batch
+                    .iter()
+                    .map(|(_, id, _)| pick_copy(seed, id, layout.pack_replicas()))
+                    .collect();
                 let keys: Vec<(String, u64)> = batch
                     .iter()
-                    .map(|(_, id, size)| (layout.pack(id), *size))
+                    .zip(&picks)
+                    .map(|((_, id, size), &k)| (layout.pack_copy(id, k), *size))
                     .collect();
                 let items: Vec<(&str, u64)> = keys.iter().map(|(k, n)| (k.as_str(), *n)).collect();
                 let fetched = store.get_sized_batch(&items);
+                let fetched = fetched.into_iter().zip(batch.iter().zip(&picks)).map(
+                    |(got, ((_, id, size), &k))| other_copies(&*store, &layout, id, *size, k, got),
+                );
                 let batch = batch.iter().map(|&(i, _, _)| i).zip(fetched).collect();
                 if tx.send(batch).is_err() {
                     return;
@@ -178,6 +187,60 @@ impl Stager<'_> {
         });
         rx.into_iter()
     }
+}
+
+/// Random bits for this install's choice of pack copies, so a fleet's installs spread over them.
+fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    // Without randomness every install reads the copy the pack id picks: still spread over packs.
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b)
+}
+
+/// Which of a pack's `copies` this install reads first (0: the primary; see `KeyLayout`).
+fn pick_copy(seed: u64, id: &ContentHash, copies: u32) -> u32 {
+    if copies <= 1 {
+        return 0;
+    }
+    let mut x = seed ^ u64::from_le_bytes(id.0[..8].try_into().expect("8 bytes"));
+    // splitmix64's finalizer: seeds that differ in a bit pick independently.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((x ^ (x >> 31)) % u64::from(copies)) as u32
+}
+
+/// What to use for a pack whose copy `picked` answered `got`: that, unless it is missing, short
+/// or an error; then the primary and the other replicas in turn (a replica is a second source,
+/// written best effort, and any copy may be evicted). Bytes are verified against the manifest
+/// after, whichever copy they came from. If every copy fails, the primary's answer stands.
+fn other_copies(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &ContentHash,
+    size: u64,
+    picked: u32,
+    got: StoreResult<Option<Fetched>>,
+) -> StoreResult<Option<Fetched>> {
+    let usable =
+        |r: &StoreResult<Option<Fetched>>| matches!(r, Ok(Some(b)) if b.len() as u64 == size);
+    let copies = layout.pack_replicas();
+    if copies <= 1 || usable(&got) {
+        return got;
+    }
+    let mut primary = (picked == 0).then_some(got);
+    for k in (0..copies).filter(|&k| k != picked) {
+        let r = store
+            .get_sized_batch(&[(&layout.pack_copy(id, k), size)])
+            .pop()
+            .unwrap_or(Ok(None));
+        if usable(&r) {
+            return r;
+        }
+        if k == 0 {
+            primary = Some(r);
+        }
+    }
+    primary.unwrap_or(Ok(None))
 }
 
 /// Splits packs `(id, size)` (numbered in the order given) into consecutive batches of at most

@@ -117,7 +117,8 @@ impl Placing<'_, '_> {
             let key = self.layout.pack(&id);
             if present {
                 match self.check_stored(&key, plan)? {
-                    Checked::Same => {
+                    Checked::Same(bytes) => {
+                        self.replicate(&id, &bytes);
                         return Ok(Placed {
                             id,
                             uploaded: false,
@@ -139,7 +140,7 @@ impl Placing<'_, '_> {
                     }
                 }
             }
-            self.upload(&key, plan)?;
+            self.upload(&id, plan)?;
             return Ok(Placed { id, uploaded: true });
         }
         // Only reached if a random key held foreign bytes: nobody could have planted it.
@@ -150,7 +151,19 @@ impl Placing<'_, '_> {
         ))))
     }
 
-    fn upload(&self, key: &str, plan: &PackPlan) -> Result<(), PublishError> {
+    /// Puts the pack under its key, and under its replicas' keys where `pack_replicas` asks for
+    /// them: filled once into memory then (one pack per worker, as `check_stored` holds), in
+    /// place in the store's put buffer otherwise.
+    fn upload(&self, id: &ContentHash, plan: &PackPlan) -> Result<(), PublishError> {
+        let key = self.layout.pack(id);
+        if self.layout.pack_replicas() > 1 {
+            let mut bytes = vec![0u8; plan.size as usize];
+            fill_pack(self.reader, &plan.pieces, self.source_of, &mut bytes)?;
+            self.store.put(&key, &bytes, ValueClass::Bulk)?;
+            self.replicate(id, &bytes);
+            return Ok(());
+        }
+        let key = key.as_str();
         let mut fill_error = None;
         let stored = self
             .store
@@ -207,13 +220,53 @@ impl Placing<'_, '_> {
                 return Ok(Checked::Other(why));
             }
         }
-        Ok(Checked::Same)
+        Ok(Checked::Same(bytes))
+    }
+
+    /// Puts copies 1.. of pack `id` (`bytes`, checked to be it) under their replica keys. A key
+    /// that holds other bytes (planted: every pack key is predictable) is removed first, so an
+    /// install that picks it does not fail; one holding these bytes is kept (another publisher's).
+    /// A replica is only a second source: one that cannot be written is logged, not an error.
+    fn replicate(&self, id: &ContentHash, bytes: &[u8]) {
+        let copies = self.layout.pack_replicas();
+        if copies <= 1 {
+            return;
+        }
+        let keys: Vec<String> = (1..copies).map(|k| self.layout.pack_copy(id, k)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let present = self.store.exists_batch(&refs);
+        for (key, present) in keys.iter().zip(present) {
+            let result = match present {
+                Ok(false) => self.store.put(key, bytes, ValueClass::Bulk),
+                Ok(true) => match self.store.get_capped(key, bytes.len() as u64) {
+                    Ok(Some(held)) if held == bytes => Ok(()),
+                    Ok(None) => self.store.put(key, bytes, ValueClass::Bulk),
+                    Ok(Some(_)) | Err(StoreError::TooLarge { .. }) => {
+                        tracing::warn!(
+                            key,
+                            "a pack replica's key holds other bytes: replacing them"
+                        );
+                        self.store
+                            .remove(key)
+                            .and_then(|_| self.store.put(key, bytes, ValueClass::Bulk))
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(e) = result {
+                tracing::warn!(
+                    key,
+                    "could not write a pack replica ({e}): installs read the pack's other copies"
+                );
+            }
+        }
     }
 }
 
 enum Checked {
-    /// The value is this pack.
-    Same,
+    /// The value is this pack (its bytes).
+    Same(Vec<u8>),
     /// Nothing there any more (evicted or collected since `exists`).
     Gone,
     /// Something else, and why it is not this pack.
@@ -397,5 +450,110 @@ impl KeptContents {
             contents.remove(hash);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use crate::catalog::{self, KeyLayout};
+    use crate::facts::Facts;
+    use crate::generation::{Manifest, Producer};
+    use crate::install::{InstallOptions, InstallOutcome};
+    use crate::policy::native::NativeRules;
+    use crate::publish::{PublishOptions, PublishOutcome, publish};
+    use crate::store::{LocalStore, Store};
+
+    fn publish_tree(store: &dyn Store, layout: &KeyLayout, root: &Path) -> Manifest {
+        let mut facts = Facts::new();
+        facts.set("model.id", "m");
+        let opts = PublishOptions {
+            pack_size: 4096,
+            producer: Producer {
+                host: "h".into(),
+                pod: None,
+                jitship_version: "t".into(),
+            },
+            facts,
+            max_head_attempts: 4,
+            trust: Default::default(),
+            interrupt: Default::default(),
+            registry: None,
+        };
+        let r = publish(
+            store,
+            layout,
+            &NativeRules::new("triton"),
+            root,
+            &opts,
+            None,
+        )
+        .unwrap();
+        let PublishOutcome::Published { generation, .. } = &r.outcome else {
+            panic!("{:?}", r.outcome)
+        };
+        catalog::fetch_manifest(store, layout, generation)
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn replicas_are_written_and_an_install_reads_them_when_the_primary_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let files: Vec<(String, Vec<u8>)> = (0..40)
+            .map(|i| {
+                (
+                    format!("d{}/k{i}.cubin", i % 3),
+                    vec![i as u8; 700 + i * 13],
+                )
+            })
+            .collect();
+        for (p, c) in &files {
+            let path = src.join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, c).unwrap();
+        }
+        let store: Arc<dyn Store> = Arc::new(LocalStore::open(dir.path().join("store")).unwrap());
+        let layout = KeyLayout::new("ns").unwrap().with_pack_replicas(3);
+        let m = publish_tree(store.as_ref(), &layout, &src);
+        assert!(
+            m.packs.len() > 2,
+            "a tree of several packs: {}",
+            m.packs.len()
+        );
+        for p in &m.packs {
+            let primary = store.get(&layout.pack(&p.id)).unwrap().expect("primary");
+            for k in 1..3 {
+                let copy = store.get(&layout.pack_copy(&p.id, k)).unwrap();
+                assert_eq!(
+                    copy.as_deref(),
+                    Some(&primary[..]),
+                    "replica {k} of {}",
+                    p.id
+                );
+            }
+            assert!(!store.exists(&layout.pack_copy(&p.id, 3)).unwrap());
+            // Every primary and one replica gone: each pack has one copy left.
+            store.remove(&layout.pack(&p.id)).unwrap();
+            store.remove(&layout.pack_copy(&p.id, 1)).unwrap();
+        }
+        let dst = dir.path().join("dst");
+        let mut facts = Facts::new();
+        facts.set("model.id", "m");
+        let r = crate::install::install(
+            store.clone(),
+            &layout,
+            Arc::new(NativeRules::new("triton")),
+            &dst,
+            &facts,
+            &InstallOptions::default(),
+        );
+        assert_eq!(r.outcome, InstallOutcome::Installed, "{r:?}");
+        for (p, c) in &files {
+            assert_eq!(&std::fs::read(dst.join(p)).unwrap(), c, "{p}");
+        }
     }
 }
