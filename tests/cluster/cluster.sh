@@ -25,6 +25,10 @@
 #
 # Environment: JITSHIP_CLUSTER_CACHE (default: <repo>/target/jitship-cluster) holds the wheels;
 # JITSHIP_CLUSTER_SEGMENT_MB (default 1024) is the store node's segment.
+# JITSHIP_CLUSTER_STORE_NODES (default 1) starts that many store nodes, each with that segment
+# (node 1 as above; node K on port 50052 + 10 (K - 1), PID in $STATE/nodeK.pid): for fan-out
+# measurements. Drills (kill-node, restore) act on node 1 only; CMD sees the count as
+# JITSHIP_TEST_MOONCAKE_STORE_NODES.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,6 +53,7 @@ META_PORT=8080
 METRICS_PORT=9003
 NODE_PORT=50052
 DEFAULT_SEGMENT_MB=${JITSHIP_CLUSTER_SEGMENT_MB:-1024}
+STORE_NODES=${JITSHIP_CLUSTER_STORE_NODES:-1}
 
 log() { echo "cluster.sh: $*" >&2; }
 die() {
@@ -200,6 +205,23 @@ cmd_start_node() { # [SEGMENT_MB]
     log "store node started (pid $(cat "$STATE/node.pid"), segment $mb MB)"
 }
 
+# Store nodes 2..JITSHIP_CLUSTER_STORE_NODES, each with the default segment (see the header).
+start_extra_nodes() {
+    local k port
+    for k in $(seq 2 "$STORE_NODES"); do
+        port=$((NODE_PORT + 10 * (k - 1)))
+        ip netns exec "$NS" env MC_LOG_LEVEL=WARNING MC_TCP_BIND_ADDRESS=127.0.0.1 setsid nohup "$OFFICIAL/mooncake/mooncake_client" \
+            --host=127.0.0.1 --port=$port --global_segment_size="$DEFAULT_SEGMENT_MB MB" \
+            --master_server_address=127.0.0.1:$MASTER_PORT --metadata_server=http://127.0.0.1:$META_PORT/metadata \
+            --protocol=tcp \
+            >>"$STATE/node$k.log" 2>&1 </dev/null &
+        echo $! >"$STATE/node$k.pid"
+        disown
+        echo $((DEFAULT_SEGMENT_MB * 1024 * 1024)) >"$STATE/node$k.bytes"
+        log "store node $k started (pid $(cat "$STATE/node$k.pid"), port $port, segment $DEFAULT_SEGMENT_MB MB)"
+    done
+}
+
 cmd_kill_node() {
     state
     stop_pidfile "$STATE/node.pid" KILL
@@ -212,6 +234,10 @@ cmd_wait_node() {
     state
     local want cap
     want=$(cat "$STATE/node.bytes")
+    local extra
+    for extra in "$STATE"/node[0-9]*.bytes; do
+        [ -f "$extra" ] && want=$((want + $(cat "$extra")))
+    done
     for _ in $(seq 1 600); do
         cap=$(metric master_total_capacity_bytes)
         if [ "${cap:-0}" = "$want" ]; then
@@ -259,6 +285,9 @@ teardown() {
     set +e
     if [ -n "${STATE:-}" ] && [ -d "$STATE" ]; then
         stop_pidfile "$STATE/node.pid" TERM
+        for extra in "$STATE"/node[0-9]*.pid; do
+            stop_pidfile "$extra" TERM
+        done
         stop_pidfile "$STATE/master.pid" TERM
     fi
     if [ -n "${NS:-}" ] && ip netns list | grep -qw "$NS"; then
@@ -297,8 +326,10 @@ cmd_run() {
     echo "$NS" >"$STATE/ns"
     export JITSHIP_TEST_MOONCAKE_STATE=$STATE
 
+    [[ "$STORE_NODES" =~ ^[1-9][0-9]*$ ]] || die "JITSHIP_CLUSTER_STORE_NODES must be a count of 1 or more, got $STORE_NODES"
     cmd_start_master
     cmd_start_node "$DEFAULT_SEGMENT_MB"
+    start_extra_nodes
     cmd_wait_node
 
     local ld=${LD_LIBRARY_PATH:-}
@@ -318,6 +349,7 @@ cmd_run() {
         JITSHIP_TEST_MOONCAKE_PYTHONPATH="$OFFICIAL" \
         JITSHIP_TEST_MOONCAKE_CTL="$HERE/cluster.sh" \
         JITSHIP_TEST_MOONCAKE_STATE="$STATE" \
+        JITSHIP_TEST_MOONCAKE_STORE_NODES="$STORE_NODES" \
         "$@" || rc=$?
     log "command exited with $rc"
     return "$rc"
