@@ -169,6 +169,9 @@ pub struct GcReport {
     /// Head record keys removed (or, in a dry run, that would be).
     pub heads: Vec<String>,
     pub manifests: Vec<GenerationId>,
+    /// Spent contribution records removed (or, in a dry run, that would be).
+    #[serde(skip_serializing_if = "crate::inspect::is_zero")]
+    pub contributions: u64,
     pub packs: Vec<ContentHash>,
     /// Bytes of the packs removed, where known (orphans found by listing: unknown until removed).
     pub pack_bytes: u64,
@@ -264,6 +267,8 @@ struct Plan {
     retained: HashSet<ContentHash>,
     /// Every generation some head names.
     known: HashSet<GenerationId>,
+    /// Contribution records whose seq's next head was written more than `grace` ago.
+    contributions: Vec<String>,
     /// Head keys of retained generations: a journal never removes them.
     kept_heads: HashSet<String>,
     /// Keys of an interrupted earlier run's journal, removed again, and its seq.
@@ -291,6 +296,7 @@ pub fn collect(
         decide_compat(layout, compat, policies, opts, &mut plan, &mut report);
     }
     add_merged_losers(store, layout, &survey, &mut plan)?;
+    add_spent_contributions(store, layout, &survey, opts, &mut plan)?;
     resume_interrupted_run(store, layout, &mut plan, &mut report)?;
     add_orphans(store, layout, opts, &mut plan, &report)?;
     let mut packs = settle_packs(&mut plan, &mut report);
@@ -307,6 +313,7 @@ pub fn collect(
         )
         .collect();
     report.manifests = plan.manifests.iter().copied().collect();
+    report.contributions = plan.contributions.len() as u64;
     report.floors = plan.floors.iter().map(|(c, f, _)| (*c, *f)).collect();
     report.resumed_journal = plan.resumed_journal.filter(|_| !plan.resumed.is_empty());
     // Failing closed: with a generation nobody here can read, no pack is removed this run; the
@@ -321,6 +328,8 @@ pub fn collect(
     };
     let nothing = report.heads.is_empty()
         && report.manifests.is_empty()
+        && plan.contributions.is_empty()
+        && !plan.resumed.iter().any(|k| k.contains("/contrib/"))
         && !plan.resumed.iter().any(|k| k.contains("/gen/"))
         && packs.is_empty();
     if opts.dry_run || nothing {
@@ -393,6 +402,78 @@ fn add_merged_losers(
     Ok(())
 }
 
+/// Contributions (`catalog::contributions`) that are spent: those at a seq whose next head was
+/// written more than `grace` ago. Their writers are long done: the next head merged them, or
+/// their writer contributed again above. The record goes, and the manifest it names unless a head
+/// names it, with that manifest's `merged` (its writer's earlier lost attempts) and their packs
+/// (removed only if no retained generation references them). Within `grace` a contribution may
+/// belong to a publish still running, whose packs no head names yet. Contributions at the newest
+/// seq stay: the next publish's writer may still read them. Anyone can write these records: at
+/// most `CONTRIBUTION_SLOTS` are read per seq, each under the head cap, and a manifest is removed
+/// only if no head names it.
+fn add_spent_contributions(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    survey: &inspect::Survey,
+    opts: &GcOptions,
+    plan: &mut Plan,
+) -> Result<(), GcError> {
+    let grace = opts.grace.as_secs();
+    for compat in &survey.compats {
+        let written_at: HashMap<u64, u64> = compat
+            .generations
+            .iter()
+            .flat_map(|g| g.seqs.iter().map(move |&seq| (seq, g.head_written_at)))
+            .collect();
+        let spent = written_at.keys().copied().filter(|seq| {
+            written_at
+                .get(&(seq + 1))
+                .is_some_and(|&t| opts.now.saturating_sub(t) >= grace)
+        });
+        let mut named = BTreeSet::new();
+        for seq in spent.collect::<BTreeSet<_>>() {
+            for (slot, read) in catalog::contributions::read_contributions(
+                store,
+                layout,
+                &compat.compat_id,
+                seq,
+            )? {
+                plan.contributions
+                    .push(layout.contribution(&compat.compat_id, seq, slot));
+                if let Ok(record) = read {
+                    named.insert(record.generation);
+                }
+            }
+        }
+        let mut earlier = BTreeSet::new();
+        for id in &named {
+            if plan.known.contains(id) {
+                continue;
+            }
+            if let Some(m) = fetch_if_decodable(store, layout, id)? {
+                earlier.extend(m.merged.iter().copied());
+                drop_manifest(plan, *id, &m);
+            }
+        }
+        for id in earlier.difference(&named) {
+            if plan.known.contains(id) || plan.manifests.contains(id) {
+                continue;
+            }
+            if let Some(m) = fetch_if_decodable(store, layout, id)? {
+                drop_manifest(plan, *id, &m);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn drop_manifest(plan: &mut Plan, id: GenerationId, m: &crate::generation::Manifest) {
+    plan.manifests.insert(id);
+    for p in &m.packs {
+        plan.dropped_packs.insert(p.id, p.size);
+    }
+}
+
 /// How many journals, newest first, gc reads looking for the newest one it may resume.
 const JOURNALS_READ: usize = 4;
 
@@ -428,6 +509,7 @@ fn resume_interrupted_run(
                         .iter()
                         .filter(|k| match parse_journal_key(layout, k) {
                             Some(JournalKey::Head) => !plan.kept_heads.contains(*k),
+                            Some(JournalKey::Contribution) => true,
                             Some(JournalKey::Manifest(id)) => {
                                 !plan.known.contains(&id) || plan.manifests.contains(&id)
                             }
@@ -488,6 +570,7 @@ fn read_journal(
 
 enum JournalKey {
     Head,
+    Contribution,
     Manifest(GenerationId),
 }
 
@@ -501,12 +584,25 @@ fn parse_journal_key(layout: &KeyLayout, key: &str) -> Option<JournalKey> {
     {
         return Some(JournalKey::Manifest(id));
     }
-    let (compat, seq) = key
-        .strip_prefix(&layout.all_heads_prefix())?
-        .split_once('/')?;
+    if let Some((compat, seq)) = key
+        .strip_prefix(&layout.all_heads_prefix())
+        .and_then(|rest| rest.split_once('/'))
+    {
+        let compat: CompatId = compat.parse().ok()?;
+        let seq = catalog::walk::parse_seq(seq)?;
+        return (layout.head(&compat, seq) == key).then_some(JournalKey::Head);
+    }
+    // A contribution key: `{ns}/contrib/{compat}/{seq}/{slot}`, slot below the slot count.
+    let mut parts = key
+        .strip_prefix(&layout.all_contributions_prefix())?
+        .split('/');
+    let (compat, seq, slot) = (parts.next()?, parts.next()?, parts.next()?);
     let compat: CompatId = compat.parse().ok()?;
     let seq = catalog::walk::parse_seq(seq)?;
-    (layout.head(&compat, seq) == key).then_some(JournalKey::Head)
+    let slot: u64 = slot.parse().ok()?;
+    (slot < catalog::contributions::CONTRIBUTION_SLOTS
+        && layout.contribution(&compat, seq, slot) == key)
+        .then_some(JournalKey::Contribution)
 }
 
 /// Orphans, where the store can list and date keys: manifests and packs nothing references,
@@ -587,13 +683,22 @@ fn remove(
         .map(|id| layout.generation(id))
         .chain(plan.resumed.iter().filter(|k| k.contains("/gen/")).cloned())
         .collect();
+    let contribution_keys: Vec<String> = plan
+        .contributions
+        .iter()
+        .chain(plan.resumed.iter().filter(|k| k.contains("/contrib/")))
+        .cloned()
+        .collect();
     let mut journal_keys = report.heads.clone();
+    journal_keys.extend(contribution_keys.iter().cloned());
     journal_keys.extend(manifest_keys.iter().cloned());
     let journal_packs = packs.iter().map(|p| p.0).chain(deferred_packs).collect();
     let journal = catalog::write_gc_journal(store, layout, journal_keys, journal_packs)?;
     report.journal = Some(journal.seq);
     let heads = report.heads.clone();
     remove_all(store, &heads, opts, &mut report.errors);
+    // A contribution goes before the manifest it names: a reader never finds one naming nothing.
+    remove_all(store, &contribution_keys, opts, &mut report.errors);
     remove_all(store, &manifest_keys, opts, &mut report.errors);
     let spared = spared_packs(store, layout, opts, plan, report)?;
     if !report.unreadable.is_empty() {

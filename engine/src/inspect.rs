@@ -841,6 +841,6 @@ impl<'a> Repairer<'a> {
     }
 }
 
-fn is_zero(n: &u64) -> bool {
+pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }

@@ -7,6 +7,7 @@
 //! | `{ns}/replica/{k}/{blake3}`       | copy k (1..replicas) of that pack      | publish           |
 //! | `{ns}/gen/{generation-id}`        | canonical manifest (id = its blake3)   | publish           |
 //! | `{ns}/head/{compat-id}/{seq}`     | head record: seq -> generation         | publish           |
+//! | `{ns}/contrib/{compat-id}/{seq}/{slot}` | contribution: a lost race's generation, merged by the next head | publish |
 //! | `{ns}/index/{seq}`                | index entry: one compat id             | publish (first)   |
 //! | `{ns}/compat/{compat-id}`         | marker: "this compat id is indexed"    | publish (first)   |
 //! | `{ns}/floor/{compat-id}/{seq}`    | head floor: heads below it may be gone | gc                |
@@ -101,6 +102,16 @@ impl KeyLayout {
     /// Prefix of every head of every compat id (listing stores only).
     pub fn all_heads_prefix(&self) -> String {
         format!("{}/head/", self.namespace)
+    }
+
+    /// A contribution slot at head seq `seq` (`contributions`): slots are probed, never walked.
+    pub fn contribution(&self, compat: &CompatId, seq: u64, slot: u64) -> String {
+        format!("{}/contrib/{compat}/{seq}/{slot}", self.namespace)
+    }
+
+    /// Prefix of every contribution of every compat id.
+    pub fn all_contributions_prefix(&self) -> String {
+        format!("{}/contrib/", self.namespace)
     }
 
     pub fn index(&self, seq: u64) -> String {

@@ -4,6 +4,7 @@
 //! inspect and gc. Key layout and the reasons behind it: `keys`.
 
 pub mod clock;
+pub mod contributions;
 pub mod keys;
 mod removal;
 pub mod walk;

@@ -408,7 +408,7 @@ fn publish_options(
             jitship_version: env!("CARGO_PKG_VERSION").into(),
         },
         facts: facts.clone(),
-        max_head_attempts: 16,
+        max_head_attempts: 64,
         trust: publish_trust(config, trust)?,
         interrupt: Default::default(),
         registry: None,

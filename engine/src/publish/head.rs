@@ -1,9 +1,20 @@
 //! Committing a generation: putting the manifest and the head record, and when another publisher
-//! wins a head seq, merging with its generation (`commit_head`, `merge`).
+//! wins a head seq, getting our files into a head anyway (`commit_head`).
+//!
+//! Many publishers of one key at once (a scale-down: hundreds of sidecars' final publishes in the
+//! same seconds) must all end with their files in a head, each doing bounded work. A loser of
+//! seq `s` does not race every later seq with a merge of everyone before it (that is N rounds
+//! for the last of N publishers): it leaves its generation as a **contribution** at `s`
+//! (`catalog::contributions`) and whoever writes head `s + 1` merges every contribution at `s`.
+//! A loser whose contribution a head names is done; one that a head missed (its contribution
+//! landed after that head's writer read the slots) contributes again at the next seq. Every
+//! manifest a publisher puts is therefore named by a head, by a head's `merged`, or by a
+//! contribution record, where gc finds it (`gc`, contributions).
 
 use std::collections::HashSet;
 
 use crate::catalog::KeyLayout;
+use crate::catalog::contributions::{self, signing_domain};
 use crate::catalog::{self, ManifestRead, now_secs, writer_id};
 use crate::generation::{GenerationId, HeadRecord, Manifest, merge_files, prune_packs};
 use crate::store::{Store, ValueClass};
@@ -11,8 +22,9 @@ use crate::trust::PublishTrust;
 
 use super::{PublishError, PublishOptions, PublishReport};
 
-/// Puts the manifest and the head at `seq`; if another publisher won `seq`, merges onto its
-/// generation and tries the next seq.
+/// Puts the manifest and the head at `seq`; if another publisher won `seq`, contributes ours
+/// there, merges its generation and the other contributions, and tries the next seq, until a head
+/// holds our files.
 ///
 /// Union (invariant 4) holds because every head we write includes the generations of all heads
 /// between our parent's seq and ours: a seq we lose is merged before we move on, and after we win a
@@ -32,7 +44,10 @@ pub(super) fn commit_head(
         trust: &opts.trust,
         writer: writer_id(),
         base_seq: seq.saturating_sub(1),
+        compat: candidate.compat_id,
+        losses: 0,
         included: candidate.parent.into_iter().collect(),
+        contributed: Vec::new(),
         written: None,
     };
     for _ in 0..opts.max_head_attempts {
@@ -103,8 +118,13 @@ struct HeadCommit<'a> {
     writer: String,
     /// The seq of the head the publish built on: heads above it were written meanwhile.
     base_seq: u64,
+    compat: crate::generation::CompatId,
+    /// Seqs lost so far (the backoff grows with them).
+    losses: u32,
     /// Generations the candidate builds on or merged (never merged twice).
     included: HashSet<GenerationId>,
+    /// Our generations left as contributions at lost seqs: a head naming one holds our files.
+    contributed: Vec<GenerationId>,
     /// A head of ours already written that holds everything the candidate holds, with only
     /// heads this publisher does not trust above it: what this publish stands on if it cannot
     /// write above those.
@@ -208,7 +228,10 @@ impl HeadCommit<'_> {
         Ok(Step::TrySeq(seq + 2))
     }
 
-    /// Another publisher won this seq: build on its generation (the union of both).
+    /// Another publisher won this seq. If its generation holds a contribution of ours, we are
+    /// done. Otherwise ours becomes a contribution at this seq, the candidate takes in the
+    /// winner's files, and the next seq is tried (after merging the other contributions here,
+    /// unless that head is written already: then it is the next loss).
     fn after_loss(
         &mut self,
         candidate: &mut Manifest,
@@ -230,12 +253,144 @@ impl HeadCommit<'_> {
             tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
             return Ok(Step::TrySeq(seq + 1));
         };
+        if self.holds_contribution(&winner) {
+            tracing::info!(seq, winner = %stored.generation, "the winning head merged our contribution");
+            self.discard(generation);
+            return Ok(Step::Done(stored.generation, seq));
+        }
         self.written = None;
         if merge(candidate, generation, &winner, Parent::Theirs, report) {
-            return Ok(Step::Done(winner.id(), seq));
+            // The winner holds all our files: the manifest we put for this seq is nobody's.
+            self.discard(generation);
+            return Ok(Step::Done(stored.generation, seq));
         }
+        // The manifest we put for this seq is named by the contribution (and by the next head's
+        // `merged`), where gc finds it.
+        self.contribute(generation, seq)?;
+        self.backoff();
+        if let Some(Ok(next)) =
+            catalog::read_head_at(self.store, self.layout, &candidate.compat_id, seq + 1)?
+        {
+            // Its writer read the contributions at `seq`; the loss at `seq + 1` says whether it
+            // carried ours.
+            tracing::debug!(seq = seq + 1, generation = %next.generation, "the next head is written already");
+            return Ok(Step::TrySeq(seq + 1));
+        }
+        self.merge_contributions(candidate, seq, report)?;
         Ok(Step::TrySeq(seq + 1))
     }
+
+    /// Removes the manifest we put for a lost seq when nothing names it: no head (we never won
+    /// with it), no contribution, no head we merged. Without this every lost race left a whole
+    /// manifest that nothing leads to (on Mooncake gc cannot find it). Best effort: a store that
+    /// refuses leaves it, logged.
+    fn discard(&self, generation: GenerationId) {
+        if self.contributed.contains(&generation) || self.included.contains(&generation) {
+            return;
+        }
+        let key = self.layout.generation(&generation);
+        if let Err(e) = self.store.remove(&key) {
+            tracing::debug!(%generation, "could not remove a manifest no head names: {e}");
+        }
+    }
+
+    /// Whether `head` (a winner's manifest) names a generation we left as a contribution.
+    fn holds_contribution(&self, head: &Manifest) -> bool {
+        self.contributed
+            .iter()
+            .any(|c| head.parent == Some(*c) || head.merged.contains(c))
+    }
+
+    /// Leaves `generation` (its manifest is in the store) as a contribution at `seq`, signed as
+    /// our heads are. Every slot taken is no failure: our candidate still races the next seq.
+    fn contribute(&mut self, generation: GenerationId, seq: u64) -> Result<(), PublishError> {
+        let domain = signing_domain(self.layout.namespace());
+        let mut record = HeadRecord {
+            compat_id: self.compat,
+            seq,
+            generation,
+            written_at: now_secs(),
+            writer: self.writer.clone(),
+            signature: None,
+        };
+        if let Some(key) = &self.trust.signing_key {
+            key.sign(&domain, &mut record);
+        }
+        match contributions::contribute(self.store, self.layout, &record)? {
+            Some(slot) => {
+                tracing::debug!(seq, slot, %generation, "left our generation as a contribution");
+                self.contributed.push(generation);
+            }
+            None => tracing::info!(
+                seq,
+                "every contribution slot at this seq is taken; racing the next seq with our files"
+            ),
+        }
+        Ok(())
+    }
+
+    /// Merges every contribution at `seq` this publisher admits (signed under the contribution
+    /// domain by a key it trusts) and has not merged: the candidate's files win a conflicting path
+    /// (the winner's, published first), each contribution is named in `merged`.
+    fn merge_contributions(
+        &mut self,
+        candidate: &mut Manifest,
+        seq: u64,
+        report: &mut PublishReport,
+    ) -> Result<(), PublishError> {
+        let included = &self.included;
+        let found = contributions::readable_contributions(
+            self.store,
+            self.layout,
+            &candidate.compat_id,
+            seq,
+            &|g| included.contains(g),
+        )?;
+        let domain = signing_domain(self.layout.namespace());
+        for record in found {
+            if self.included.contains(&record.generation) || !self.trust.admits(&domain, &record) {
+                continue;
+            }
+            self.included.insert(record.generation);
+            let Some(other) = winner_manifest(self.store, self.layout, &record.generation)? else {
+                continue;
+            };
+            if other.compat_id != candidate.compat_id {
+                continue;
+            }
+            merge_contribution(candidate, &other, report);
+        }
+        Ok(())
+    }
+
+    /// A short random wait after a lost seq, growing with the losses, so the losers of one seq
+    /// do not all read the contributions before most of them are written.
+    fn backoff(&mut self) {
+        self.losses += 1;
+        let ceiling_ms = 4u64 << self.losses.min(4);
+        let mut buf = [0u8; 8];
+        let _ = getrandom::fill(&mut buf);
+        let wait = u64::from_le_bytes(buf) % ceiling_ms;
+        std::thread::sleep(std::time::Duration::from_millis(wait));
+    }
+}
+
+/// Takes a contribution's files into `candidate` (the candidate's version of a path wins) and
+/// names it in `merged`; the parent stays the head the candidate builds on.
+fn merge_contribution(candidate: &mut Manifest, other: &Manifest, report: &mut PublishReport) {
+    let (files, packs, conflicts) = merge_files(
+        &candidate.files,
+        &candidate.packs,
+        &other.files,
+        &other.packs,
+    );
+    report.conflicts.extend(conflicts);
+    let id = other.id();
+    report.merged.push(id);
+    candidate.merged.push(id);
+    candidate.files = files;
+    candidate.packs = packs;
+    prune_packs(candidate);
 }
 
 /// The head at `seq + 1` if it exists and its generation neither builds on nor merged `ours`
