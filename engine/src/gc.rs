@@ -432,12 +432,9 @@ fn add_spent_contributions(
         });
         let mut named = BTreeSet::new();
         for seq in spent.collect::<BTreeSet<_>>() {
-            for (slot, read) in catalog::contributions::read_contributions(
-                store,
-                layout,
-                &compat.compat_id,
-                seq,
-            )? {
+            for (slot, read) in
+                catalog::contributions::read_contributions(store, layout, &compat.compat_id, seq)?
+            {
                 plan.contributions
                     .push(layout.contribution(&compat.compat_id, seq, slot));
                 if let Ok(record) = read {

@@ -281,7 +281,11 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
         let r = &reports["results"][0];
         assert_eq!(r["outcome"], "published", "[{}] publisher {p}: {r}", b.name);
         merged += r["merged"].as_array().map_or(0, Vec::len);
-        let c = r["compat_id"].as_str().unwrap().parse::<CompatId>().unwrap();
+        let c = r["compat_id"]
+            .as_str()
+            .unwrap()
+            .parse::<CompatId>()
+            .unwrap();
         assert!(
             compat.is_none_or(|x| x == c),
             "[{}] publisher {p} keyed differently: {}",
@@ -347,8 +351,13 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
         .unwrap()
         .expect("the kept head's manifest");
     for seq in 1..head.seq {
-        let left = catalog::contributions::read_contributions(store, &b.layout, &compat, seq).unwrap();
-        assert!(left.is_empty(), "[{}] contributions at seq {seq} left after gc", b.name);
+        let left =
+            catalog::contributions::read_contributions(store, &b.layout, &compat, seq).unwrap();
+        assert!(
+            left.is_empty(),
+            "[{}] contributions at seq {seq} left after gc",
+            b.name
+        );
     }
     for id in &kept.merged {
         assert!(
@@ -371,13 +380,20 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
             .into_iter()
             .collect();
         let named: BTreeSet<String> = kept.packs.iter().map(|p| b.layout.pack(&p.id)).collect();
-        assert_eq!(packs, named, "[{}] packs left after gc that the kept head does not name", b.name);
+        assert_eq!(
+            packs, named,
+            "[{}] packs left after gc that the kept head does not name",
+            b.name
+        );
     }
 }
 
 #[test]
 fn a_hundred_final_publishes_at_once_lose_nothing() {
-    for b in cli_backends("a_hundred_final_publishes_at_once_lose_nothing", Place::Local) {
+    for b in cli_backends(
+        "a_hundred_final_publishes_at_once_lose_nothing",
+        Place::Local,
+    ) {
         a_fleet_of_final_publishes_loses_nothing_on(&b, 100);
     }
 }

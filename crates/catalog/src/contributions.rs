@@ -63,7 +63,9 @@ fn read_slot(
     let bytes = match store.get_capped(&layout.contribution(compat, seq, slot), MAX_HEAD_BYTES) {
         Ok(Some(bytes)) => bytes,
         Ok(None) => return Ok(None),
-        Err(StoreError::TooLarge { size, .. }) => return Ok(Some(Err(HeadFault::TooLarge { size }))),
+        Err(StoreError::TooLarge { size, .. }) => {
+            return Ok(Some(Err(HeadFault::TooLarge { size })));
+        }
         Err(e) => return Err(e),
     };
     Ok(Some(match HeadRecord::decode(&bytes) {
@@ -117,7 +119,11 @@ pub fn readable_contributions(
         match read {
             Ok(record) if exclude(&record.generation) => {}
             Ok(record) => records.push(record),
-            Err(fault) => tracing::warn!(seq, slot, "contribution slot holds no usable record ({fault}); passing it over"),
+            Err(fault) => tracing::warn!(
+                seq,
+                slot,
+                "contribution slot holds no usable record ({fault}); passing it over"
+            ),
         }
     }
     Ok(records)
