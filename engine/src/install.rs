@@ -57,13 +57,14 @@
 //! root), with `beside` (lock and staging names), `target` (the root resolved once), `gate` (the
 //! deadline and the commit gate) and `report`. This file is the job that runs them in order.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::catalog::KeyLayout;
-use crate::confined::{Confined, Kind};
+use crate::confined::{self, Confined, Kind};
 use crate::facts::Facts;
 use crate::generation::{CompatId, FileRecord, GenerationId, Manifest};
 use crate::interrupt::Interrupt;
@@ -378,6 +379,8 @@ impl Job {
         );
         self.report.conflicts = diff.conflicts;
         self.report.files_already_present = diff.present;
+        // Nothing to move in: the look-ups just made are what the record stamps.
+        let looked_up = diff.missing.is_empty().then_some(diff.files_on_disk);
         if diff.missing.is_empty() {
             self.release_store();
         } else {
@@ -389,10 +392,11 @@ impl Job {
             result?;
         }
         let t = Instant::now();
-        self.record(id, manifest, target);
+        let written = self.record(id, manifest, target, looked_up.as_ref());
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,
-            "install record written"
+            written,
+            "install record"
         );
         let (outcome, mut detail) = self.outcome(id);
         match &manifest.incomplete {
@@ -452,10 +456,39 @@ impl Job {
     /// place: every file of the generation but the conflicts left alone, with its size on disk (a
     /// file materialized for this root has its own). Best effort: the files are installed whether
     /// or not the record can be written.
-    fn record(&self, id: GenerationId, manifest: &Manifest, target: &Target) {
+    ///
+    /// An install that moved nothing in (`looked_up`: the files it found at the generation's
+    /// paths, as it found them, under the lock) stamps from those look-ups and writes only if
+    /// the record there says anything else: an already-current install's record stays as it is,
+    /// so `audit` reads what it would have read from a rewrite. Whether it wrote.
+    fn record(
+        &self,
+        id: GenerationId,
+        manifest: &Manifest,
+        target: &Target,
+        looked_up: Option<&HashMap<&str, confined::Entry>>,
+    ) -> bool {
         let mut record = record::InstallRecord::of(&self.report.cache_kind, id, manifest);
         for c in &self.report.conflicts {
             record.files.remove(c);
+        }
+        if let Some(on_disk) = looked_up {
+            for f in manifest.files.iter().filter(|f| f.canonical) {
+                if let (Some(size), Some(e)) = (
+                    record.files.get_mut(f.path.as_str()),
+                    on_disk.get(f.path.as_str()),
+                ) {
+                    *size = e.size;
+                }
+            }
+            let stored = record.stamped_by(|path| on_disk.get(path).copied());
+            return match record::write_if_changed_in(&target.parent, &target.name, stored) {
+                Ok(written) => written,
+                Err(e) => {
+                    tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
+                    false
+                }
+            };
         }
         if manifest.files.iter().any(|f| f.canonical)
             && let Ok(dir) = target.parent.open_dir(&target.name)
@@ -471,7 +504,9 @@ impl Job {
         }
         if let Err(e) = record::write_record_in(&target.parent, &target.name, &record) {
             tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
+            return false;
         }
+        true
     }
 
     /// The store has nothing to install: asks the durable registry tier (once) for the newest

@@ -20,6 +20,7 @@ mod hostile_import;
 mod hostile_operator;
 mod hostile_roots;
 mod hostile_store;
+mod install_record;
 mod kubernetes_examples;
 mod mooncake_conformance;
 mod mooncake_drills;

@@ -21,6 +21,9 @@ pub(super) struct DiskDiff<'m> {
     pub(super) conflicts: Vec<String>,
     /// How many files are on disk as the manifest has them.
     pub(super) present: u64,
+    /// The regular files found at the manifest's paths, present or conflicting (the install
+    /// record's stamps when nothing is moved in: no second look-up).
+    pub(super) files_on_disk: HashMap<&'m str, confined::Entry>,
 }
 
 /// Files of the manifest missing on disk; paths present with other content (left alone); and how
@@ -36,12 +39,14 @@ pub(super) fn diff_with_disk<'m>(
             missing: manifest.files.iter().collect(),
             conflicts: vec![],
             present: 0,
+            files_on_disk: HashMap::new(),
         });
     };
     let looked = look_up_files(root, manifest)?;
     let mut todo = Vec::new();
     let mut conflicts = Vec::new();
     let mut present = 0;
+    let mut files_on_disk = HashMap::new();
     for (f, on_disk) in manifest.files.iter().zip(looked) {
         let rel = f.path.as_str();
         let shown = || root.display(rel);
@@ -52,6 +57,9 @@ pub(super) fn diff_with_disk<'m>(
             }
             Looked::At(entry) => entry,
         };
+        if let Some(e) = entry.filter(|e| e.kind == Kind::File) {
+            files_on_disk.insert(rel, e);
+        }
         match entry {
             None => todo.push(f),
             // Stored canonical: the size differs from the file's; compare in canonical form.
@@ -91,6 +99,7 @@ pub(super) fn diff_with_disk<'m>(
         missing: todo,
         conflicts,
         present,
+        files_on_disk,
     })
 }
 

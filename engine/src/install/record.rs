@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::confined::{self, Confined, Kind};
+use crate::confined::{self, Confined, Entry, Kind};
 use crate::generation::{GenerationId, Manifest};
 use crate::scan::{RECORD_SUFFIX, STAGING_PREFIX};
 
@@ -44,11 +44,17 @@ impl InstallRecord {
     /// keeps both, so a file renamed in from staging has those of the staged file). A file that
     /// is not there as a regular file of the recorded size keeps its size only.
     pub fn stamped(&self, root: Option<&Confined>) -> StoredRecord {
+        self.stamped_by(|path| root.and_then(|r| r.entry(path).ok().flatten()))
+    }
+
+    /// [`stamped`](Self::stamped) with each file's entry in the root from `on_disk` (an install
+    /// that moved nothing in has just looked every file up, under the lock).
+    pub fn stamped_by(&self, on_disk: impl Fn(&str) -> Option<Entry>) -> StoredRecord {
         let files = self
             .files
             .iter()
             .map(|(path, &size)| {
-                let entry = root.and_then(|r| r.entry(path).ok().flatten());
+                let entry = on_disk(path);
                 let installed = match entry {
                     Some(e) if e.kind == Kind::File && e.size == size => {
                         Installed::Stamped(Stamp {
@@ -85,7 +91,8 @@ impl InstallRecord {
 pub struct StoredRecord {
     pub cache_kind: String,
     pub generation: String,
-    /// Seconds since the Unix epoch.
+    /// Seconds since the Unix epoch: when an install last wrote the record (one that found it
+    /// already saying all of this leaves it as it is).
     pub installed_at: u64,
     pub files: BTreeMap<String, Installed>,
 }
@@ -188,8 +195,45 @@ pub fn write_record_in(
     record: &InstallRecord,
 ) -> std::io::Result<()> {
     let root = parent.open_dir(root_name).ok();
-    let bytes =
-        serde_json::to_vec(&record.stamped(root.as_ref())).map_err(std::io::Error::other)?;
+    write_stored_in(parent, root_name, &record.stamped(root.as_ref()))
+}
+
+/// Writes `stored` as the record of the root `root_name` unless the record there already says
+/// exactly that, `installed_at` aside: an already-current install (every pod restart) then costs
+/// no write and no fsync. Audit reads the same stamps either way. Whether it wrote.
+pub fn write_if_changed_in(
+    parent: &Confined,
+    root_name: &str,
+    mut stored: StoredRecord,
+) -> std::io::Result<bool> {
+    /// What of a record on disk the comparison needs besides its bytes.
+    #[derive(Deserialize)]
+    struct Written {
+        installed_at: u64,
+    }
+    let now = stored.installed_at;
+    if let Ok(mut file) = confined::open_read_at(parent.fd(), &record_name(root_name)) {
+        let mut old = Vec::new();
+        if std::io::Read::read_to_end(&mut file, &mut old).is_ok()
+            && let Ok(w) = serde_json::from_slice::<Written>(&old)
+        {
+            stored.installed_at = w.installed_at;
+            if serde_json::to_vec(&stored).is_ok_and(|same| same == old) {
+                return Ok(false);
+            }
+        }
+    }
+    stored.installed_at = now;
+    write_stored_in(parent, root_name, &stored).map(|()| true)
+}
+
+/// Writes `stored` atomically as the record of the root `root_name` (see [`write_record_in`]).
+fn write_stored_in(
+    parent: &Confined,
+    root_name: &str,
+    stored: &StoredRecord,
+) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(stored).map_err(std::io::Error::other)?;
     let tmp = format!("{STAGING_PREFIX}{root_name}.record");
     match parent.remove_file(&tmp) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
