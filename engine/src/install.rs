@@ -85,7 +85,8 @@ mod target;
 use beside::{lock_root, remove_staging};
 use commit::commit;
 use diff::diff_with_disk;
-use gate::{CommitGate, Cutoff};
+pub use gate::{CLEANUP_GRACE, mark_process_start, process_start};
+use gate::{CommitGate, Cutoff, bounded_cleanup};
 use pick::{Candidates, PickContext, Picked};
 pub use report::{
     InstallError, InstallOptions, InstallOutcome, InstallReport, PassReason, PassedOver,
@@ -129,6 +130,7 @@ fn install_from(
     opts: &InstallOptions,
 ) -> InstallReport {
     let started = Instant::now();
+    let deadline = opts.started.unwrap_or(started) + opts.deadline;
     let mut report = InstallReport::failed(&policy.info().cache_kind, root, String::new());
     let key = match policy.compat_key(facts) {
         Ok(k) => k,
@@ -160,7 +162,7 @@ fn install_from(
         compat,
         cutoff: Cutoff {
             gate: gate.clone(),
-            deadline: started + opts.deadline,
+            deadline,
         },
         fallback_depth: opts.fallback_depth,
         commit_pause: opts.commit_pause,
@@ -187,14 +189,22 @@ fn install_from(
             let _ = ended.send(());
         }
     });
-    let (result, mut report) = match wait_for_job(&rx, started, opts.deadline, &opts.interrupt) {
+    let (result, mut report) = match wait_for_job(&rx, deadline, opts.deadline, &opts.interrupt) {
         Ok(r) => r,
         Err(stopped_by) => {
             if gate.cancel_unless_committing() {
                 // The job may still be writing (a store call can block); it writes only through
                 // the staging descriptor, so once the directory is unlinked it cannot add to it.
-                if let Some(dir) = gate.take_staging() {
-                    remove_staging(&dir);
+                // Bounded: a big staging directory must not hold the process past its deadline.
+                if let Some(dir) = gate.take_staging()
+                    && !bounded_cleanup(move || remove_staging(&dir))
+                {
+                    tracing::debug!(
+                        "staging not removed within {CLEANUP_GRACE:?}; the next install removes it"
+                    );
+                }
+                if matches!(stopped_by, InstallError::Deadline(_)) {
+                    report.outcome = InstallOutcome::Deadline;
                 }
                 report.detail = stopped_by.to_string();
                 report.duration_ms = started.elapsed().as_millis() as u64;
@@ -210,6 +220,11 @@ fn install_from(
             report.outcome = outcome;
             report.detail = detail;
         }
+        // The job saw the deadline pass before this thread did.
+        Err(InstallError::Deadline(_) | InstallError::Cancelled) if Instant::now() >= deadline => {
+            report.outcome = InstallOutcome::Deadline;
+            report.detail = InstallError::Deadline(opts.deadline).to_string();
+        }
         Err(e) => {
             report.outcome = InstallOutcome::Failed;
             report.detail = e.to_string();
@@ -219,12 +234,13 @@ fn install_from(
     report
 }
 
-/// The job's answer, or why the install stops waiting for it: the deadline passed or the interrupt
-/// was raised (looked at every 20 ms: a signal handler can only set a flag).
-fn wait_for_job<T>(
+/// The job's answer, or why the install stops waiting for it: `deadline` (the point in time;
+/// `allowed` is what the report says was allowed) passed or the interrupt was raised (looked at
+/// every 20 ms: a signal handler can only set a flag).
+pub fn wait_for_job<T>(
     rx: &mpsc::Receiver<T>,
-    started: Instant,
-    deadline: Duration,
+    deadline: Instant,
+    allowed: Duration,
     interrupt: &Interrupt,
 ) -> Result<T, InstallError> {
     const INTERRUPT_POLL: Duration = Duration::from_millis(20);
@@ -232,11 +248,11 @@ fn wait_for_job<T>(
         if let Some(signal) = interrupt.signal_name() {
             return Err(InstallError::Interrupted(signal));
         }
-        let left = deadline.saturating_sub(started.elapsed());
+        let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.min(INTERRUPT_POLL)) {
             Ok(answer) => return Ok(answer),
             Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => continue,
-            Err(_) => return Err(InstallError::Deadline(deadline)),
+            Err(_) => return Err(InstallError::Deadline(allowed)),
         }
     }
 }

@@ -359,7 +359,7 @@ fn a_deadline_removes_the_staging_before_install_returns() {
     fs::create_dir_all(&root).unwrap();
     fs::write(root.join("own"), b"keep").unwrap();
     let r = s.install_within(&root, Duration::from_millis(1200));
-    assert_eq!(r.outcome, InstallOutcome::Failed, "{}", r.detail);
+    assert_eq!(r.outcome, InstallOutcome::Deadline, "{}", r.detail);
     let staging: Vec<_> = fs::read_dir(t.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

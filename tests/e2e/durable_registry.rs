@@ -327,7 +327,7 @@ fn a_registry_down_or_silent_bounds_the_install_and_leaves_store_hits_alone() {
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_arg = format!("oci+http:{}/jitship/cache", silent.local_addr().unwrap());
     let out = env.install(&env.store("emptied"), "dst-silent", &silent_arg, "3s");
-    assert_eq!(code(&out), 12, "{}", show(&out));
+    assert_eq!(code(&out), 15, "{}", show(&out));
     let stopped = result(&out);
     assert!(
         stopped["detail"].as_str().unwrap().contains("deadline"),

@@ -327,7 +327,7 @@ fn deadline_expiry_leaves_the_root_untouched() {
     fs::write(root.join("mine/file"), b"keep").unwrap();
     let before = digest(&root);
     let r = s.install_within(&root, Duration::from_millis(800));
-    assert_eq!(r.outcome, InstallOutcome::Failed);
+    assert_eq!(r.outcome, InstallOutcome::Deadline);
     assert!(r.detail.contains("deadline"), "{}", r.detail);
     assert!(
         r.duration_ms < 5_000,
@@ -339,7 +339,7 @@ fn deadline_expiry_leaves_the_root_untouched() {
     let fresh = t.path().join("fresh");
     assert_eq!(
         s.install_within(&fresh, Duration::from_millis(500)).outcome,
-        InstallOutcome::Failed
+        InstallOutcome::Deadline
     );
     assert!(!fresh.exists());
     let leftovers: Vec<_> = fs::read_dir(t.path())

@@ -23,6 +23,7 @@ mod hostile_store;
 mod install_record;
 mod kubernetes_examples;
 mod mooncake_conformance;
+mod mooncake_deadline;
 mod mooncake_drills;
 mod mooncake_interop;
 mod mooncake_roundtrip;

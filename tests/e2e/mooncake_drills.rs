@@ -541,6 +541,7 @@ fn eviction_drill(c: &Cluster, dir: &Path, registry: &Arc<jitship::oci::Registry
             InstallOutcome::Untrusted => {
                 panic!("cache {i}: untrusted with trust off: {}", report.detail)
             }
+            InstallOutcome::Deadline => panic!("cache {i}: {}", report.detail),
         }
     }
     eprintln!("DRILL eviction: {installs} installed, {misses} missed");

@@ -50,10 +50,12 @@ Exit codes (with several caches the most severe outcome wins; --best-effort exit
   0   installed
   10  already-current: every file of the newest generation is on disk
   11  miss: nothing published for this worker's key, or it was evicted
-  12  failed: store unreachable, policy or fact missing, corrupt data, deadline; root left as it was
+  12  failed: store unreachable, policy or fact missing, corrupt data; root left as it was
   13  conflict: files of the generation are on disk with other content and were left alone (only
       partly installed)
   14  untrusted: with [trust] mode required, no candidate generation was signed by a trusted key
+  15  deadline: --deadline (counted from the process's start) passed before the install finished;
+      root left as it was; the process exits within the deadline plus 2 s
   1   configuration error (flags, config file, trust settings, an unresolvable root)
   2   usage error (before anything ran)
   143 stopped by SIGTERM (130: SIGINT): a cache not yet moving files into its root was left as it
@@ -166,6 +168,7 @@ mod tests {
             (InstallOutcome::Failed, "failed"),
             (InstallOutcome::Conflict, "conflict"),
             (InstallOutcome::Untrusted, "untrusted"),
+            (InstallOutcome::Deadline, "deadline"),
         ] {
             let line = format!("  {:<3} {word}", outcome.exit_code());
             assert!(INSTALL_HELP.contains(&line), "{line:?} not in INSTALL_HELP");
@@ -184,6 +187,8 @@ mod tests {
         assert_eq!(install([Installed, Conflict, Miss], false), 13);
         assert_eq!(install([Conflict, Untrusted], false), 14);
         assert_eq!(install([Untrusted, Failed], false), 12);
+        assert_eq!(install([Untrusted, Deadline], false), 15);
+        assert_eq!(install([Deadline, Failed], false), 12);
         assert_eq!(install([Failed], true), OK);
         assert_eq!(install([], false), OK);
     }
@@ -196,6 +201,22 @@ mod tests {
             interrupt.raise(signal);
             assert_eq!(stopped(&interrupt), Some(128 + signal));
         }
+    }
+
+    /// How far past `install --deadline` (counted from the process's start) the process may end,
+    /// as the help and the README say: at the deadline the install stops waiting for its work,
+    /// removes its staging for at most `install::CLEANUP_GRACE`, prints, and [`end`] waits at most
+    /// [`CLIENT_LINGER`] and [`TEARDOWN_GRACE`] for the Mooncake client; the rest is room for a
+    /// loaded machine.
+    #[test]
+    fn the_install_help_states_the_deadline_margin() {
+        const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
+        let said = format!("the deadline plus {} s", DEADLINE_MARGIN.as_secs());
+        assert!(INSTALL_HELP.contains(&said), "{said:?} not in INSTALL_HELP");
+        assert!(
+            crate::install::CLEANUP_GRACE + CLIENT_LINGER + TEARDOWN_GRACE < DEADLINE_MARGIN,
+            "the margin covers the bounded steps after the deadline"
+        );
     }
 
     #[test]

@@ -140,7 +140,12 @@ fn root_origin(config: &Config, origins: &[RootOrigin], cache: &CacheConfig) -> 
 
 impl CacheSession {
     pub(crate) fn open(settings: &SettingsArgs) -> Result<Self> {
-        let mut config = settings.resolve()?;
+        Self::open_resolved(settings.resolve()?)
+    }
+
+    /// [`open`](Self::open) with the settings already resolved (install reads its deadline
+    /// first, to bound the opening by it).
+    pub(crate) fn open_resolved(mut config: Config) -> Result<Self> {
         if config.caches.is_empty() {
             bail!(
                 "no cache roots configured: pass --cache KIND[=ROOT] (e.g. --cache triton, or --cache triton=$HOME/.triton/cache) or add [[cache]] to the config file"

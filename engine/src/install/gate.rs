@@ -1,11 +1,43 @@
 //! When an install stops: the commit gate that makes "timed out" and "moved files into the root"
-//! mutually exclusive, and the cutoff every step checks between store calls and writes.
+//! mutually exclusive, the cutoff every step checks between store calls and writes, and the clock
+//! a command-line install's deadline counts from (the process's start).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
 
 use super::report::InstallError;
+
+static PROCESS_START: OnceLock<Instant> = OnceLock::new();
+
+/// Notes the process's start, first thing in `main`: the CLI's `--deadline` counts from here, so
+/// connecting to the store, gathering facts and loading policies spend it too.
+pub fn mark_process_start() {
+    PROCESS_START.get_or_init(Instant::now);
+}
+
+/// When the process started ([`mark_process_start`]; else the first call).
+pub fn process_start() -> Instant {
+    *PROCESS_START.get_or_init(Instant::now)
+}
+
+/// Longest an install stopped at its deadline waits for its staging directory to be removed;
+/// past it the removal goes on while the process ends, and the next install removes what is left
+/// (as after a SIGKILL). Part of the margin `--deadline` documents (`cli::exit::DEADLINE_MARGIN`).
+pub const CLEANUP_GRACE: Duration = Duration::from_millis(300);
+
+/// Runs `cleanup` on a thread of its own and waits for it at most [`CLEANUP_GRACE`]; whether it
+/// finished.
+pub(super) fn bounded_cleanup(cleanup: impl FnOnce() + Send + 'static) -> bool {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("install-cleanup".into())
+        .spawn(move || {
+            cleanup();
+            let _ = tx.send(());
+        });
+    spawned.is_ok() && rx.recv_timeout(CLEANUP_GRACE).is_ok()
+}
 
 #[derive(Default)]
 pub(super) struct CommitGate {

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -15,8 +15,12 @@ use crate::trust::{Signer, TrustPolicy};
 
 #[derive(Debug, Clone)]
 pub struct InstallOptions {
-    /// Bound on the whole install, lock wait included.
+    /// Bound on the whole install, lock wait included, counted from `started`.
     pub deadline: Duration,
+    /// When the deadline's clock started: the CLI passes the process's start
+    /// (`process_start`), so what it did before the install spent the deadline too. `None`: when
+    /// `install` is called.
+    pub started: Option<Instant>,
     /// How many older heads to try when the newest generation is unusable: packs evicted from the
     /// store, or recorded as an incomplete cache by its policy (a complete one is preferred).
     pub fallback_depth: usize,
@@ -41,6 +45,7 @@ impl Default for InstallOptions {
     fn default() -> Self {
         Self {
             deadline: Duration::from_secs(60),
+            started: None,
             fallback_depth: 3,
             commit_pause: Duration::ZERO,
             trust: Arc::default(),
@@ -63,6 +68,9 @@ pub enum InstallOutcome {
     Conflict,
     /// Every candidate generation was refused by the trust (unsigned, untrusted or forged).
     Untrusted,
+    /// The deadline passed first (connecting, waiting for the lock, fetching); the root was left
+    /// as it was.
+    Deadline,
 }
 
 impl InstallOutcome {
@@ -75,6 +83,7 @@ impl InstallOutcome {
             Self::Failed => 12,
             Self::Conflict => 13,
             Self::Untrusted => 14,
+            Self::Deadline => 15,
         }
     }
 
@@ -86,7 +95,8 @@ impl InstallOutcome {
             Self::Miss => 2,
             Self::Conflict => 3,
             Self::Untrusted => 4,
-            Self::Failed => 5,
+            Self::Deadline => 5,
+            Self::Failed => 6,
         }
     }
 }

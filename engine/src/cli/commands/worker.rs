@@ -343,7 +343,14 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     let mut reports: Vec<InstallReport> = Vec::new();
     let mut origins: Vec<Option<String>> = Vec::new();
     let mut own_facts: Vec<BTreeMap<String, AppliedOverride>> = Vec::new();
-    match CacheSession::open(&args.settings) {
+    // The deadline counts from the process's start: opening the session (connecting to the
+    // store, gathering facts) spends it too.
+    let started = crate::install::process_start();
+    let opened = args.settings.resolve().and_then(|config| {
+        let deadline = args.deadline.unwrap_or(config.install.deadline);
+        open_within(config, started + deadline, deadline, &interrupt)
+    });
+    match opened {
         // Even a configuration error must not block an init container: with --best-effort,
         // --report or --json it becomes the report's error, and the exit code follows.
         Err(e) => {
@@ -355,9 +362,23 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
                 .errors
                 .push(ErrorRecord::new(None, Stage::Config, &e));
         }
-        Ok(mut session) => {
+        // Out of time (or stopped by a signal) before the store was open: each cache says so.
+        Ok(Err(stopped)) => {
+            for report in stopped {
+                envelope.errors.push(ErrorRecord::text(
+                    Some(&report.cache_kind),
+                    Stage::Store,
+                    report.detail.clone(),
+                ));
+                reports.push(report);
+                origins.push(None);
+                own_facts.push(BTreeMap::new());
+            }
+        }
+        Ok(Ok((mut session, deadline))) => {
             let opts = InstallOptions {
-                deadline: args.deadline.unwrap_or(session.config.install.deadline),
+                deadline,
+                started: Some(started),
                 commit_pause: args.test_commit_pause.unwrap_or_default(),
                 trust: session.trust.clone(),
                 registry: session.registry.clone(),
@@ -398,7 +419,10 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
                         shared.stage,
                     ),
                 };
-                if report.outcome == InstallOutcome::Failed {
+                if matches!(
+                    report.outcome,
+                    InstallOutcome::Failed | InstallOutcome::Deadline
+                ) {
                     envelope.errors.push(ErrorRecord::text(
                         Some(&cache.kind),
                         stage,
@@ -442,6 +466,47 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     } else {
         code
     })
+}
+
+/// Opens the session on a thread of its own and waits for it until `deadline` (`allowed` after
+/// the process started) or a signal: connecting to a store that never answers must not hold the
+/// install past its deadline. Out of time or stopped, a report per configured cache saying so
+/// (`deadline` or `failed`); the abandoned opening ends with the process.
+fn open_within(
+    config: Config,
+    deadline: std::time::Instant,
+    allowed: std::time::Duration,
+    interrupt: &Interrupt,
+) -> Result<std::result::Result<(CacheSession, std::time::Duration), Vec<InstallReport>>> {
+    let caches: Vec<(String, std::path::PathBuf)> = config
+        .caches
+        .iter()
+        .map(|c| (c.kind.clone(), c.root.clone()))
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("open-session".into())
+        .spawn(move || {
+            let _ = tx.send(CacheSession::open_resolved(config));
+        })
+        .context("starting the thread that opens the store")?;
+    let stopped = match crate::install::wait_for_job(&rx, deadline, allowed, interrupt) {
+        Ok(session) => return Ok(Ok((session?, allowed))),
+        Err(stopped) => stopped,
+    };
+    let outcome = match stopped {
+        crate::install::InstallError::Deadline(_) => InstallOutcome::Deadline,
+        _ => InstallOutcome::Failed,
+    };
+    let detail = format!("{stopped} (still opening the store)");
+    Ok(Err(caches
+        .iter()
+        .map(|(kind, root)| {
+            let mut report = InstallReport::failed(kind, root, detail.clone());
+            report.outcome = outcome;
+            report
+        })
+        .collect()))
 }
 
 /// Writes the report next to its final name and renames it into place, so a reader never sees a
