@@ -338,17 +338,20 @@ impl HeadCommit<'_> {
         seq: u64,
         report: &mut PublishReport,
     ) -> Result<(), PublishError> {
-        let included = &self.included;
+        let (included, ours) = (&self.included, &self.contributed);
         let found = contributions::readable_contributions(
             self.store,
             self.layout,
             &candidate.compat_id,
             seq,
-            &|g| included.contains(g),
+            &|g| included.contains(g) || ours.contains(g),
         )?;
         let domain = signing_domain(self.layout.namespace());
         for record in found {
-            if self.included.contains(&record.generation) || !self.trust.admits(&domain, &record) {
+            if self.included.contains(&record.generation)
+                || self.contributed.contains(&record.generation)
+                || !self.trust.admits(&domain, &record)
+            {
                 continue;
             }
             self.included.insert(record.generation);
