@@ -226,11 +226,24 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
     // A hundred python probes at once on two cores outlast the default 5 s bound on each, and a
     // publisher that could not ask python keys without the python facts (a key of its own).
     let config = tmp.path().join("jitship.toml");
-    std::fs::write(&config, "[gather]\ntimeout = \"10min\"\n").unwrap();
-    let cli: Vec<String> = cli
-        .into_iter()
-        .chain(["--config".to_owned(), config.display().to_string()])
-        .collect();
+    let mut cli = cli;
+    let given = cli.iter().position(|a| a == "--config");
+    let mut settings: toml::Table = given.map_or_else(toml::Table::new, |i| {
+        toml::from_str(&std::fs::read_to_string(&cli[i + 1]).unwrap()).unwrap()
+    });
+    let gather = settings
+        .entry("gather")
+        .or_insert_with(|| toml::Table::new().into());
+    gather
+        .as_table_mut()
+        .unwrap()
+        .insert("timeout".into(), "10min".into());
+    let text = toml::to_string(&settings).unwrap();
+    std::fs::write(&config, text).unwrap();
+    match given {
+        Some(i) => cli[i + 1] = config.display().to_string(),
+        None => cli.extend(["--config".to_owned(), config.display().to_string()]),
+    }
     let fleet_tree = |root: &Path, p: usize| {
         for i in 0..2 {
             write(root, &format!("shared/s{i}.bin"), &bytes(500 + i, 3000));
