@@ -67,6 +67,8 @@ pub struct AuditReport {
     pub cache_kind: String,
     pub root: PathBuf,
     pub generation: String,
+    /// When an install last wrote the record (seconds since the epoch): an already-current
+    /// install that found it saying what the root holds leaves it, and this, as they were.
     pub installed_at: u64,
     pub files_installed: u64,
     /// Installed files still there as installed (size, inode and mtime; size only, for files in

@@ -408,7 +408,7 @@ impl Job {
             result?;
         }
         let t = Instant::now();
-        let written = self.record(id, manifest, target, looked_up.as_ref());
+        let written = self.record(id, manifest, target, looked_up);
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,
             written,
@@ -473,56 +473,57 @@ impl Job {
     /// file materialized for this root has its own). Best effort: the files are installed whether
     /// or not the record can be written.
     ///
-    /// An install that moved nothing in (`looked_up`: the files it found at the generation's
-    /// paths, as it found them, under the lock) stamps from those look-ups and writes only if
-    /// the record there says anything else: an already-current install's record stays as it is,
-    /// so `audit` reads what it would have read from a rewrite. Whether it wrote.
+    /// An install that moved nothing in stamps from the look-ups its diff made under the lock
+    /// (`looked_up`: the regular files at the generation's paths); one that did looks them up
+    /// again. Either way the record is written only if the one there says anything else (its
+    /// time aside): an already-current install's stays as it is, and `audit` reads what it would
+    /// have read from a rewrite. Whether it wrote.
     fn record(
         &self,
         id: GenerationId,
         manifest: &Manifest,
         target: &Target,
-        looked_up: Option<&HashMap<&str, confined::Entry>>,
+        looked_up: Option<HashMap<&str, confined::Entry>>,
     ) -> bool {
         let mut record = record::InstallRecord::of(&self.report.cache_kind, id, manifest);
         for c in &self.report.conflicts {
             record.files.remove(c);
         }
-        if let Some(on_disk) = looked_up {
-            for f in manifest.files.iter().filter(|f| f.canonical) {
-                if let (Some(size), Some(e)) = (
-                    record.files.get_mut(f.path.as_str()),
-                    on_disk.get(f.path.as_str()),
-                ) {
-                    *size = e.size;
-                }
-            }
-            let stored = record.stamped_by(|path| on_disk.get(path).copied());
-            return match record::write_if_changed_in(&target.parent, &target.name, stored) {
-                Ok(written) => written,
-                Err(e) => {
-                    tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
-                    false
-                }
-            };
-        }
-        if manifest.files.iter().any(|f| f.canonical)
-            && let Ok(dir) = target.parent.open_dir(&target.name)
-        {
-            for f in manifest.files.iter().filter(|f| f.canonical) {
-                let path = f.path.to_string();
-                if let (Some(size), Ok(Some(e))) = (record.files.get_mut(&path), dir.entry(&path))
-                    && e.kind == Kind::File
-                {
-                    *size = e.size;
-                }
+        // After a commit: the files as they are now, looked up a directory at a time as the diff
+        // does (one look-up from the root per file doubled the cost of 20,000 files).
+        let on_disk = looked_up.unwrap_or_else(|| {
+            let paths: Vec<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+            let looked = target
+                .parent
+                .open_dir(&target.name)
+                .ok()
+                .and_then(|dir| diff::look_up(&dir, &paths).ok())
+                .unwrap_or_default();
+            paths
+                .into_iter()
+                .zip(looked)
+                .filter_map(|(p, l)| match l {
+                    diff::Looked::At(Some(e)) if e.kind == Kind::File => Some((p, e)),
+                    _ => None,
+                })
+                .collect()
+        });
+        for f in manifest.files.iter().filter(|f| f.canonical) {
+            if let (Some(size), Some(e)) = (
+                record.files.get_mut(f.path.as_str()),
+                on_disk.get(f.path.as_str()),
+            ) {
+                *size = e.size;
             }
         }
-        if let Err(e) = record::write_record_in(&target.parent, &target.name, &record) {
-            tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
-            return false;
+        let stored = record.stamped_by(|path| on_disk.get(path).copied());
+        match record::write_if_changed_in(&target.parent, &target.name, stored) {
+            Ok(written) => written,
+            Err(e) => {
+                tracing::warn!(root = %target.path().display(), "cannot write the install record: {e}");
+                false
+            }
         }
-        true
     }
 
     /// The store has nothing to install: asks the durable registry tier (once) for the newest
