@@ -48,7 +48,8 @@ use crate::catalog::KeyLayout;
 use crate::catalog::{self, ManifestRead, now_secs};
 use crate::generation::{
     CompatId, Conflict, ContentHash, FORMAT_VERSION, FileRecord, GenerationId, HeadRecord,
-    Manifest, PackPlan, RelPath, merge_files, place_files, plan_packs, prune_packs,
+    MAX_MANIFEST_BYTES, Manifest, PackPlan, RelPath, merge_files, place_files, plan_packs,
+    prune_packs,
 };
 use crate::policy::{CachePolicy, PolicyError, ReasonCategory, Verdict};
 use crate::scan::{self, ScannedFile};
@@ -140,6 +141,7 @@ fn publish_to_store(
 ) -> Result<PublishReport, PublishError> {
     let started = Instant::now();
     check_can_start(opts)?;
+    check_pack_size(store, opts.pack_size)?;
     let kind = policy.info().cache_kind.clone();
     let compat_key = policy
         .compat_key(&opts.facts)
@@ -184,20 +186,20 @@ fn publish_to_store(
     }
     let parent = base.parent.as_ref();
     let (mut plans, source_of) = plan_new_contents(&new_files, parent, opts.pack_size);
+    // The manifest's size is known before any pack is uploaded (a pack that moves to a salted id
+    // keeps an id of the same length): one the store would refuse, or installs could not read,
+    // stops the publish here, with nothing written.
+    let (planned, _) = new_manifest(policy, opts, &base, &new_files, &selection, &plans, &report);
+    check_manifest_fits(store, &planned)?;
+    drop(planned);
     let uploading = Instant::now();
     // A pack already in the store is checked first; one that held other bytes comes back with the
     // salted id its copy went under, and the manifest names that.
     upload_packs(store, layout, &reader, &mut plans, &source_of, &mut report)?;
     report.upload_ms = uploading.elapsed().as_millis() as u64;
-    let candidate = new_manifest(
-        policy,
-        opts,
-        &base,
-        &new_files,
-        &selection,
-        &plans,
-        &mut report,
-    );
+    let (candidate, conflicts) =
+        new_manifest(policy, opts, &base, &new_files, &selection, &plans, &report);
+    report.conflicts.extend(conflicts);
 
     // Last point to stop at: from here on the head is written.
     if let Some(signal) = opts.interrupt.signal_name() {
@@ -525,7 +527,8 @@ fn plan_new_contents<'s>(
 }
 
 /// The new generation's manifest: the new files, located in parent packs or in the packs just
-/// uploaded, merged onto the parent (whose version wins a conflicting path).
+/// uploaded, merged onto the parent (whose version wins a conflicting path), and the paths whose
+/// content here lost to the parent's.
 fn new_manifest(
     policy: &dyn CachePolicy,
     opts: &PublishOptions,
@@ -533,8 +536,8 @@ fn new_manifest(
     new_files: &[&(&ScannedFile, Stored)],
     selection: &Chosen,
     plans: &[PackPlan],
-    report: &mut PublishReport,
-) -> Manifest {
+    report: &PublishReport,
+) -> (Manifest, Vec<Conflict>) {
     let parent = base.parent.as_ref();
     let unplaced: Vec<FileRecord> = new_files
         .iter()
@@ -555,7 +558,6 @@ fn new_manifest(
         Some(p) => merge_files(&p.files, &p.packs, &ours_files, &ours_packs),
         None => merge_files(&[], &[], &ours_files, &ours_packs),
     };
-    report.conflicts.extend(conflicts);
     let mut manifest = Manifest {
         format: FORMAT_VERSION,
         cache_kind: report.cache_kind.clone(),
@@ -572,7 +574,62 @@ fn new_manifest(
         incomplete: report.incomplete.clone(),
     };
     prune_packs(&mut manifest);
-    manifest
+    (manifest, conflicts)
+}
+
+/// The largest manifest a publish may write to `store`: what the store takes as one value, and
+/// no more than every reader accepts (`MAX_MANIFEST_BYTES`: install, verify and gc read a
+/// manifest under that cap), so a generation that fits is one installs can read.
+fn manifest_limit(store: &dyn Store) -> u64 {
+    store.max_value_size().min(MAX_MANIFEST_BYTES as u64)
+}
+
+/// Refuses a manifest over `manifest_limit`, with its numbers and what to do, before anything of
+/// its generation is written (the manifest is one value: a bigger one fails its put, or worse
+/// passes it on a store with a higher limit than readers accept).
+fn check_manifest_fits(store: &dyn Store, manifest: &Manifest) -> Result<(), PublishError> {
+    let size = manifest.encoded_len();
+    let limit = manifest_limit(store);
+    if size <= limit {
+        return Ok(());
+    }
+    let files = manifest.files.len() as u64;
+    let readers_cap = limit == MAX_MANIFEST_BYTES as u64;
+    let split = "publish fewer files per generation: split the cache root into caches of fewer \
+                 files (each cache kind and compat key is a generation of its own)";
+    Err(PublishError::ManifestTooLarge {
+        files,
+        size,
+        limit,
+        limit_of: if readers_cap {
+            "every jitship reader accepts a manifest under".into()
+        } else {
+            format!("on one value in {}", store.describe())
+        },
+        files_that_fit: limit / (size / files.max(1)).max(1),
+        what_to_do: if readers_cap {
+            format!("{split}; this cap is fixed")
+        } else {
+            format!(
+                "{split}, or raise the store's value limit (on Mooncake \
+                 store.mooncake.staging_buffer_size, on every publisher and installer alike)"
+            )
+        },
+    })
+}
+
+/// Refuses a pack size over the largest value the store takes: every pack of this size would
+/// fail its put, after the files were hashed and some packs uploaded.
+fn check_pack_size(store: &dyn Store, pack_size: u64) -> Result<(), PublishError> {
+    let limit = store.max_value_size();
+    if pack_size <= limit {
+        return Ok(());
+    }
+    Err(PublishError::PackSizeOverLimit {
+        pack_size,
+        limit,
+        store: store.describe(),
+    })
 }
 
 /// How many heads a publish passes over (refused by its trust, or faulty) looking for its base

@@ -192,6 +192,14 @@ impl Manifest {
         GenerationId(ContentHash::of_json(self))
     }
 
+    /// The length of `encode()`, counted as it serializes (no bytes are kept): publish checks a
+    /// manifest fits the store before it uploads anything.
+    pub fn encoded_len(&self) -> u64 {
+        let mut count = CountBytes(0);
+        serde_json::to_writer(&mut count, self).expect("manifest serialization cannot fail");
+        count.0
+    }
+
     /// Whether `encode()` would give exactly `bytes`, checked as it serializes: no second copy.
     fn encodes_to(&self, bytes: &[u8]) -> bool {
         let mut same = SameBytes { rest: bytes };
@@ -322,6 +330,20 @@ impl std::io::Write for SameBytes<'_> {
     }
 }
 
+/// A writer that only counts (`Manifest::encoded_len`).
+struct CountBytes(u64);
+
+impl std::io::Write for CountBytes {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(any(test, feature = "testing"))]
 pub mod tests {
     use super::*;
@@ -383,6 +405,12 @@ pub mod tests {
         };
         m.normalize();
         m
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_of_the_bytes() {
+        let m = sample();
+        assert_eq!(m.encoded_len(), m.encode().len() as u64);
     }
 
     #[test]

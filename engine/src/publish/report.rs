@@ -158,6 +158,30 @@ pub enum PublishError {
          every generation this publisher writes would be refused"
     )]
     NoSigningKey,
+    /// The new generation's manifest is over what the store takes as one value or readers
+    /// accept (`publish::check_manifest_fits`); found before anything was written.
+    #[error(
+        "nothing was published: the generation's manifest would be {size} bytes for {files} \
+         files, over the {limit}-byte limit {limit_of} (about {files_that_fit} files of these); \
+         {what_to_do}"
+    )]
+    ManifestTooLarge {
+        files: u64,
+        size: u64,
+        limit: u64,
+        limit_of: String,
+        files_that_fit: u64,
+        what_to_do: String,
+    },
+    #[error(
+        "nothing was published: the pack size ({pack_size} bytes) is over the largest value \
+         {store} takes ({limit} bytes); lower publish.pack_size (or --pack-size) to at most that"
+    )]
+    PackSizeOverLimit {
+        pack_size: u64,
+        limit: u64,
+        store: String,
+    },
     #[error("cache root {0} does not exist: check the path (or the volume mount)")]
     RootMissing(PathBuf),
     #[error("cache root {0} is not a directory")]

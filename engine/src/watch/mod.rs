@@ -357,6 +357,10 @@ fn error_kind(e: &PublishError) -> ErrorKind {
         | PublishError::Unreachable { .. }
         | PublishError::Flooded { .. } => ErrorKind::Contention,
         PublishError::NoSigningKey => ErrorKind::Config,
+        // Too many files for one generation on this store, or a pack size the store refuses.
+        PublishError::ManifestTooLarge { .. } | PublishError::PackSizeOverLimit { .. } => {
+            ErrorKind::Config
+        }
         // The watcher passes no interrupt of its own (it stops through its loop); only a library
         // caller that raises one gets here.
         PublishError::Interrupted(_) => ErrorKind::Interrupted,
