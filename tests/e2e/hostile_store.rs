@@ -9,12 +9,12 @@
 //! `HANG` (a hang fails the test instead of stalling the suite).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use jitship::catalog::{self, MAX_SEQ};
+use jitship::catalog::{self, MAX_SEQ, contributions};
 use jitship::config::TrustMode;
 use jitship::generation::{CompatId, GenerationId, HeadRecord};
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport, PassReason};
@@ -660,6 +660,13 @@ mod property {
         Ceiling,
         /// The trusted publisher publishes once more (the attacker acted before it).
         TrustedPublish,
+        /// Contribution slots (issue 40) at the next two seqs and the chosen one filled with an
+        /// unsigned contribution of the attacker's generation, one signed by another key, a
+        /// trusted head copied into a slot, and garbage: what a loser of a race merges.
+        HostileContributions(SeqChoice),
+        /// Hostile contributions at the next seqs, then three trusted publishers at once: the
+        /// losers of the race merge the contributions they find there.
+        TrustedRace,
     }
 
     #[derive(Debug, Clone, Copy)]
@@ -696,6 +703,8 @@ mod property {
             (seq_choice(), 1u16..400).prop_map(|(s, n)| Attack::JunkRun(s, n)),
             Just(Attack::Ceiling),
             Just(Attack::TrustedPublish),
+            seq_choice().prop_map(Attack::HostileContributions),
+            Just(Attack::TrustedRace),
         ]
     }
 
@@ -871,6 +880,84 @@ mod property {
                     put(s, &s.layout.gc_journal(MAX_SEQ), b"x");
                 }
                 Attack::TrustedPublish => self.trusted_publish(),
+                Attack::HostileContributions(sc) => {
+                    let next = self.newest_seq().min(MAX_SEQ - 8);
+                    for seq in [next + 1, next + 2, self.seq(*sc).min(MAX_SEQ)] {
+                        self.hostile_contributions(seq);
+                    }
+                }
+                Attack::TrustedRace => self.trusted_race(),
+            }
+        }
+
+        /// Fills slots 0..4 of the contributions at `seq` with what a store writer can write: an
+        /// unsigned contribution of the attacker's generation, one signed by another key, a
+        /// trusted head copied into a slot, and garbage.
+        fn hostile_contributions(&self, seq: u64) {
+            let (s, c) = (&self.s, self.s.compat_id());
+            let slot = |n: u64| s.layout.contribution(&c, seq, n);
+            let unsigned = HeadRecord {
+                compat_id: c,
+                seq,
+                generation: self.evil_gen,
+                written_at: 0,
+                writer: "attacker".into(),
+                signature: None,
+            };
+            put(s, &slot(0), &unsigned.encode());
+            let mut other = unsigned.clone();
+            let domain = contributions::signing_domain(s.layout.namespace());
+            self.other.sign(&domain, &mut other);
+            put(s, &slot(1), &other.encode());
+            if let Some(mut t) = self.any_trusted_head() {
+                t.seq = seq;
+                put(s, &slot(2), &t.encode());
+            }
+            put_hostile(s, &slot(3), b"{\"not\": \"a contribution\"}");
+        }
+
+        /// Three trusted publishes released at once (a barrier), each with files of its own,
+        /// over hostile contributions at the seqs they race for: every generation they report
+        /// counts as the key's, and the files of all as published by it.
+        fn trusted_race(&mut self) {
+            let next = self.newest_seq().min(MAX_SEQ - 8);
+            for seq in next + 1..next + 4 {
+                self.hostile_contributions(seq);
+            }
+            let roots: Vec<PathBuf> = (0..3)
+                .map(|i| {
+                    self.grown += 1;
+                    let root = self.tmp.path().join(format!("racer-{}-{i}", self.grown));
+                    triton_tree(&root, self.grown, 100 + i);
+                    root
+                })
+                .collect();
+            let start = std::sync::Barrier::new(roots.len());
+            let reports: Vec<_> = std::thread::scope(|scope| {
+                let racers: Vec<_> = roots
+                    .iter()
+                    .map(|root| {
+                        let (s, key, start) = (&self.s, &self.key, &start);
+                        scope.spawn(move || {
+                            start.wait();
+                            publish(s, root, Some(key), required(key))
+                        })
+                    })
+                    .collect();
+                racers.into_iter().map(|r| r.join().unwrap()).collect()
+            });
+            for r in reports {
+                if let PublishOutcome::Published { generation, .. } = r.unwrap().outcome {
+                    self.trusted_gens.push(generation);
+                }
+            }
+            for root in &roots {
+                for (p, bytes) in files_of(root) {
+                    let v = self.trusted_files.entry(p).or_default();
+                    if !v.contains(&bytes) {
+                        v.push(bytes);
+                    }
+                }
             }
         }
 
