@@ -12,7 +12,7 @@ use jitship::catalog;
 use jitship::catalog::KeyLayout;
 use jitship::catalog::now_secs;
 use jitship::gc::{self, GcOptions, GcReport, Verdict};
-use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
+use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord, Manifest};
 use jitship::install::InstallOutcome;
 use jitship::policy::RetentionLimits;
 use jitship::policy::native::NativeRules;
@@ -38,26 +38,9 @@ fn publish(b: &Backend, root: &Path, tag: &str) -> (GenerationId, u64, CompatId)
 /// A generation that does not build on the head (what a publisher writes when the head's manifest
 /// is unreadable): published in a scratch namespace, copied over, and made head `seq`.
 fn graft(b: &Backend, root: &Path, tag: &str, seq: u64, written_at: u64) -> GenerationId {
-    let scratch = KeyLayout::new(&format!("{}-scratch-{seq}", b.layout.namespace())).unwrap();
-    let r = flow::publish(b.store.as_ref(), &scratch, root, &flow::facts(tag), PACK).unwrap();
-    let PublishOutcome::Published { generation, .. } = r.outcome else {
-        panic!("graft publish: {:?}", r.outcome)
-    };
+    let m = copy_in(b, root, tag, &format!("scratch-{seq}"));
+    let generation = m.id();
     let s = b.store.as_ref();
-    let m = catalog::fetch_manifest(s, &scratch, &generation)
-        .unwrap()
-        .unwrap();
-    for p in &m.packs {
-        let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
-        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk)
-            .unwrap();
-    }
-    s.put(
-        &b.layout.generation(&generation),
-        &m.encode(),
-        ValueClass::Record,
-    )
-    .unwrap();
     let head = HeadRecord {
         compat_id: m.compat_id,
         seq,
@@ -77,6 +60,32 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64, written_at: u64) -> Gene
     )
     .unwrap();
     generation
+}
+
+/// `root` published in a scratch namespace `scratch` and its manifest and packs copied into
+/// `b`'s, with no head: a generation only something else can name.
+fn copy_in(b: &Backend, root: &Path, tag: &str, scratch: &str) -> Manifest {
+    let scratch = KeyLayout::new(&format!("{}-{scratch}", b.layout.namespace())).unwrap();
+    let r = flow::publish(b.store.as_ref(), &scratch, root, &flow::facts(tag), PACK).unwrap();
+    let PublishOutcome::Published { generation, .. } = r.outcome else {
+        panic!("scratch publish: {:?}", r.outcome)
+    };
+    let s = b.store.as_ref();
+    let m = catalog::fetch_manifest(s, &scratch, &generation)
+        .unwrap()
+        .unwrap();
+    for p in &m.packs {
+        let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
+        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk)
+            .unwrap();
+    }
+    s.put(
+        &b.layout.generation(&generation),
+        &m.encode(),
+        ValueClass::Record,
+    )
+    .unwrap();
+    m
 }
 
 fn run_gc(store: &dyn Store, layout: &KeyLayout, keep: u32, grace: u64, dry_run: bool) -> GcReport {
@@ -967,4 +976,94 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
             && text.contains("modules dir"),
         "{text}"
     );
+}
+
+/// Issue 40: what lost head races leave (contributions, `docs/concurrent-publishes.md`) goes
+/// once the head above them is older than grace, with the manifests they name and those
+/// manifests' own packs; the contributions at the newest seq, and any within grace, stay.
+#[test]
+fn spent_contributions_go_after_grace_and_the_newest_seq_keeps_its_own() {
+    spent_contributions_go_after_grace_on(Place::Local);
+}
+
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn spent_contributions_go_after_grace_and_the_newest_seq_keeps_its_own_on_mooncake() {
+    spent_contributions_go_after_grace_on(Place::Mooncake);
+}
+
+fn spent_contributions_go_after_grace_on(place: Place) {
+    for b in backends("spent_contributions", place) {
+        let tmp = tempfile::tempdir().unwrap();
+        let tag = "contributions";
+        let tree = |name: &str, seed: u64| {
+            let root = tmp.path().join(name);
+            triton_tree(&root, 2, seed);
+            root
+        };
+        let (_, first, compat) = publish(&b, &tree("one", 1), tag);
+        let (_, newest, _) = publish(&b, &tree("two", 2), tag);
+        // Losers at the first seq and at the newest, each with a pack of its own.
+        let contribute = |seq: u64, seed: u64| {
+            let m = copy_in(
+                &b,
+                &tree(&format!("loser-{seed}"), seed),
+                tag,
+                &format!("loser-{seed}"),
+            );
+            let record = HeadRecord {
+                compat_id: compat,
+                seq,
+                generation: m.id(),
+                written_at: now_secs(),
+                writer: "a loser".into(),
+                signature: None,
+            };
+            let slot = catalog::contributions::contribute(b.store.as_ref(), &b.layout, &record)
+                .unwrap()
+                .expect("a free slot");
+            (m, b.layout.contribution(&compat, seq, slot))
+        };
+        let (spent, spent_key) = contribute(first, 10);
+        let (fresh, fresh_key) = contribute(newest, 11);
+        let store = b.store.as_ref();
+
+        let r = run_gc(store, &b.layout, 2, 3600, false);
+        assert_eq!(r.contributions, 0, "[{}] within grace: {r:?}", b.name);
+        assert!(has(&b, &spent_key) && has(&b, &b.layout.generation(&spent.id())));
+
+        let r = gc_at(store, &b.layout, 2, 3600, false, now_secs() + 7200);
+        assert_eq!(r.contributions, 1, "[{}] {r:?}", b.name);
+        assert!(!has(&b, &spent_key), "[{}] the spent contribution", b.name);
+        assert!(
+            !has(&b, &b.layout.generation(&spent.id())),
+            "[{}] its manifest",
+            b.name
+        );
+        for p in &spent.packs {
+            assert!(
+                !has(&b, &b.layout.pack(&p.id)),
+                "[{}] its pack {}",
+                b.name,
+                p.id
+            );
+        }
+        assert!(
+            has(&b, &fresh_key),
+            "[{}] the newest seq's contribution",
+            b.name
+        );
+        // Its manifest and packs are nobody's but the record's: where the store lists and dates
+        // keys they are orphans past grace like any crashed publish's; elsewhere they stay.
+        if !b.lists {
+            assert!(has(&b, &b.layout.generation(&fresh.id())));
+            for p in &fresh.packs {
+                assert!(
+                    has(&b, &b.layout.pack(&p.id)),
+                    "[{}] the newest seq's packs",
+                    b.name
+                );
+            }
+        }
+    }
 }
