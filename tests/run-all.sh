@@ -74,6 +74,9 @@ python3 tests/docs/check_citations.py
 step "the fast loop: cargo test --workspace (unit tests and the e2e binary on the local store; no root, no cluster, no registry)"
 logged fast-loop cargo test --workspace --no-fail-fast
 
+step "slow tests (ignored in the fast loop: minutes on a 2-core machine): a 300,000-file generation refused over a store's value limit, published, installed and compared"
+logged slow cargo test --workspace --no-fail-fast --test e2e -- --ignored big_generation:: --skip mooncake
+
 step "test registry and OCI tool: Debian's docker-registry (the CNCF distribution registry) and skopeo"
 # The durable registry tier's tests start a registry on 127.0.0.1 and read what jitship pushed
 # and exported with skopeo (tests/src/registry.rs).

@@ -7,6 +7,7 @@
 //! not run instead of passing; `tests/run-all.sh` runs them with `-- --ignored` in the step that
 //! provides the tool, and `tests/not_run.py` lists any it did not.
 
+mod big_generation;
 mod careless_operator;
 mod cli_contract;
 mod concurrent_publish;
