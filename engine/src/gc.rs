@@ -49,7 +49,7 @@
 //! 2. a journal (`catalog::GcJournal`) naming every key and pack this run will remove, so an
 //!    interrupted run is finished by the next one (on Mooncake nothing else leads to them); a
 //!    `gc-done` marker once every removal succeeded. A journal read back is anyone's: one that
-//!    does not decode, or names anything but this namespace's head and manifest keys, is passed
+//!    does not decode, or names anything but this namespace's head, contribution and manifest keys, is passed
 //!    over and reported (`journals_refused`); a resumed one never removes a key of a generation
 //!    this run keeps, and its packs go by the rule for every pack (below);
 //! 3. head records, then manifests, then packs. A key a reader holds a lease on (Mooncake leases
@@ -59,8 +59,9 @@
 //!    retained generation of any compat id references it (packs are shared by content).
 //!
 //! Besides dropped generations, gc collects manifests that lost a head race and were merged into
-//! a winner (named in `merged` of a generation, never headed), with their unreferenced packs,
-//! and on stores that list keys and give write times (local), orphans: manifests and packs no
+//! a winner (named in `merged` of a generation, never headed), with their unreferenced packs;
+//! spent contributions (`add_spent_contributions`: what a lost race left, once the head above it
+//! is older than `grace`) with the manifests they name; and on stores that list keys and give write times (local), orphans: manifests and packs no
 //! retained generation references and that were written more than `grace` ago (crashed publishes).
 //!
 //! Residual race (documented, not closed): a publish that deduplicates against a pack gc is about
@@ -197,7 +198,8 @@ pub struct GcReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unsigned: Vec<String>,
     /// gc journals passed over: corrupt, oversized, another place's, or naming keys a journal may
-    /// not name (anything but this namespace's head and manifest keys). Anyone can write them.
+    /// not name (anything but this namespace's head, contribution and manifest keys). Anyone can
+    /// write them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub journals_refused: Vec<String>,
     /// With a durable registry tier: what `collect_registry` deleted there.

@@ -83,7 +83,7 @@ pub struct GcJournal {
     pub seq: u64,
     pub written_at: u64,
     pub writer: String,
-    /// Head record keys and manifest keys, removed unconditionally, heads first.
+    /// Head record, contribution and manifest keys, removed unconditionally, in that order.
     pub keys: Vec<String>,
     /// Packs to remove if, when removed, no retained generation references them.
     pub packs: Vec<ContentHash>,
