@@ -3,6 +3,7 @@
 //! backends a test runs against.
 
 pub mod backends;
+pub mod bench;
 pub mod child;
 pub mod cli;
 pub mod fixtures;
