@@ -363,6 +363,8 @@ impl PublishReport {
             packs_reused: 0,
             conflicts: vec![],
             merged: vec![],
+            head_attempts: 0,
+            contributions: 0,
             signed_by: None,
             parent_signer: None,
             hash_ms: 0,
@@ -587,7 +589,7 @@ fn manifest_limit(store: &dyn Store) -> u64 {
 /// Refuses a manifest over `manifest_limit`, with its numbers and what to do, before anything of
 /// its generation is written (the manifest is one value: a bigger one fails its put, or worse
 /// passes it on a store with a higher limit than readers accept).
-fn check_manifest_fits(store: &dyn Store, manifest: &Manifest) -> Result<(), PublishError> {
+pub(super) fn check_manifest_fits(store: &dyn Store, manifest: &Manifest) -> Result<(), PublishError> {
     let size = manifest.encoded_len();
     let limit = manifest_limit(store);
     if size <= limit {

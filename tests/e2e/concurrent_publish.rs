@@ -280,6 +280,7 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
         .collect();
     let mut compat = None;
     let mut merged = 0;
+    let mut attempts = Vec::new();
     for (p, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -294,6 +295,7 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
         let r = &reports["results"][0];
         assert_eq!(r["outcome"], "published", "[{}] publisher {p}: {r}", b.name);
         merged += r["merged"].as_array().map_or(0, Vec::len);
+        attempts.push(r["head_attempts"].as_u64().unwrap());
         let c = r["compat_id"]
             .as_str()
             .unwrap()
@@ -312,9 +314,14 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
     let head = catalog::newest_head(store, &b.layout, &compat)
         .unwrap()
         .expect("a head");
+    attempts.sort_unstable();
     eprintln!(
-        "[{}] {n} publishers: newest head {}, {merged} generations merged in all",
-        b.name, head.seq
+        "[{}] {n} publishers: newest head {}, {merged} generations merged in all; head attempts \
+         per publisher: median {}, max {}",
+        b.name,
+        head.seq,
+        attempts[n / 2],
+        attempts[n - 1]
     );
     assert!(merged > 0, "[{}] no publisher lost a head race", b.name);
 

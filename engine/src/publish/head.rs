@@ -46,6 +46,9 @@ pub(super) fn commit_head(
         base_seq: seq.saturating_sub(1),
         compat: candidate.compat_id,
         losses: 0,
+        contributions_read: None,
+        max_rounds: opts.max_head_attempts,
+        own_paths: candidate.files.iter().map(|f| f.path.to_string()).collect(),
         included: candidate.parent.into_iter().collect(),
         contributed: Vec::new(),
         written: None,
@@ -55,7 +58,11 @@ pub(super) fn commit_head(
             let heads = layout.heads_prefix(&candidate.compat_id);
             return Err(catalog::CatalogError::SequenceFull(heads).into());
         }
+        // Every head carries contributions left at the seq below it, not only heads written by
+        // that seq's losers: they wait to be carried rather than race (`wait_to_be_carried`).
+        commit.merge_contributions(&mut candidate, seq - 1, report)?;
         let (generation, record) = commit.write(&mut candidate, seq)?;
+        report.head_attempts += 1;
         let step = match put_and_read_back(store, layout, &record)? {
             // Another publisher of the same generation counts as ours only if its head is
             // admitted.
@@ -103,6 +110,10 @@ pub(super) fn commit_head(
     Err(PublishError::Contention(opts.max_head_attempts))
 }
 
+/// Most contributions one head carries: each costs its writer a manifest read; the others wait
+/// for the next head.
+const MAX_CARRIED_PER_HEAD: usize = 16;
+
 /// What a head write leads to: done (the generation and the seq whose head names it), or another
 /// try at a seq.
 enum Step {
@@ -121,6 +132,13 @@ struct HeadCommit<'a> {
     compat: crate::generation::CompatId,
     /// Seqs lost so far (the backoff grows with them).
     losses: u32,
+    /// Heads one wait reads at most before this publisher writes one itself.
+    max_rounds: u32,
+    /// The seq whose contributions were merged last (each seq's are read once).
+    contributions_read: Option<u64>,
+    /// The paths of the candidate this publish started with: a winner holding them all holds
+    /// everything this publish is responsible for.
+    own_paths: Vec<String>,
     /// Generations the candidate builds on or merged (never merged twice).
     included: HashSet<GenerationId>,
     /// Our generations left as contributions at lost seqs: a head naming one holds our files.
@@ -144,6 +162,8 @@ impl HeadCommit<'_> {
         seq: u64,
     ) -> Result<(GenerationId, HeadRecord), PublishError> {
         candidate.normalize();
+        // A merge can grow a manifest past the store's value limit: refused as at the first put.
+        super::check_manifest_fits(self.store, candidate)?;
         let bytes = candidate.encode();
         let generation = candidate.id();
         let key = self.layout.generation(&generation);
@@ -253,8 +273,8 @@ impl HeadCommit<'_> {
             tracing::warn!(seq, winner = %stored.generation, "the winning head's manifest is missing or corrupt; writing above it");
             return Ok(Step::TrySeq(seq + 1));
         };
-        if self.holds_contribution(&winner) {
-            tracing::info!(seq, winner = %stored.generation, "the winning head merged our contribution");
+        if self.holds_contribution(&winner) || self.holds_own_files(&winner) {
+            tracing::info!(seq, winner = %stored.generation, "the winning head holds our files");
             self.discard(generation);
             return Ok(Step::Done(stored.generation, seq));
         }
@@ -264,20 +284,65 @@ impl HeadCommit<'_> {
             self.discard(generation);
             return Ok(Step::Done(stored.generation, seq));
         }
-        // The manifest we put for this seq is named by the contribution (and by the next head's
-        // `merged`), where gc finds it.
-        self.contribute(generation, seq)?;
-        self.backoff();
-        if let Some(Ok(next)) =
-            catalog::read_head_at(self.store, self.layout, &candidate.compat_id, seq + 1)?
-        {
-            // Its writer read the contributions at `seq`; the loss at `seq + 1` says whether it
-            // carried ours.
-            tracing::debug!(seq = seq + 1, generation = %next.generation, "the next head is written already");
-            return Ok(Step::TrySeq(seq + 1));
+        // The manifest we put for this seq is named by the contribution (and by the head that
+        // carries it), where gc finds it.
+        self.contribute(generation, seq, report)?;
+        self.wait_to_be_carried(candidate, generation, seq + 1, report)
+    }
+
+    /// After leaving `contribution` at the seq below `next`: waits for a head to carry it instead
+    /// of racing every head written meanwhile. Each head that appears is read; one that holds our
+    /// files ends the publish; one written without them (its writer read the slots before ours
+    /// landed) gets the same contribution again at its seq (no new manifest). Only when no head
+    /// appears after a short random wait does this publisher write the next head itself, carrying
+    /// the contributions it finds. A publisher's work is then one manifest, a contribution and a
+    /// head read per head written while it waits, however many publish at once.
+    fn wait_to_be_carried(
+        &mut self,
+        candidate: &mut Manifest,
+        contribution: GenerationId,
+        mut next: u64,
+        report: &mut PublishReport,
+    ) -> Result<Step, PublishError> {
+        let mut contributed_below = true;
+        for _ in 0..self.max_rounds {
+            if contributed_below {
+                self.backoff();
+            }
+            let Some(Ok(head)) =
+                catalog::read_head_at(self.store, self.layout, &candidate.compat_id, next)?
+            else {
+                // Nobody wrote it (or junk holds it: the write above handles that): ours to write.
+                self.merge_contributions(candidate, next - 1, report)?;
+                return Ok(Step::TrySeq(next));
+            };
+            self.included.insert(head.generation);
+            let manifest = if self.admits(&head) {
+                winner_manifest(self.store, self.layout, &head.generation)?
+            } else {
+                None
+            };
+            let Some(manifest) = manifest else {
+                // Not one installs here take, or unreadable: written over, never merged.
+                return Ok(Step::TrySeq(next + 1));
+            };
+            if self.holds_contribution(&manifest) || self.holds_own_files(&manifest) {
+                tracing::info!(seq = next, generation = %head.generation, "a head carried our contribution");
+                return Ok(Step::Done(head.generation, next));
+            }
+            if rebase(candidate, &manifest, report) {
+                return Ok(Step::Done(head.generation, next));
+            }
+            // Contribute at the newest head only: one below it is read by no writer any more.
+            let key = self.layout.head(&candidate.compat_id, next + 1);
+            contributed_below = !self.store.exists(&key)?;
+            if contributed_below {
+                tracing::debug!(seq = next, generation = %head.generation, "a head written without our contribution; contributing again above it");
+                self.contribute(contribution, next, report)?;
+            }
+            next += 1;
         }
-        self.merge_contributions(candidate, seq, report)?;
-        Ok(Step::TrySeq(seq + 1))
+        Ok(Step::TrySeq(next))
     }
 
     /// Removes the manifest we put for a lost seq when nothing names it: no head (we never won
@@ -294,6 +359,17 @@ impl HeadCommit<'_> {
         }
     }
 
+    /// Whether `head` (a winner's manifest) has every path this publish brought (its own files,
+    /// not those it merged from others: their writers see to their own). A path it holds with
+    /// other content counts: the version published first wins a conflict.
+    fn holds_own_files(&self, head: &Manifest) -> bool {
+        self.own_paths.iter().all(|path| {
+            head.files
+                .binary_search_by(|f| f.path.as_str().cmp(path))
+                .is_ok()
+        })
+    }
+
     /// Whether `head` (a winner's manifest) names a generation we left as a contribution.
     fn holds_contribution(&self, head: &Manifest) -> bool {
         self.contributed
@@ -303,7 +379,12 @@ impl HeadCommit<'_> {
 
     /// Leaves `generation` (its manifest is in the store) as a contribution at `seq`, signed as
     /// our heads are. Every slot taken is no failure: our candidate still races the next seq.
-    fn contribute(&mut self, generation: GenerationId, seq: u64) -> Result<(), PublishError> {
+    fn contribute(
+        &mut self,
+        generation: GenerationId,
+        seq: u64,
+        report: &mut PublishReport,
+    ) -> Result<(), PublishError> {
         let domain = signing_domain(self.layout.namespace());
         let mut record = HeadRecord {
             compat_id: self.compat,
@@ -320,6 +401,7 @@ impl HeadCommit<'_> {
             Some(slot) => {
                 tracing::debug!(seq, slot, %generation, "left our generation as a contribution");
                 self.contributed.push(generation);
+                report.contributions += 1;
             }
             None => tracing::info!(
                 seq,
@@ -338,6 +420,10 @@ impl HeadCommit<'_> {
         seq: u64,
         report: &mut PublishReport,
     ) -> Result<(), PublishError> {
+        if seq == 0 || self.contributions_read == Some(seq) {
+            return Ok(());
+        }
+        self.contributions_read = Some(seq);
         let (included, ours) = (&self.included, &self.contributed);
         let found = contributions::readable_contributions(
             self.store,
@@ -347,7 +433,7 @@ impl HeadCommit<'_> {
             &|g| included.contains(g) || ours.contains(g),
         )?;
         let domain = signing_domain(self.layout.namespace());
-        for record in found {
+        for record in found.into_iter().take(MAX_CARRIED_PER_HEAD) {
             if self.included.contains(&record.generation)
                 || self.contributed.contains(&record.generation)
                 || !self.trust.admits(&domain, &record)
@@ -376,6 +462,19 @@ impl HeadCommit<'_> {
         let wait = u64::from_le_bytes(buf) % ceiling_ms;
         std::thread::sleep(std::time::Duration::from_millis(wait));
     }
+}
+
+/// Builds `candidate` (never put since its last merge) on `head` instead: `head`'s version of a
+/// path wins, and `head` becomes the parent. True if `head` holds every path of it.
+fn rebase(candidate: &mut Manifest, head: &Manifest, report: &mut PublishReport) -> bool {
+    let (files, packs, conflicts) =
+        merge_files(&head.files, &head.packs, &candidate.files, &candidate.packs);
+    report.conflicts.extend(conflicts);
+    candidate.parent = Some(head.id());
+    candidate.files = files;
+    candidate.packs = packs;
+    prune_packs(candidate);
+    candidate.files == head.files
 }
 
 /// Takes a contribution's files into `candidate` (the candidate's version of a path wins) and

@@ -70,8 +70,13 @@ pub struct PublishReport {
     pub packs_uploaded: u64,
     pub packs_reused: u64,
     pub conflicts: Vec<Conflict>,
-    /// Generations of other publishers merged in because they won a head seq first.
+    /// Generations of other publishers merged in because they won a head seq first, or left
+    /// contributions at a seq this publish lost.
     pub merged: Vec<GenerationId>,
+    /// Heads this publish put (1 without a race; a loser waiting to be carried reads heads
+    /// instead), and contributions it left: a publisher's share of a race's cost.
+    pub head_attempts: u32,
+    pub contributions: u32,
     /// Key id of the key the new head was signed with (None: unsigned).
     pub signed_by: Option<String>,
     /// Who signed the head this publish built on (None: no parent).

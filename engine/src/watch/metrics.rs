@@ -553,6 +553,8 @@ mod tests {
             packs_reused: 0,
             conflicts: vec![],
             merged: vec![],
+            head_attempts: 0,
+            contributions: 0,
             signed_by: None,
             parent_signer: None,
             duration_ms: 1,
