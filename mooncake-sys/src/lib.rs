@@ -45,6 +45,8 @@ pub const REPLICA_IS_NOT_READY: i64 = -703;
 pub const OBJECT_NOT_FOUND: i64 = -704;
 pub const OBJECT_ALREADY_EXISTS: i64 = -705;
 pub const OBJECT_HAS_LEASE: i64 = -706;
+/// A read took longer than the lease the master gave it (an overloaded node or client).
+pub const LEASE_EXPIRED: i64 = -707;
 pub const TRANSFER_FAIL: i64 = -800;
 pub const RPC_FAIL: i64 = -900;
 
@@ -235,6 +237,7 @@ pub fn code_name(code: i64) -> &'static str {
         OBJECT_NOT_FOUND => "OBJECT_NOT_FOUND",
         OBJECT_ALREADY_EXISTS => "OBJECT_ALREADY_EXISTS",
         OBJECT_HAS_LEASE => "OBJECT_HAS_LEASE",
+        LEASE_EXPIRED => "LEASE_EXPIRED",
         TRANSFER_FAIL => "TRANSFER_FAIL",
         RPC_FAIL => "RPC_FAIL",
         _ => "unknown code",

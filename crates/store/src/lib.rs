@@ -49,6 +49,10 @@ pub enum StoreError {
     InvalidKey(String),
     #[error("the key is leased by a reader and cannot be removed now: {0}")]
     Leased(String),
+    /// Mooncake: a read outlived the lease the master gave it (node or client overloaded). The
+    /// backend reads again a few times before it returns this.
+    #[error("the read outlived its lease: {0}")]
+    LeaseExpired(String),
     #[error("{0} is not supported by this store")]
     Unsupported(&'static str),
     #[error("store call timed out after {0:?}")]
@@ -241,7 +245,11 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::MasterDown(_) | Self::NodeDown(_) | Self::Timeout(_)
+            Self::Unavailable(_)
+                | Self::MasterDown(_)
+                | Self::NodeDown(_)
+                | Self::Timeout(_)
+                | Self::LeaseExpired(_)
         )
     }
 }

@@ -10,7 +10,7 @@ use mooncake_sys as sys;
 use super::codes::{exists_result, put_result};
 use super::pool::{BUFFER_ALIGN, Lease, LeasedValue, Need, Staging};
 use super::{Inner, MooncakeStore, c_key};
-use crate::{Fetched, Store, StoreResult, ValueClass};
+use crate::{Fetched, Store, StoreError, StoreResult, ValueClass};
 
 /// Most keys one `batch_get_into` asks for (each gets an equal slot of one staging buffer).
 const GET_BATCH: usize = 64;
@@ -162,7 +162,14 @@ impl MooncakeStore {
             });
             results.scatter(at, outcome);
         }
-        results.finish(|i| self.get(keys[i]))
+        let mut out = results.finish(|i| self.get(keys[i]));
+        // A key whose read outlived its lease is read again alone (`get` retries it).
+        for (i, r) in out.iter_mut().enumerate() {
+            if matches!(r, Err(StoreError::LeaseExpired(_))) {
+                *r = self.get(keys[i]);
+            }
+        }
+        out
     }
 
     /// Reads `keys` with one `batch_get_into`, each into an equal, page-aligned slot of the
@@ -213,7 +220,13 @@ impl MooncakeStore {
                 .and_then(|lease| self.get_sized_group(lease, group, offsets));
             results.scatter(group.iter().map(|(i, _)| *i), outcome);
         }
-        results.finish(|i| Ok(self.get(items[i].0)?.map(Fetched::from)))
+        let mut out = results.finish(|i| Ok(self.get(items[i].0)?.map(Fetched::from)));
+        for (i, r) in out.iter_mut().enumerate() {
+            if matches!(r, Err(StoreError::LeaseExpired(_))) {
+                *r = self.get(items[i].0).map(|v| v.map(Fetched::from));
+            }
+        }
+        out
     }
 
     /// Reads `group` with one `batch_get_into`, key j at `offsets[j]` of the leased buffer, and

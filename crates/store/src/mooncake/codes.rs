@@ -1,5 +1,6 @@
 //! What the library's return codes mean: RPC_FAIL (-900) `MasterDown`, TRANSFER_FAIL (-800)
 //! `NodeDown`, NO_AVAILABLE_HANDLE (-200) `NoSpace`, OBJECT_HAS_LEASE (-706) `Leased`,
+//! LEASE_EXPIRED (-707) `LeaseExpired` (a read slower than its lease: read again),
 //! OBJECT_NOT_FOUND (-704) a miss, and per call what counts as success.
 
 use std::ffi::CString;
@@ -26,6 +27,9 @@ impl Inner {
                 "{op} {key}: no store node has room ({name} {code}); add store nodes or segment space, or unpin objects"
             )),
             sys::OBJECT_HAS_LEASE => StoreError::Leased(key.to_owned()),
+            sys::LEASE_EXPIRED => StoreError::LeaseExpired(format!(
+                "{op} {key}: the read took longer than the lease the master gave it ({name} {code}); the store node or this host is overloaded"
+            )),
             sys::INVALID_KEY => StoreError::InvalidKey(key.to_owned()),
             _ => StoreError::Other(format!("{op} {key}: Mooncake returned {code} ({name})")),
         }

@@ -103,6 +103,9 @@ impl Inner {
     }
 }
 
+/// Reads of one key before a `LeaseExpired` is returned.
+const LEASE_EXPIRED_READS: u32 = 3;
+
 impl MooncakeStore {
     /// Bytes of staging buffers that exist now (registered with the library): grows with the
     /// largest values moved and the calls in flight at once, bounded by `staging_buffers x
@@ -124,6 +127,31 @@ impl MooncakeStore {
             ));
         }
         Ok(())
+    }
+
+    /// One read of `get_capped`.
+    fn get_capped_once(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+        let limit = limit.min(self.limit);
+        let k = c_key(key)?;
+        // The size is unknown: try the largest free buffer (or a small new one), then, if the
+        // value is bigger, one that fits it.
+        let mut lease = self.lease(Need::Any)?;
+        let key2 = k.clone();
+        let size = match self.call(move |inner| get_once(inner, &mut lease, &key2, limit))? {
+            GetOnce::Done(r) => return r,
+            GetOnce::Bigger(size) => size,
+        };
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
+        }
+        let mut lease = self.lease(Need::AtLeast(size as usize))?;
+        match self.call(move |inner| get_once(inner, &mut lease, &k, limit))? {
+            GetOnce::Done(r) => r,
+            // Removed and written again bigger in between (puts do not overwrite).
+            GetOnce::Bigger(size) => Err(StoreError::Other(format!(
+                "get {key}: the value changed size ({size} bytes) while it was read; retry"
+            ))),
+        }
     }
 }
 
@@ -204,27 +232,15 @@ impl Store for MooncakeStore {
     /// that could hold it is made; one that fits the first buffer is refused before it is copied
     /// out of that (registered) buffer, so the heap never holds it.
     fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
-        let limit = limit.min(self.limit);
-        let k = c_key(key)?;
-        // The size is unknown: try the largest free buffer (or a small new one), then, if the
-        // value is bigger, one that fits it.
-        let mut lease = self.lease(Need::Any)?;
-        let key2 = k.clone();
-        let size = match self.call(move |inner| get_once(inner, &mut lease, &key2, limit))? {
-            GetOnce::Done(r) => return r,
-            GetOnce::Bigger(size) => size,
-        };
-        if size > limit {
-            return Err(StoreError::TooLarge { size, limit });
+        // A read slower than its lease (an overloaded node, or this host starved of CPU: a
+        // rollout's herd) fails; a new read takes a new lease.
+        for _ in 1..LEASE_EXPIRED_READS {
+            match self.get_capped_once(key, limit) {
+                Err(StoreError::LeaseExpired(why)) => tracing::debug!("{why}; reading again"),
+                done => return done,
+            }
         }
-        let mut lease = self.lease(Need::AtLeast(size as usize))?;
-        match self.call(move |inner| get_once(inner, &mut lease, &k, limit))? {
-            GetOnce::Done(r) => r,
-            // Removed and written again bigger in between (puts do not overwrite).
-            GetOnce::Bigger(size) => Err(StoreError::Other(format!(
-                "get {key}: the value changed size ({size} bytes) while it was read; retry"
-            ))),
-        }
+        self.get_capped_once(key, limit)
     }
 
     fn exists(&self, key: &str) -> StoreResult<bool> {
