@@ -768,6 +768,11 @@ fn remove_packs(
         size_of.insert(key.clone(), (id, size));
         pack_keys.push(key);
     }
+    // Replicas first (publish's `[publish] pack_replicas`, whatever this run's setting: every
+    // possible one, found with one batch of exists), so a failed run leaves the primary, which
+    // its journal names for the next run to retry, rather than replicas nothing can find.
+    let replicas = replica_keys(store, layout, size_of.values().map(|(id, _)| *id));
+    remove_all(store, &replicas, opts, &mut report.errors);
     for key in remove_all(store, &pack_keys, opts, &mut report.errors) {
         if let Some(&(id, size)) = size_of.get(&key) {
             report.packs.push(id);
@@ -777,6 +782,25 @@ fn remove_packs(
             }
         }
     }
+}
+
+/// The replica keys of `packs` the store holds.
+fn replica_keys(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    packs: impl Iterator<Item = ContentHash>,
+) -> Vec<String> {
+    let keys: Vec<String> = packs
+        .flat_map(|id| (1..KeyLayout::MAX_PACK_REPLICAS).map(move |k| layout.pack_copy(&id, k)))
+        .collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    // One whose existence cannot be told is tried: removing what is absent is harmless.
+    let present = store.exists_batch(&refs);
+    keys.iter()
+        .zip(present)
+        .filter(|(_, p)| !matches!(p, Ok(false)))
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 /// Retention for one compat id: a verdict per generation, heads and manifests to remove, the
@@ -873,11 +897,6 @@ struct Rules<'a> {
     unreadable: bool,
     /// What the governing policy drops, or why every generation is kept.
     policy_drops: Result<HashMap<GenerationId, RetentionDrop>, &'static str>,
-    // Replicas first (publish's `[publish] pack_replicas`, whatever this run's setting: every
-    // possible one, found with one batch of exists), so a failed run leaves the primary, which
-    // its journal names for the next run to retry, rather than replicas nothing can find.
-    let replicas = replica_keys(store, layout, size_of.values().map(|(id, _)| *id));
-    remove_all(store, &replicas, opts, &mut report.errors);
 }
 
 impl<'a> Rules<'a> {
@@ -889,25 +908,6 @@ impl<'a> Rules<'a> {
     ) -> Self {
         let counting = || compat.generations.iter().filter(|g| counts(opts, g));
         let newest = counting().next();
-/// The replica keys of `packs` the store holds.
-fn replica_keys(
-    store: &dyn Store,
-    layout: &KeyLayout,
-    packs: impl Iterator<Item = ContentHash>,
-) -> Vec<String> {
-    let keys: Vec<String> = packs
-        .flat_map(|id| (1..KeyLayout::MAX_PACK_REPLICAS).map(move |k| layout.pack_copy(&id, k)))
-        .collect();
-    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    // One whose existence cannot be told is tried: removing what is absent is harmless.
-    let present = store.exists_batch(&refs);
-    keys.iter()
-        .zip(present)
-        .filter(|(_, p)| !matches!(p, Ok(false)))
-        .map(|(k, _)| k.clone())
-        .collect()
-}
-
         Rules {
             opts,
             newest,
@@ -1181,34 +1181,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_journal_may_name_only_this_namespaces_head_and_manifest_keys() {
-        let layout = KeyLayout::new("ns").unwrap();
-        let compat = CompatId::new("kernels", "k");
-        let id = GenerationId(ContentHash::of(b"g"));
-        let ok = |k: &str| parse_journal_key(&layout, k).is_some();
-        assert!(ok(&layout.head(&compat, 7)));
-        assert!(matches!(
-            parse_journal_key(&layout, &layout.generation(&id)),
-            Some(JournalKey::Manifest(g)) if g == id
-        ));
-        let other = KeyLayout::new("other").unwrap();
-        for bad in [
-            other.head(&compat, 7),
-            other.generation(&id),
-            layout.pack(&id.0),
-            layout.pin(&id),
-            layout.floor(&compat, 1),
-            layout.gc_journal(1),
-            format!("{}/../other/head/{compat}/7", layout.namespace()),
-            format!("{}/x", layout.head(&compat, 7)),
-            layout.head(&compat, 7).replace("/7", "/07"),
-            format!("{}/head/{compat}/", layout.namespace()),
-        ] {
-            assert!(!ok(&bad), "{bad} accepted");
-        }
-    }
-}
-    #[test]
     fn removing_a_pack_removes_every_replica_whatever_this_runs_setting() {
         let dir = tempfile::tempdir().unwrap();
         use crate::store::ValueClass;
@@ -1256,3 +1228,31 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_journal_may_name_only_this_namespaces_head_and_manifest_keys() {
+        let layout = KeyLayout::new("ns").unwrap();
+        let compat = CompatId::new("kernels", "k");
+        let id = GenerationId(ContentHash::of(b"g"));
+        let ok = |k: &str| parse_journal_key(&layout, k).is_some();
+        assert!(ok(&layout.head(&compat, 7)));
+        assert!(matches!(
+            parse_journal_key(&layout, &layout.generation(&id)),
+            Some(JournalKey::Manifest(g)) if g == id
+        ));
+        let other = KeyLayout::new("other").unwrap();
+        for bad in [
+            other.head(&compat, 7),
+            other.generation(&id),
+            layout.pack(&id.0),
+            layout.pin(&id),
+            layout.floor(&compat, 1),
+            layout.gc_journal(1),
+            format!("{}/../other/head/{compat}/7", layout.namespace()),
+            format!("{}/x", layout.head(&compat, 7)),
+            layout.head(&compat, 7).replace("/7", "/07"),
+            format!("{}/head/{compat}/", layout.namespace()),
+        ] {
+            assert!(!ok(&bad), "{bad} accepted");
+        }
+    }
+}

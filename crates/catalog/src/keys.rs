@@ -22,37 +22,36 @@
 //! removed, so they are contiguous from 1. Heads are contiguous from the newest floor's `floor`
 //! seq: gc writes a floor record *before* it removes any head below it, and never removes a head at
 //! or above it (see `catalog` and `gc`).
-
 //!
 //! Pack replicas (`[publish] pack_replicas`, at most `KeyLayout::MAX_PACK_REPLICAS`) are whole
 //! copies of a pack under keys of their own, so that Mooncake can place them on other store nodes
 //! and a rollout's reads spread over them (its own replicas do not: a client reads the first
 //! complete one). Installs pick one at random and fall back to the others; gc removes every
 //! possible one (it cannot list them).
+
 use jitship_generation::{CompatId, ContentHash, GenerationId};
 use jitship_store::{StoreError, check_key};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     namespace: String,
-}
     /// Copies of each pack publish writes and installs pick from, the primary included (>= 1).
     pack_replicas: u32,
+}
 
 impl KeyLayout {
-    pub fn new(namespace: &str) -> Result<Self, StoreError> {
     /// Most copies of a pack (the primary included) `pack_replicas` may ask for; gc looks for
     /// this many, whatever this deployment's setting, so lowering it leaves nothing behind.
     pub const MAX_PACK_REPLICAS: u32 = 8;
 
+    pub fn new(namespace: &str) -> Result<Self, StoreError> {
         check_key(namespace)?;
         Ok(Self {
             namespace: namespace.trim_end_matches('/').to_owned(),
-        })
             pack_replicas: 1,
+        })
     }
 
-    pub fn namespace(&self) -> &str {
     /// This layout with `n` copies of each pack (the primary included), clamped to
     /// `1..=Self::MAX_PACK_REPLICAS` (the config refuses values outside it).
     pub fn with_pack_replicas(mut self, n: u32) -> Self {
@@ -72,6 +71,7 @@ impl KeyLayout {
         }
     }
 
+    pub fn namespace(&self) -> &str {
         &self.namespace
     }
 

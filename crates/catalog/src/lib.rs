@@ -665,7 +665,6 @@ pub fn packs_present(
     Ok(true)
 }
 
-// ---------------------------------------------------------------------------------------------
 /// Whether one of the pack's replicas (`KeyLayout::pack_copy` 1..) is in the store.
 fn replica_present(
     store: &dyn Store,
@@ -680,6 +679,7 @@ fn replica_present(
     Ok(false)
 }
 
+// ---------------------------------------------------------------------------------------------
 // The compat index
 
 /// Makes sure `compat` is in the index (publish calls it before writing a head). One `exists`
