@@ -589,7 +589,10 @@ fn manifest_limit(store: &dyn Store) -> u64 {
 /// Refuses a manifest over `manifest_limit`, with its numbers and what to do, before anything of
 /// its generation is written (the manifest is one value: a bigger one fails its put, or worse
 /// passes it on a store with a higher limit than readers accept).
-pub(super) fn check_manifest_fits(store: &dyn Store, manifest: &Manifest) -> Result<(), PublishError> {
+pub(super) fn check_manifest_fits(
+    store: &dyn Store,
+    manifest: &Manifest,
+) -> Result<(), PublishError> {
     let size = manifest.encoded_len();
     let limit = manifest_limit(store);
     if size <= limit {
