@@ -42,6 +42,24 @@ fn tree(root: &Path, p: usize) {
     write(root, "conflict.bin", &bytes(9000 + p as u64, 2048));
 }
 
+/// The report of publisher `p`'s `jitship publish --json`, which must have exited 0 having
+/// published.
+fn published_report(b: &Backend, p: usize, child: std::process::Child) -> serde_json::Value {
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "[{}] publisher {p} failed ({:?}):\n{stdout}\n{}",
+        b.name,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let r = reports["results"][0].clone();
+    assert_eq!(r["outcome"], "published", "[{}] publisher {p}: {r}", b.name);
+    r
+}
+
 /// One round of the scenario under the compat key `tag`; true if some publisher lost a head race
 /// (the merge path ran).
 fn run_for(b: &Backend, tag: &str) -> bool {
@@ -80,18 +98,7 @@ fn run_for(b: &Backend, tag: &str) -> bool {
     let mut seqs = BTreeSet::new();
     let mut compat = None;
     for (p, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "[{}] publisher {p} failed ({:?}):\n{stdout}\n{}",
-            b.name,
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let reports: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        let r = &reports["results"][0];
-        assert_eq!(r["outcome"], "published", "[{}] publisher {p}: {r}", b.name);
+        let r = &published_report(b, p, child);
         merged += r["merged"].as_array().map_or(0, Vec::len);
         eprintln!(
             "[{}] publisher {p}: head {} generation {} merged {}",
@@ -282,18 +289,7 @@ fn a_fleet_of_final_publishes_loses_nothing_on(b: &Backend, n: usize) {
     let mut merged = 0;
     let mut attempts = Vec::new();
     for (p, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "[{}] publisher {p} of {n} failed ({:?}):\n{stdout}\n{}",
-            b.name,
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let reports: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        let r = &reports["results"][0];
-        assert_eq!(r["outcome"], "published", "[{}] publisher {p}: {r}", b.name);
+        let r = &published_report(b, p, child);
         merged += r["merged"].as_array().map_or(0, Vec::len);
         attempts.push(r["head_attempts"].as_u64().unwrap());
         let c = r["compat_id"]

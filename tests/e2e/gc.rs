@@ -65,6 +65,20 @@ fn graft(b: &Backend, root: &Path, tag: &str, seq: u64, written_at: u64) -> Gene
 /// `root` published in a scratch namespace `scratch` and its manifest and packs copied into
 /// `b`'s, with no head: a generation only something else can name.
 fn copy_in(b: &Backend, root: &Path, tag: &str, scratch: &str) -> Manifest {
+    let m = packs_in(b, root, tag, scratch);
+    b.store
+        .put(
+            &b.layout.generation(&m.id()),
+            &m.encode(),
+            ValueClass::Record,
+        )
+        .unwrap();
+    m
+}
+
+/// `root` published in a scratch namespace `scratch` and only its packs copied into `b`'s: the
+/// manifest is the caller's to place.
+fn packs_in(b: &Backend, root: &Path, tag: &str, scratch: &str) -> Manifest {
     let scratch = KeyLayout::new(&format!("{}-{scratch}", b.layout.namespace())).unwrap();
     let r = flow::publish(b.store.as_ref(), &scratch, root, &flow::facts(tag), PACK).unwrap();
     let PublishOutcome::Published { generation, .. } = r.outcome else {
@@ -79,12 +93,6 @@ fn copy_in(b: &Backend, root: &Path, tag: &str, scratch: &str) -> Manifest {
         s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk)
             .unwrap();
     }
-    s.put(
-        &b.layout.generation(&generation),
-        &m.encode(),
-        ValueClass::Record,
-    )
-    .unwrap();
     m
 }
 
@@ -634,20 +642,8 @@ fn plant_undecodable(
     seq: u64,
     bytes_of: impl Fn(&[u8]) -> (GenerationId, Vec<u8>),
 ) -> (GenerationId, Vec<ContentHash>) {
-    let scratch = KeyLayout::new(&format!("{}-undecodable-{seq}", b.layout.namespace())).unwrap();
-    let r = flow::publish(b.store.as_ref(), &scratch, root, &flow::facts(tag), PACK).unwrap();
-    let PublishOutcome::Published { generation, .. } = r.outcome else {
-        panic!("publish: {:?}", r.outcome)
-    };
+    let m = packs_in(b, root, tag, &format!("undecodable-{seq}"));
     let s = b.store.as_ref();
-    let m = catalog::fetch_manifest(s, &scratch, &generation)
-        .unwrap()
-        .unwrap();
-    for p in &m.packs {
-        let bytes = s.get(&scratch.pack(&p.id)).unwrap().unwrap();
-        s.put(&b.layout.pack(&p.id), &bytes, ValueClass::Bulk)
-            .unwrap();
-    }
     let (id, bytes) = bytes_of(&m.encode());
     s.put(&b.layout.generation(&id), &bytes, ValueClass::Record)
         .unwrap();

@@ -12,7 +12,7 @@
 use jitship_generation::{CompatId, GenerationId, HeadRecord};
 use jitship_store::{Store, StoreError, ValueClass};
 
-use crate::{HeadFault, KeyLayout, MAX_HEAD_BYTES};
+use crate::{HeadFault, KeyLayout};
 
 /// Contribution slots per head seq. Every writer of the next head reads them all (one batched
 /// probe), so the number bounds both the merge work a store writer can cause and how many losers
@@ -60,23 +60,8 @@ fn read_slot(
     seq: u64,
     slot: u64,
 ) -> Result<Option<ContributionRead>, StoreError> {
-    let bytes = match store.get_capped(&layout.contribution(compat, seq, slot), MAX_HEAD_BYTES) {
-        Ok(Some(bytes)) => bytes,
-        Ok(None) => return Ok(None),
-        Err(StoreError::TooLarge { size, .. }) => {
-            return Ok(Some(Err(HeadFault::TooLarge { size })));
-        }
-        Err(e) => return Err(e),
-    };
-    Ok(Some(match HeadRecord::decode(&bytes) {
-        Err(e) => Err(HeadFault::Corrupt {
-            error: e.to_string(),
-        }),
-        Ok(record) if record.seq != seq || record.compat_id != *compat => {
-            Err(HeadFault::Mislabelled)
-        }
-        Ok(record) => Ok(record),
-    }))
+    let key = layout.contribution(compat, seq, slot);
+    crate::read_head_record(store, &key, compat, seq)
 }
 
 /// Puts `record` (a contribution at `record.seq`, already signed) in a free slot: one chosen at

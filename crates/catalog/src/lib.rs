@@ -362,8 +362,18 @@ pub fn read_head_at(
     compat: &CompatId,
     seq: u64,
 ) -> Result<Option<Result<HeadRecord, HeadFault>>, StoreError> {
-    let key = layout.head(compat, seq);
-    let bytes = match store.get_capped(&key, MAX_HEAD_BYTES) {
+    read_head_record(store, &layout.head(compat, seq), compat, seq)
+}
+
+/// The head record (or a record of its format: contributions) at `key`, which must name `compat`
+/// and `seq`: `None` if missing, else the record or why it cannot be used.
+pub(crate) fn read_head_record(
+    store: &dyn Store,
+    key: &str,
+    compat: &CompatId,
+    seq: u64,
+) -> Result<Option<Result<HeadRecord, HeadFault>>, StoreError> {
+    let bytes = match store.get_capped(key, MAX_HEAD_BYTES) {
         Ok(Some(bytes)) => bytes,
         Ok(None) => return Ok(None),
         Err(StoreError::TooLarge { size, .. }) => {

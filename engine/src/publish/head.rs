@@ -168,8 +168,15 @@ impl HeadCommit<'_> {
         let generation = candidate.id();
         let key = self.layout.generation(&generation);
         self.store.put(&key, &bytes, ValueClass::Record)?;
+        let record = self.signed_record(self.layout.namespace(), seq, generation);
+        Ok((generation, record))
+    }
+
+    /// A record naming `generation` at `seq`, signed under `domain` with this publisher's key
+    /// (heads under the namespace, contributions under `signing_domain`).
+    fn signed_record(&self, domain: &str, seq: u64, generation: GenerationId) -> HeadRecord {
         let mut record = HeadRecord {
-            compat_id: candidate.compat_id,
+            compat_id: self.compat,
             seq,
             generation,
             written_at: now_secs(),
@@ -177,9 +184,9 @@ impl HeadCommit<'_> {
             signature: None,
         };
         if let Some(key) = &self.trust.signing_key {
-            key.sign(self.layout.namespace(), &mut record);
+            key.sign(domain, &mut record);
         }
-        Ok((generation, record))
+        record
     }
 
     /// Won `seq`. A head below ours that we never merged (its put was in flight when we read its
@@ -386,17 +393,7 @@ impl HeadCommit<'_> {
         report: &mut PublishReport,
     ) -> Result<(), PublishError> {
         let domain = signing_domain(self.layout.namespace());
-        let mut record = HeadRecord {
-            compat_id: self.compat,
-            seq,
-            generation,
-            written_at: now_secs(),
-            writer: self.writer.clone(),
-            signature: None,
-        };
-        if let Some(key) = &self.trust.signing_key {
-            key.sign(&domain, &mut record);
-        }
+        let record = self.signed_record(&domain, seq, generation);
         match contributions::contribute(self.store, self.layout, &record)? {
             Some(slot) => {
                 tracing::debug!(seq, slot, %generation, "left our generation as a contribution");
