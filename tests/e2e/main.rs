@@ -29,6 +29,7 @@ mod mooncake_drills;
 mod mooncake_interop;
 mod mooncake_roundtrip;
 mod operator_commands;
+mod pack_replicas;
 mod policy_build;
 mod policy_dist;
 mod policy_golden;
