@@ -212,8 +212,9 @@ fn publish_to_store(
     let first_seq = base.first_seq;
     let (generation, seq) = commit_head(store, layout, candidate, first_seq, opts, &mut report)?;
     reach::check_reachable(store, layout, &compat_id, seq, &opts.trust)?;
-    // Its packs are this publish's own or checked by it (not a race winner's it merged).
-    if let Some(memo) = hashes.filter(|_| report.merged.is_empty()) {
+    // Its packs are this publish's own or checked by it (not a race winner's it merged, nor
+    // those of a head that carried its files).
+    if let Some(memo) = hashes.filter(|_| report.merged.is_empty() && !report.carried) {
         memo.note_checked(generation);
     }
     report.outcome = PublishOutcome::Published { generation, seq };
@@ -365,6 +366,7 @@ impl PublishReport {
             merged: vec![],
             head_attempts: 0,
             contributions: 0,
+            carried: false,
             signed_by: None,
             parent_signer: None,
             hash_ms: 0,

@@ -51,6 +51,7 @@ pub(super) fn commit_head(
         own_paths: candidate.files.iter().map(|f| f.path.to_string()).collect(),
         included: candidate.parent.into_iter().collect(),
         contributed: Vec::new(),
+        put: HashSet::new(),
         written: None,
     };
     for _ in 0..opts.max_head_attempts {
@@ -60,7 +61,7 @@ pub(super) fn commit_head(
         }
         // Every head carries contributions left at the seq below it, not only heads written by
         // that seq's losers: they wait to be carried rather than race (`wait_to_be_carried`).
-        commit.merge_contributions(&mut candidate, seq - 1, report)?;
+        commit.merge_contributions(&mut candidate, seq.saturating_sub(1), report)?;
         let (generation, record) = commit.write(&mut candidate, seq)?;
         report.head_attempts += 1;
         let step = match put_and_read_back(store, layout, &record)? {
@@ -94,7 +95,10 @@ pub(super) fn commit_head(
             }
         };
         match step {
-            Step::Done(generation, seq) => return Ok((generation, seq)),
+            Step::Done(generation, seq) => {
+                report.carried = !commit.put.contains(&generation);
+                return Ok((generation, seq));
+            }
             Step::TrySeq(next) => seq = next,
         }
     }
@@ -143,6 +147,8 @@ struct HeadCommit<'a> {
     included: HashSet<GenerationId>,
     /// Our generations left as contributions at lost seqs: a head naming one holds our files.
     contributed: Vec<GenerationId>,
+    /// Every generation whose manifest this publish put.
+    put: HashSet<GenerationId>,
     /// A head of ours already written that holds everything the candidate holds, with only
     /// heads this publisher does not trust above it: what this publish stands on if it cannot
     /// write above those.
@@ -157,7 +163,7 @@ impl HeadCommit<'_> {
     /// Puts the candidate's manifest and makes its head for `seq`, signed with this publisher's
     /// key.
     fn write(
-        &self,
+        &mut self,
         candidate: &mut Manifest,
         seq: u64,
     ) -> Result<(GenerationId, HeadRecord), PublishError> {
@@ -166,6 +172,7 @@ impl HeadCommit<'_> {
         super::check_manifest_fits(self.store, candidate)?;
         let bytes = candidate.encode();
         let generation = candidate.id();
+        self.put.insert(generation);
         let key = self.layout.generation(&generation);
         self.store.put(&key, &bytes, ValueClass::Record)?;
         let record = self.signed_record(self.layout.namespace(), seq, generation);

@@ -77,6 +77,9 @@ pub struct PublishReport {
     /// instead), and contributions it left: a publisher's share of a race's cost.
     pub head_attempts: u32,
     pub contributions: u32,
+    /// The head this publish ends on is another publisher's that carried its files (it put no
+    /// head of its own that stands).
+    pub carried: bool,
     /// Key id of the key the new head was signed with (None: unsigned).
     pub signed_by: Option<String>,
     /// Who signed the head this publish built on (None: no parent).

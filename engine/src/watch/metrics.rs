@@ -555,6 +555,7 @@ mod tests {
             merged: vec![],
             head_attempts: 0,
             contributions: 0,
+            carried: false,
             signed_by: None,
             parent_signer: None,
             duration_ms: 1,
