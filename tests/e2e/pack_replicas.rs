@@ -3,40 +3,19 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use jitship::catalog::{self, KeyLayout};
-use jitship::facts::Facts;
-use jitship::generation::{Manifest, Producer};
-use jitship::install::{InstallOptions, InstallOutcome};
-use jitship::policy::native::NativeRules;
-use jitship::publish::{PublishOptions, PublishOutcome, publish};
+use jitship::generation::Manifest;
+use jitship::install::InstallOutcome;
+use jitship::publish::PublishOutcome;
 use jitship::store::{LocalStore, Store};
+use jitship_tests::mooncake::flow;
+
+const TAG: &str = "pack-replicas";
 
 fn publish_tree(store: &dyn Store, layout: &KeyLayout, root: &Path) -> Manifest {
-    let mut facts = Facts::new();
-    facts.set("model.id", "m");
-    let opts = PublishOptions {
-        pack_size: 4096,
-        producer: Producer {
-            host: "h".into(),
-            pod: None,
-            jitship_version: "t".into(),
-        },
-        facts,
-        max_head_attempts: 4,
-        trust: Default::default(),
-        interrupt: Default::default(),
-        registry: None,
-    };
-    let r = publish(
-        store,
-        layout,
-        &NativeRules::new("triton"),
-        root,
-        &opts,
-        None,
-    )
-    .unwrap();
+    let r = flow::publish(store, layout, root, &flow::facts(TAG), 4096).unwrap();
     let PublishOutcome::Published { generation, .. } = &r.outcome else {
         panic!("{:?}", r.outcome)
     };
@@ -87,15 +66,13 @@ fn replicas_are_written_and_an_install_reads_them_when_the_primary_is_gone() {
         store.remove(&layout.pack_copy(&p.id, 1)).unwrap();
     }
     let dst = dir.path().join("dst");
-    let mut facts = Facts::new();
-    facts.set("model.id", "m");
-    let r = jitship::install::install(
+    let facts = flow::facts(TAG);
+    let r = flow::install(
         store.clone(),
         &layout,
-        Arc::new(NativeRules::new("triton")),
         &dst,
         &facts,
-        &InstallOptions::default(),
+        Duration::from_secs(60),
     );
     assert_eq!(r.outcome, InstallOutcome::Installed, "{r:?}");
     for (p, c) in &files {
