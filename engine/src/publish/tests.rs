@@ -1046,7 +1046,10 @@ fn a_loser_whose_contribution_the_next_head_carries_is_done_and_leaves_no_stray_
         panic!("{:?}", r.outcome)
     };
     assert_eq!(seq, 2, "the head that carried our contribution");
-    assert!(r.carried, "another's head: its packs are not noted as checked by this publish");
+    assert!(
+        r.carried,
+        "another's head: its packs are not noted as checked by this publish"
+    );
     let inner = &store.inner.inner;
     let head = catalog::newest_head(inner, &layout, &r.compat_id)
         .unwrap()
