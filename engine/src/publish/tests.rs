@@ -249,6 +249,15 @@ fn tree(root: &Path, files: &[(&str, &[u8])]) {
 }
 
 fn run(store: &dyn Store, layout: &KeyLayout, root: &Path) -> PublishReport {
+    try_run(store, layout, root).unwrap()
+}
+
+/// A publish of `root` with the triton rules and `opts()`.
+fn try_run(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    root: &Path,
+) -> Result<PublishReport, PublishError> {
     publish(
         store,
         layout,
@@ -257,7 +266,6 @@ fn run(store: &dyn Store, layout: &KeyLayout, root: &Path) -> PublishReport {
         &opts(),
         None,
     )
-    .unwrap()
 }
 
 /// The manifest of the generation `r` published (panics on any other outcome).
@@ -692,15 +700,8 @@ fn a_file_replaced_between_hashing_and_packing_fails_the_publish_and_the_next_ta
     );
     let layout = KeyLayout::new("ns").unwrap();
 
-    let err = publish(
-        &store,
-        &layout,
-        &NativeRules::new("triton"),
-        &root,
-        &opts(),
-        None,
-    )
-    .expect_err("a file replaced before its pack was filled");
+    let err =
+        try_run(&store, &layout, &root).expect_err("a file replaced before its pack was filled");
     assert!(
         store.state.lock().unwrap().is_none(),
         "the file was replaced"
@@ -848,15 +849,7 @@ fn a_manifest_over_the_stores_value_limit_is_refused_before_anything_is_written(
     let layout = KeyLayout::new("ns").unwrap();
     let root = dir.path().join("r");
     tree_of(&root, &numbered_files(0, 60));
-    let err = publish(
-        &store,
-        &layout,
-        &NativeRules::new("triton"),
-        &root,
-        &opts(),
-        None,
-    )
-    .expect_err("a manifest of 60 files is over 8 KiB");
+    let err = try_run(&store, &layout, &root).expect_err("a manifest of 60 files is over 8 KiB");
     let PublishError::ManifestTooLarge {
         files, size, limit, ..
     } = &err
@@ -886,15 +879,7 @@ fn a_manifest_over_the_stores_value_limit_is_refused_before_anything_is_written(
     let first = published_manifest(&store, &layout, &r);
     assert!(first.encoded_len() <= 8192);
     let before = keys(&store);
-    let err = publish(
-        &store,
-        &layout,
-        &NativeRules::new("triton"),
-        &root,
-        &opts(),
-        None,
-    )
-    .expect_err("60 files on top of 20 are over 8 KiB");
+    let err = try_run(&store, &layout, &root).expect_err("60 files on top of 20 are over 8 KiB");
     assert!(
         matches!(err, PublishError::ManifestTooLarge { files: 60, .. }),
         "{err}"
@@ -919,15 +904,7 @@ fn a_pack_size_over_the_stores_value_limit_is_refused_up_front() {
     let layout = KeyLayout::new("ns").unwrap();
     let root = dir.path().join("r");
     tree_of(&root, &numbered_files(0, 3));
-    let err = publish(
-        &store,
-        &layout,
-        &NativeRules::new("triton"),
-        &root,
-        &opts(),
-        None,
-    )
-    .expect_err("4096-byte packs on a 2048-byte store");
+    let err = try_run(&store, &layout, &root).expect_err("4096-byte packs on a 2048-byte store");
     assert!(
         matches!(
             err,
