@@ -478,17 +478,18 @@ fn mooncake_section_parses_validates_and_store_arg_selects_it() {
     assert!(apply_store_arg(&mut store, "redis:host:1").is_err());
 }
 
-/// README.md's configuration table names each file setting as `[section] key` (or
-/// `[section] key = value`, or a bare `[section]` for a free-form table): every one of them must
-/// be a name the parser knows (`deny_unknown_fields` refuses the rest), and every value it shows
-/// must parse, so the table cannot drift from `Config` (it once put `path` under `[store]`).
+/// The guide's configuration table (docs/guide/configuration.md) names each file setting as
+/// `[section] key` (or `[section] key = value`, or a bare `[section]` for a free-form table): every
+/// one of them must be a name the parser knows (`deny_unknown_fields` refuses the rest), and every
+/// value it shows must parse, so the table cannot drift from `Config` (it once put `path` under
+/// `[store]`).
 #[test]
 fn the_readme_configuration_table_names_only_settings_the_parser_takes() {
-    const README: &str = include_str!("../../../README.md");
+    const README: &str = include_str!("../../../docs/guide/configuration.md");
     let table: Vec<&str> = README
-        .split("\n## Configuration\n")
+        .split("\n## Settings\n")
         .nth(1)
-        .expect("README.md has a ## Configuration section")
+        .expect("docs/guide/configuration.md has a ## Settings section")
         .lines()
         .skip_while(|l| !l.starts_with("| setting |"))
         .take_while(|l| l.starts_with('|'))
