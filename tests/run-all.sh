@@ -71,6 +71,9 @@ python3 tests/layers/check.py
 step "citations: every repository path a comment or page cites exists (facts live in docs/)"
 python3 tests/docs/check_citations.py
 
+step "the guide: mkdocs --strict over docs/ (a broken link, a missing anchor or page fails; mkdocs from PyPI, venv cached in ~/.cache/jitship/docs-venv)"
+./tests/docs/build-guide.sh
+
 step "the fast loop: cargo test --workspace (unit tests and the e2e binary on the local store; no root, no cluster, no registry)"
 logged fast-loop cargo test --workspace --no-fail-fast
 
@@ -97,6 +100,9 @@ step "third-party policy example: jitship policy build, check and test on exampl
 
 step "quickstart (the README's first command)"
 JITSHIP_QUICKSTART_PROFILE=dev ./examples/quickstart.sh target/quickstart-test
+
+step "every command in README.md is run here or parsed by the binary the first step built (and the README stays within 250 lines)"
+JITSHIP_BIN="$PWD/target/debug/jitship" python3 tests/docs/readme_commands.py
 
 step "TorchInductor on CPU with the real engine (vLLM's torch from PyPI, venv cached in ~/.cache/jitship/engines-venv): watch, cold compile, install elsewhere, warm start; consumers that differ miss"
 # The binary the first step built (a `-p jitship` build would resolve other features and rebuild).
