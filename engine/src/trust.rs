@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::generation::{HeadRecord, HeadSignature};
 
 /// `[trust]`: which publishers' generations are installed and built on, and this publisher's key
-/// (see the module docs and the README's threat model).
+/// (see the module docs, docs/guide/security.md and docs/threat-model.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrustConfig {

@@ -208,7 +208,7 @@ fn an_untrusted_head_never_shortens_the_grace_of_a_trusted_generation() {
     );
     assert!(has(&b, &b.layout.generation(&newest)));
 
-    // Without a trusted key (the README's examples) on a store that dates its keys: the unsigned
+    // Without a trusted key (the guide's examples) on a store that dates its keys: the unsigned
     // head on top was written now, whatever it claims; gc keeps the generation it supersedes
     // within grace and says loudly that unsigned records decided.
     let b = local("hostile_operator_grace_off", false);

@@ -129,9 +129,9 @@ fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// A signing publisher given no trusted key (the README's signing example) never builds on,
-/// merges or signs an attacker's generation, and writes a signed head above an untrusted newest
-/// head even with nothing new, so `required` installers move on to it.
+/// A signing publisher given no trusted key (the signing example of docs/guide/security.md) never
+/// builds on, merges or signs an attacker's generation, and writes a signed head above an
+/// untrusted newest head even with nothing new, so `required` installers move on to it.
 #[test]
 fn a_signing_publisher_never_signs_an_attackers_files() {
     a_signing_publisher_never_signs_an_attackers_files_on(Place::Local);

@@ -44,8 +44,8 @@ impl Cli<'_> {
         a.push("--json");
         let out = self.expect(&a, 0);
         let doc: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-        // The envelope (README "JSON output"): per-item commands list their results, the others
-        // have exactly one.
+        // The envelope (docs/guide/exit-codes.md, "JSON output"): per-item commands list their
+        // results, the others have exactly one.
         assert_eq!(doc["schema"], 1, "{doc}");
         assert_eq!(doc["command"], args[0], "{doc}");
         assert_eq!(doc["ok"], true, "{doc}");
