@@ -105,6 +105,31 @@ pub fn keep_read_caches(
     Some(chosen)
 }
 
+/// The readiness URL `jitship run` waits for when none is given: the engine's own health
+/// endpoint on 127.0.0.1, at the port the server's arguments name (`--port N` or `--port=N`),
+/// else the engine's default port (docs/guide/run.md, "When the caches are published").
+pub fn default_ready_url(engine: Engine, server_args: &[std::ffi::OsString]) -> String {
+    let default_port = match engine {
+        Engine::Vllm => 8000,
+    };
+    let port = port_in(server_args).unwrap_or(default_port);
+    format!("http://127.0.0.1:{port}/health")
+}
+
+/// The last `--port N` / `--port=N` among `args` (the last one wins, as with argparse).
+fn port_in(args: &[std::ffi::OsString]) -> Option<u16> {
+    let mut port = None;
+    let mut args = args.iter().map(|a| a.to_string_lossy());
+    while let Some(a) = args.next() {
+        if a == "--port" {
+            port = args.next().and_then(|v| v.parse().ok()).or(port);
+        } else if let Some(v) = a.strip_prefix("--port=") {
+            port = v.parse().ok().or(port);
+        }
+    }
+    port
+}
+
 /// The rule the built-in Inductor and vLLM keys use (`jitship_policy_common::inductor::has_gpu`):
 /// a GPU name is known, or a GPU count that is not 0.
 fn has_gpu(facts: &Facts) -> bool {
@@ -231,6 +256,29 @@ mod tests {
         assert_eq!(
             EngineCaches::choose(Engine::Vllm, &yes, &cpu, true).kinds,
             ["inductor"]
+        );
+    }
+
+    #[test]
+    fn the_default_ready_url_is_the_engines_health_at_the_servers_port() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            default_ready_url(Engine::Vllm, &args(&["vllm", "serve", "m"])),
+            "http://127.0.0.1:8000/health"
+        );
+        assert_eq!(
+            default_ready_url(
+                Engine::Vllm,
+                &args(&["vllm", "serve", "m", "--port", "9001"])
+            ),
+            "http://127.0.0.1:9001/health"
+        );
+        assert_eq!(
+            default_ready_url(
+                Engine::Vllm,
+                &args(&["vllm", "serve", "--port=9001", "--port", "9002"])
+            ),
+            "http://127.0.0.1:9002/health"
         );
     }
 

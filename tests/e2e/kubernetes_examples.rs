@@ -423,6 +423,7 @@ fn check_example(file: &str) {
         unreachable!()
     };
     let metrics = watch_args
+        .flags
         .metrics_addr
         .or(side.config.watch.metrics_addr)
         .unwrap_or_else(|| panic!("{file}: the sidecar serves no /healthz"));

@@ -37,7 +37,7 @@ CRATES = {
 # Engine modules by layer: a module may use modules of lower layers only. `generation`,
 # `store`, `catalog`, `confined`, `facts` and `policy` are crates, re-exported under those names.
 LAYERS = [
-    {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready", "owner"},
+    {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready", "owner", "server"},
     {"policy", "trust"},
     {"config", "inspect"},
     {"scan", "policies", "oci"},

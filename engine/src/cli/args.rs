@@ -93,6 +93,18 @@ pub enum Command {
     /// SIGINT every root is published once more within the grace period.
     #[command(after_help = exit::WATCH_HELP)]
     Watch(WatchArgs),
+    /// Run a server with its caches: install, start SERVER as a child, publish beside it, and exit
+    /// with its status.
+    ///
+    /// `jitship run [FLAGS] -- SERVER ARGS...` installs first (best effort, within --deadline: a
+    /// failed install is reported and the server starts anyway), starts the server in its own
+    /// process group, watches the cache roots as `watch` does and publishes once the server is
+    /// ready (--ready-url; with --engine vllm or sglang by default its /health on 127.0.0.1 and
+    /// the --port of its arguments; otherwise only at exit). SIGTERM, SIGINT and SIGHUP are
+    /// forwarded to the server; SIGTERM or SIGINT, or the server's own exit, start the final
+    /// publish (within --grace; a second signal cuts it short). docs/guide/run.md.
+    #[command(after_help = exit::RUN_HELP)]
+    Run(RunArgs),
     /// Print the facts compatibility keys are built from, where each came from, and why each
     /// missing one is missing.
     ///
@@ -688,6 +700,13 @@ pub struct WatchArgs {
     #[command(flatten)]
     pub settings: SettingsArgs,
 
+    #[command(flatten)]
+    pub flags: WatchFlags,
+}
+
+/// How the watcher publishes (`watch`, and `run` beside its server).
+#[derive(Debug, Args)]
+pub struct WatchFlags {
     /// Quiet time after the last change before a root is published [default: 5s].
     #[arg(long, env = "JITSHIP_SETTLE", value_parser = humantime::parse_duration)]
     pub settle: Option<Duration>,
@@ -719,6 +738,40 @@ pub struct WatchArgs {
     /// Pod name recorded as the producer.
     #[arg(long, env = "POD_NAME")]
     pub pod: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+
+    /// Bound on the install before the server starts, e.g. "60s" (counted from jitship's start);
+    /// past it the roots are left as they were and the server starts anyway.
+    #[arg(long, env = "JITSHIP_DEADLINE", value_parser = humantime::parse_duration)]
+    pub deadline: Option<Duration>,
+
+    /// Write the install's JSON envelope to FILE (as `install --report`).
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    pub report: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub watch: WatchFlags,
+
+    /// Publish only when the server exits (or on SIGTERM/SIGINT), never while it runs: for a
+    /// server with no health URL (wins over --ready-url). The default without --ready-url,
+    /// [watch] ready_url or --engine.
+    #[arg(long)]
+    pub publish_on_exit: bool,
+
+    /// After the server exited and the final publish: run `jitship audit` on the caches (did the
+    /// server compile anything the install should have given it?). Its result is printed; the
+    /// exit status stays the server's.
+    #[arg(long)]
+    pub audit: bool,
+
+    /// The server and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "SERVER ARGS")]
+    pub server: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]

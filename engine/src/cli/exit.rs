@@ -26,6 +26,11 @@ pub const INTERRUPTED: i32 = 130;
 /// (`crate::interrupt`).
 pub const TERMINATED: i32 = 143;
 
+/// `run`: the server could not be started: not executable (as a shell says it).
+pub const NOT_EXECUTABLE: i32 = 126;
+/// `run`: the server could not be started: no such program.
+pub const NOT_FOUND: i32 = 127;
+
 /// The code of an `install` or `publish` stopped by a signal (`crate::interrupt`), if one was.
 pub fn stopped(interrupt: &Interrupt) -> Option<i32> {
     interrupt.signal().map(|signal| match signal {
@@ -76,6 +81,15 @@ Exit codes:
   1   configuration error, or the final publish failed or ran out of time
   2   usage error
   130 a second signal cut the final publish short";
+
+pub const RUN_HELP: &str = "\
+Exit codes:
+  N   the server's own exit status (128 + the signal when a signal ended it), whatever the
+      install and the publishes did (they are logged; --report keeps the install's envelope)
+  126 the server could not be started: not executable
+  127 the server could not be started: not found
+  2   usage error
+  143 stopped by SIGTERM (130: SIGINT) during the install: the server was never started";
 
 pub const VERIFY_HELP: &str = "\
 Exit codes:
@@ -226,6 +240,9 @@ mod tests {
             (AUDIT_HELP, COMPILED_ANYWAY),
             (INSTALL_HELP, ERROR),
             (WATCH_HELP, INTERRUPTED),
+            (RUN_HELP, TERMINATED),
+            (RUN_HELP, NOT_EXECUTABLE),
+            (RUN_HELP, NOT_FOUND),
             (PUBLISH_HELP, ERROR),
             (PUBLISH_HELP, TERMINATED),
             (INSTALL_HELP, TERMINATED),

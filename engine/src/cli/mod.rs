@@ -111,6 +111,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Publish(args) => commands::worker::run_publish(args),
         Command::Install(args) => commands::worker::run_install(args),
         Command::Watch(args) => commands::worker::run_watch(args),
+        Command::Run(args) => commands::run::run_server(args),
         Command::Facts(args) => commands::worker::run_facts(args),
         Command::Policy(cmd) => commands::policy::run_policy(cmd),
         Command::Ls(args) => json_errors("ls", args.common.json, || commands::store::run_ls(args)),

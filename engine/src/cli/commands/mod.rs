@@ -4,5 +4,6 @@ pub(crate) mod audit;
 pub(crate) mod key;
 pub(crate) mod policy;
 pub(crate) mod policy_new;
+pub(crate) mod run;
 pub(crate) mod store;
 pub(crate) mod worker;

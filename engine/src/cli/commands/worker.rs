@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use serde::Serialize;
 
-use crate::cli::args::{FactsArgs, InstallArgs, PublishArgs, WatchArgs};
+use crate::cli::args::{FactsArgs, InstallArgs, PublishArgs, WatchArgs, WatchFlags};
 use crate::cli::exit;
 use crate::cli::output::{self, Envelope, ErrorRecord, Stage};
 use crate::cli::render::{self, Progress};
@@ -211,7 +211,6 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
 }
 
 pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
-    use crate::watch::{self, FinalPublish, WatchOptions, WatchedRoot};
     use tokio::signal::unix::{SignalKind, signal};
 
     // One thread is enough: the loop mostly sleeps, and cycles run on blocking threads.
@@ -231,68 +230,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
         )
     };
     let session = CacheSession::open(&args.settings)?.into_session()?;
-    let mut wc = session.config.watch.clone();
-    if let Some(v) = args.settle {
-        wc.settle = v;
-    }
-    if let Some(v) = args.rescan_interval {
-        wc.rescan_interval = v;
-    }
-    if let Some(v) = args.min_interval {
-        wc.min_interval = v;
-    }
-    if let Some(v) = &args.ready_url {
-        wc.ready_url = Some(v.clone());
-    }
-    if let Some(v) = args.grace {
-        wc.grace = v;
-    }
-    if let Some(v) = args.metrics_addr {
-        wc.metrics_addr = Some(v);
-    }
-    wc.validate()?;
-    let ready_url = wc
-        .ready_url
-        .as_deref()
-        .map(crate::ready::ReadyUrl::parse)
-        .transpose()?;
-    let opts = WatchOptions {
-        timing: watch::Timing {
-            settle: wc.settle,
-            min_interval: wc.min_interval,
-            rescan_interval: wc.rescan_interval,
-        },
-        ready_url,
-        grace: wc.grace,
-        metrics_addr: wc.metrics_addr,
-        notify: true,
-        cycles_finished: None,
-        publish: session.publish_options(args.pack_size, args.pod.as_ref())?,
-    };
-    let roots: Vec<WatchedRoot> = session
-        .config
-        .caches
-        .iter()
-        .inspect(|c| tracing::info!(cache = %c.kind, root = %c.root.display(), origin = %session.root_origin(c), "watching"))
-        .map(|c| {
-            let facts = session.facts_of(c);
-            for (name, o) in &facts.own_overrides {
-                tracing::info!(cache = %c.kind, fact = %name, value = %o.value, origin = %o.origin, "fact of this cache only");
-            }
-            WatchedRoot {
-                kind: c.kind.clone(),
-                root: c.root.clone(),
-                policy: session.policy(c),
-                facts: Some(facts.facts.clone()),
-            }
-        })
-        .collect();
-    let store = session.store.clone();
-    let layout = session.layout.clone();
-    // /healthz and `policy_disabled` say which kinds are disabled or paused, and why.
-    let metrics = std::sync::Arc::new(watch::metrics::Metrics::new());
-    let policies = session.policies.clone();
-    metrics.watch_policies(std::sync::Arc::new(move || policies.status()));
+    let watcher = Watcher::new(&session, &args.flags, None)?;
     let result = rt.block_on(async move {
         let (tx, rx) = tokio::sync::mpsc::channel::<&'static str>(4);
         tokio::spawn(async move {
@@ -307,15 +245,127 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
                 }
             }
         });
-        watch::run_with_metrics(store, layout, roots, opts, rx, metrics)
-            .await
-            .map_err(anyhow::Error::from)
+        watcher.run(rx).await
     });
     // A publish still running past the grace period must not hold the exit; what it wrote is
     // invisible until its head is written (invariant 1).
     rt.shutdown_background();
-    let summary = result?;
-    Ok(match summary.final_publish {
+    Ok(final_publish_code(&result?))
+}
+
+/// What `watch` (and `run` beside its server) hands the watch loop: built from an open session
+/// and the watch flags, with the settings of the config's [watch] below the flags.
+pub(crate) struct Watcher {
+    store: std::sync::Arc<dyn crate::store::Store>,
+    layout: crate::catalog::KeyLayout,
+    roots: Vec<crate::watch::WatchedRoot>,
+    pub(crate) opts: crate::watch::WatchOptions,
+    metrics: std::sync::Arc<crate::watch::metrics::Metrics>,
+}
+
+impl Watcher {
+    /// `default_ready_url` is the readiness URL when neither the flags nor the config give one
+    /// (`run`: the engine's health endpoint).
+    pub(crate) fn new(
+        session: &crate::cli::session::Session,
+        flags: &WatchFlags,
+        default_ready_url: Option<String>,
+    ) -> Result<Self> {
+        use crate::watch::{self, WatchOptions, WatchedRoot};
+        let mut wc = session.config.watch.clone();
+        if let Some(v) = flags.settle {
+            wc.settle = v;
+        }
+        if let Some(v) = flags.rescan_interval {
+            wc.rescan_interval = v;
+        }
+        if let Some(v) = flags.min_interval {
+            wc.min_interval = v;
+        }
+        if let Some(v) = &flags.ready_url {
+            wc.ready_url = Some(v.clone());
+        }
+        if wc.ready_url.is_none() {
+            wc.ready_url = default_ready_url;
+        }
+        if let Some(v) = flags.grace {
+            wc.grace = v;
+        }
+        if let Some(v) = flags.metrics_addr {
+            wc.metrics_addr = Some(v);
+        }
+        wc.validate()?;
+        let ready_url = wc
+            .ready_url
+            .as_deref()
+            .map(crate::ready::ReadyUrl::parse)
+            .transpose()?;
+        let opts = WatchOptions {
+            timing: watch::Timing {
+                settle: wc.settle,
+                min_interval: wc.min_interval,
+                rescan_interval: wc.rescan_interval,
+            },
+            ready_url,
+            grace: wc.grace,
+            metrics_addr: wc.metrics_addr,
+            notify: true,
+            cycles_finished: None,
+            publish: session.publish_options(flags.pack_size, flags.pod.as_ref())?,
+        };
+        let roots: Vec<WatchedRoot> = session
+            .config
+            .caches
+            .iter()
+            .inspect(|c| tracing::info!(cache = %c.kind, root = %c.root.display(), origin = %session.root_origin(c), "watching"))
+            .map(|c| {
+                let facts = session.facts_of(c);
+                for (name, o) in &facts.own_overrides {
+                    tracing::info!(cache = %c.kind, fact = %name, value = %o.value, origin = %o.origin, "fact of this cache only");
+                }
+                WatchedRoot {
+                    kind: c.kind.clone(),
+                    root: c.root.clone(),
+                    policy: session.policy(c),
+                    facts: Some(facts.facts.clone()),
+                }
+            })
+            .collect();
+        // /healthz and `policy_disabled` say which kinds are disabled or paused, and why.
+        let metrics = std::sync::Arc::new(watch::metrics::Metrics::new());
+        let policies = session.policies.clone();
+        metrics.watch_policies(std::sync::Arc::new(move || policies.status()));
+        Ok(Self {
+            store: session.store.clone(),
+            layout: session.layout.clone(),
+            roots,
+            opts,
+            metrics,
+        })
+    }
+
+    /// The watch loop until a message on `stop`, then its final publish (`watch::run`).
+    pub(crate) async fn run(
+        self,
+        stop: tokio::sync::mpsc::Receiver<&'static str>,
+    ) -> Result<crate::watch::WatchSummary> {
+        crate::watch::run_with_metrics(
+            self.store,
+            self.layout,
+            self.roots,
+            self.opts,
+            stop,
+            self.metrics,
+        )
+        .await
+        .map_err(anyhow::Error::from)
+    }
+}
+
+/// `watch`'s exit code for how its final publish went (said on stderr when it failed).
+pub(crate) fn final_publish_code(summary: &crate::watch::WatchSummary) -> i32 {
+    use crate::watch::FinalPublish;
+    match &summary.final_publish {
         FinalPublish::Done | FinalPublish::NotReady => exit::OK,
         FinalPublish::Failed { caches } => {
             eprintln!(
@@ -333,12 +383,17 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
             exit::ERROR
         }
         FinalPublish::Interrupted => exit::INTERRUPTED,
-    })
+    }
 }
 
 pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     // Before anything else: a signal while the session opens must find its handler.
     let interrupt = Interrupt::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
+    install_caches(&args, &interrupt)
+}
+
+/// `install`, stopped by `interrupt` (`run` raises it from its own signal handling).
+pub(crate) fn install_caches(args: &InstallArgs, interrupt: &Interrupt) -> Result<i32> {
     let mut envelope = Envelope::start("install");
     let mut reports: Vec<InstallReport> = Vec::new();
     let mut origins: Vec<Option<String>> = Vec::new();
@@ -348,7 +403,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
     let started = crate::install::process_start();
     let opened = args.settings.resolve().and_then(|config| {
         let deadline = args.deadline.unwrap_or(config.install.deadline);
-        open_within(config, started + deadline, deadline, &interrupt)
+        open_within(config, started + deadline, deadline, interrupt)
     });
     match opened {
         // Even a configuration error must not block an init container: with --best-effort,
@@ -433,7 +488,7 @@ pub(crate) fn run_install(args: InstallArgs) -> Result<i32> {
             }
         }
     }
-    let mut code = if let Some(code) = exit::stopped(&interrupt) {
+    let mut code = if let Some(code) = exit::stopped(interrupt) {
         code
     } else if envelope.errors.iter().any(|e| e.stage == Stage::Config) {
         exit::ERROR
