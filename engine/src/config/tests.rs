@@ -592,3 +592,29 @@ fn the_readme_configuration_table_names_only_settings_the_parser_takes() {
         .to_string();
     assert!(e.contains("unknown field"), "{e}");
 }
+
+/// Every environment variable a flag reads (`env = "..."` in the CLI's arguments) and the Mooncake
+/// library's variable are in the guide's configuration reference, so a new one cannot go
+/// undocumented.
+#[test]
+fn the_configuration_reference_names_every_environment_variable_the_cli_reads() {
+    const PAGE: &str = include_str!("../../../docs/guide/configuration.md");
+    const ARGS: &str = include_str!("../cli/args.rs");
+    let mut vars: Vec<&str> = ARGS
+        .split("env = \"")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('"').map(|(name, _)| name))
+        .collect();
+    vars.push(crate::config::MOONCAKE_LIBRARY_ENV);
+    vars.sort_unstable();
+    vars.dedup();
+    assert!(vars.len() > 20, "{vars:?}");
+    let missing: Vec<&&str> = vars
+        .iter()
+        .filter(|v| !PAGE.contains(&format!("`{v}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/guide/configuration.md does not name {missing:?}"
+    );
+}
