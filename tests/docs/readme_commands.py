@@ -10,9 +10,11 @@ continued lines, drops comments, and checks each command:
   in a scratch directory that stands in for the machine: HOME, TMPDIR and the working directory are
   in it, and the README's local store (`local:/var/lib/jitship`) becomes one there. A command that
   would run until stopped (`watch`, `run`) is given `--help` after its own flags (before `--`), so
-  clap parses every flag and value the README shows and then prints the help (exit 0). Any other
-  command runs to its end: a usage error (exit 2) fails, and so does an exit code its help does not
-  list (install: one of its outcomes; policy new: 0, with the crate written).
+  clap parses every flag and value the README shows and then prints the help (exit 0); `run` then
+  also runs for real with `true` as its server (install, watch, final publish, exit 0: the
+  server's status). Any other command runs to its end: a usage error (exit 2) fails, and so does
+  an exit code its help does not list (install: one of its outcomes; policy new: 0, with the crate
+  written).
 - anything else fails: a command no test runs does not belong in the README.
 
 Also checks that the README stays the front door: at most 250 lines.
@@ -81,6 +83,13 @@ def check_suite_commands(problems):
 
 
 def run_jitship(no, words, binary, problems):
+    run_one(no, words, binary, problems, parse_only=True)
+    if words[1:2] == ["run"] and "--" in words:
+        real = words[: words.index("--") + 1] + ["true"]
+        run_one(no, real, binary, problems, parse_only=False)
+
+
+def run_one(no, words, binary, problems, parse_only):
     with tempfile.TemporaryDirectory(prefix="jitship-readme-") as scratch:
         scratch = pathlib.Path(scratch)
         for d in ("home", "tmp", "work"):
@@ -89,7 +98,8 @@ def run_jitship(no, words, binary, problems):
         args = [re.sub(r"^local:/var/lib/jitship\b", store, w) for w in words[1:]]
         args = [w.replace("$HOME", str(scratch / "home")) for w in args]
         sub = args[0] if args else ""
-        if sub in LONG_RUNNING:
+        parse_only = parse_only and sub in LONG_RUNNING
+        if parse_only:
             cut = args.index("--") if "--" in args else len(args)
             args = args[:cut] + ["--help"]
         env = {
@@ -109,9 +119,12 @@ def run_jitship(no, words, binary, problems):
             return
         shown = shlex.join(words)
         tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
-        if sub in LONG_RUNNING:
+        if parse_only:
             ok = p.returncode == 0 and "Usage:" in p.stdout
             how = "parsed (--help after its flags)"
+        elif sub == "run":
+            ok = p.returncode == 0
+            how = "ran with `true` as the server"
         elif sub == "install":
             ok = p.returncode in INSTALL_OUTCOMES
             how = "ran"
