@@ -17,7 +17,9 @@ continued lines, drops comments, and checks each command:
   written).
 - anything else fails: a command no test runs does not belong in the README.
 
-Also checks that the README stays the front door: at most 250 lines.
+Also checks that the README stays the front door (at most 250 lines), and that the guide's table
+of every command's exit codes (docs/guide/exit-codes.md) lists each code the command's `--help`
+lists, so the two cannot drift apart.
 
     python3 tests/docs/readme_commands.py      # after a build of target/debug/jitship
 """
@@ -143,6 +145,42 @@ def run_one(no, words, binary, problems, parse_only):
             )
 
 
+EXIT_PAGE = ROOT / "docs/guide/exit-codes.md"
+COMMANDS = [
+    "publish", "install", "watch", "run", "facts", "ls", "inspect", "verify", "pin", "unpin", "gc",
+    "export", "import", "audit", "policy build", "policy check", "policy test", "policy new",
+    "key generate", "completions",
+]
+
+
+def check_exit_codes(binary, problems):
+    """Every exit code a command's --help lists is in its row of the guide's table."""
+    rows = {}
+    page = EXIT_PAGE.read_text(encoding="utf-8")
+    for line in page.split("\n## Every command's exit codes\n")[1].splitlines():
+        if not line.startswith("| "):
+            continue
+        cells = line.split(" | ")
+        names = re.findall(r"`([a-z ]+)`", cells[0])
+        for name in names:
+            rows[name] = set(re.findall(r"\b\d+\b", cells[-1]))
+    for cmd in COMMANDS:
+        p = subprocess.run([binary, *cmd.split(), "--help"], capture_output=True, text=True)
+        listed = p.stdout.split("\nExit codes", 1)[-1] if "\nExit codes" in p.stdout else ""
+        codes = set(re.findall(r"(?m)^  (\d+) ", listed))
+        if not codes:
+            problems.append(f"`jitship {cmd} --help` lists no exit codes")
+            continue
+        row = rows.get(cmd)
+        if row is None:
+            problems.append(f"{EXIT_PAGE.relative_to(ROOT)}: no row for `{cmd}`")
+        elif not codes <= row:
+            problems.append(
+                f"{EXIT_PAGE.relative_to(ROOT)}: `{cmd}` exits {sorted(codes - row, key=int)} "
+                "by its --help, which its row does not list"
+            )
+
+
 def main():
     text = README.read_text(encoding="utf-8")
     problems = []
@@ -167,11 +205,16 @@ def main():
                 "instead, or teach tests/docs/readme_commands.py to run it"
             )
     check_suite_commands(problems)
+    if os.access(binary, os.X_OK):
+        check_exit_codes(binary, problems)
     if problems:
         print("\n".join(problems))
         print(f"readme commands: {len(problems)} problem(s)")
         return 1
-    print(f"readme commands: all {len(found)} commands of README.md ({lines} lines) run or parsed")
+    print(
+        f"readme commands: all {len(found)} commands of README.md ({lines} lines) run or parsed; "
+        f"docs/guide/exit-codes.md lists every exit code of {len(COMMANDS)} commands' --help"
+    )
     return 0
 
 
