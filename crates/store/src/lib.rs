@@ -110,6 +110,14 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// longer than bulk data.
     fn put(&self, key: &str, value: &[u8], class: ValueClass) -> StoreResult<()>;
 
+    /// `put` of copy `copy` of a value kept under several keys (`[publish] pack_replicas`): a
+    /// backend with several nodes places each copy on a different one where it can, so reads
+    /// that pick a copy at random spread over the nodes.
+    fn put_copy(&self, key: &str, value: &[u8], class: ValueClass, copy: u32) -> StoreResult<()> {
+        let _ = copy;
+        self.put(key, value, class)
+    }
+
     /// The value, or `None` if the key is missing (never stored, removed or evicted).
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>>;
 

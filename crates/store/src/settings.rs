@@ -87,6 +87,13 @@ pub struct MooncakeConfig {
     pub local_hostname: Option<String>,
     /// Copies of each object, on distinct store nodes.
     pub replicas: u32,
+    /// The master's list of store-node segments, `http://HOST:PORT/get_all_segments` (the
+    /// master's metrics port, 9003 by default). When set, copy `k` of a pack kept under several
+    /// keys (`[publish] pack_replicas`) is placed on the `k`-th segment listed (sorted), so the
+    /// copies sit on different store nodes and a rollout's reads spread over them. Unset, or the
+    /// list unreadable: Mooncake places each copy itself, often all on one node. Only a hint: a
+    /// listed name that is wrong costs nothing but the spread.
+    pub segments_url: Option<String>,
     /// Soft-pinned objects survive ordinary eviction (until their pin TTL lapses).
     pub soft_pin: bool,
     /// Soft-pin the small catalog records (head records, manifests, the compat index, floors,
@@ -126,6 +133,7 @@ impl Default for MooncakeConfig {
             rdma_devices: vec![],
             local_hostname: None,
             replicas: 1,
+            segments_url: None,
             soft_pin: false,
             soft_pin_catalog: true,
             hard_pin: false,
@@ -193,6 +201,18 @@ impl MooncakeConfig {
                 "store.mooncake.rdma_devices",
                 format!("{:?}", self.rdma_devices),
                 "device names like \"mlx5_0\", without commas or spaces",
+            );
+        }
+        if let Some(url) = &self.segments_url
+            && url
+                .strip_prefix("http://")
+                .and_then(|rest| parse_host_port(rest.split('/').next().unwrap_or(rest)))
+                .is_none()
+        {
+            return invalid(
+                "store.mooncake.segments_url",
+                url.clone(),
+                "expected http://HOST:PORT/get_all_segments (the master's metrics port)",
             );
         }
         if let Some(h) = &self.local_hostname

@@ -159,7 +159,7 @@ impl Placing<'_, '_> {
         if self.layout.pack_replicas() > 1 {
             let mut bytes = vec![0u8; plan.size as usize];
             fill_pack(self.reader, &plan.pieces, self.source_of, &mut bytes)?;
-            self.store.put(&key, &bytes, ValueClass::Bulk)?;
+            self.store.put_copy(&key, &bytes, ValueClass::Bulk, 0)?;
             self.replicate(id, &bytes);
             return Ok(());
         }
@@ -235,12 +235,12 @@ impl Placing<'_, '_> {
         let keys: Vec<String> = (1..copies).map(|k| self.layout.pack_copy(id, k)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let present = self.store.exists_batch(&refs);
-        for (key, present) in keys.iter().zip(present) {
+        for ((key, present), copy) in keys.iter().zip(present).zip(1..) {
             let result = match present {
-                Ok(false) => self.store.put(key, bytes, ValueClass::Bulk),
+                Ok(false) => self.store.put_copy(key, bytes, ValueClass::Bulk, copy),
                 Ok(true) => match self.store.get_capped(key, bytes.len() as u64) {
                     Ok(Some(held)) if held == bytes => Ok(()),
-                    Ok(None) => self.store.put(key, bytes, ValueClass::Bulk),
+                    Ok(None) => self.store.put_copy(key, bytes, ValueClass::Bulk, copy),
                     Ok(Some(_)) | Err(StoreError::TooLarge { .. }) => {
                         tracing::warn!(
                             key,
@@ -248,7 +248,7 @@ impl Placing<'_, '_> {
                         );
                         self.store
                             .remove(key)
-                            .and_then(|_| self.store.put(key, bytes, ValueClass::Bulk))
+                            .and_then(|_| self.store.put_copy(key, bytes, ValueClass::Bulk, copy))
                     }
                     Err(e) => Err(e),
                 },

@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
 use mooncake_sys as sys;
@@ -38,6 +38,9 @@ impl MooncakeStore {
             soft_pin_catalog: config.soft_pin_catalog,
             hard_pin: config.hard_pin,
             master: config.master.clone(),
+            segments_url: config.segments_url.clone(),
+            probe_timeout: config.probe_timeout,
+            segments: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
         };
         teardown::opened();
@@ -196,12 +199,88 @@ fn probe(addr: &str, timeout: Duration) -> Result<(), String> {
     Err(last)
 }
 
+/// Most segment names kept from the master's list, and the most bytes read of its answer: the
+/// list is only a placement hint, read from a port anyone on the network may answer.
+const MOST_SEGMENTS: usize = 1024;
+const MOST_SEGMENT_LIST_BYTES: u64 = 256 * 1024;
+
+/// The store nodes' segment names from the master's `get_all_segments` (one per line), sorted so
+/// every publisher places copy `k` on the same node. Any failure is logged and gives no names:
+/// Mooncake then places copies itself. One plain HTTP/1.0 GET over a socket, by hand: the store
+/// crate is synchronous and has no HTTP client, and this bounded read is all it needs.
+pub(super) fn read_segments(url: &str, timeout: Duration) -> Vec<CString> {
+    match fetch_segment_list(url, timeout) {
+        Ok(names) => {
+            tracing::debug!(url, segments = names.len(), "mooncake: segments read");
+            names
+        }
+        Err(why) => {
+            tracing::warn!(
+                url,
+                "could not read the store nodes' segments ({why}): Mooncake places pack copies \
+                 itself; check store.mooncake.segments_url"
+            );
+            Vec::new()
+        }
+    }
+}
+
+fn fetch_segment_list(url: &str, timeout: Duration) -> Result<Vec<CString>, String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").ok_or("not an http:// URL")?;
+    let (host_port, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/get_all_segments"),
+    };
+    let addr = host_port
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("no address")?;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {host_port}\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    stream
+        .take(MOST_SEGMENT_LIST_BYTES)
+        .read_to_end(&mut answer)
+        .map_err(|e| e.to_string())?;
+    parse_segment_list(&answer)
+}
+
+/// The names in an HTTP answer holding one segment name per line: status 200, names of at most
+/// 255 printable characters without spaces (others skipped), at most `MOST_SEGMENTS`, sorted.
+fn parse_segment_list(answer: &[u8]) -> Result<Vec<CString>, String> {
+    let text = String::from_utf8_lossy(answer);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no HTTP header end")?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(format!("answered {:?}", status.escape_debug().to_string()));
+    }
+    let mut names: Vec<CString> = body
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && l.len() <= 255 && l.chars().all(|c| c.is_ascii_graphic()))
+        .take(MOST_SEGMENTS)
+        .filter_map(|l| CString::new(l).ok())
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
     use std::time::{Duration, Instant};
 
-    use super::{MooncakeConfig, MooncakeStore, probe};
+    use super::{MOST_SEGMENTS, MooncakeConfig, MooncakeStore, parse_segment_list, probe};
 
     #[test]
     fn missing_library_is_a_clear_error() {
@@ -227,5 +306,21 @@ mod tests {
         let started = Instant::now();
         let err = probe(&format!("127.0.0.1:{port}"), Duration::from_secs(2)).unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(3), "{err}");
+    }
+
+    #[test]
+    fn a_segment_list_is_parsed_bounded_and_sorted() {
+        let answer = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n127.0.0.1:2\n127.0.0.1:1\n\n\x1b[31m\nbad name\n127.0.0.1:1\n";
+        let names = parse_segment_list(answer).unwrap();
+        let names: Vec<&str> = names.iter().map(|n| n.to_str().unwrap()).collect();
+        assert_eq!(names, ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert!(parse_segment_list(b"HTTP/1.1 404 Not Found\r\n\r\nnope").is_err());
+        assert!(parse_segment_list(b"garbage").is_err());
+        let many: String = (0..5000).map(|i| format!("n{i}\n")).collect();
+        let answer = format!("HTTP/1.0 200 OK\r\n\r\n{many}");
+        assert_eq!(
+            parse_segment_list(answer.as_bytes()).unwrap().len(),
+            MOST_SEGMENTS
+        );
     }
 }

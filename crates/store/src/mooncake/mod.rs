@@ -40,8 +40,8 @@ mod pool;
 mod teardown;
 
 use std::ffi::{CString, c_int};
-use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mooncake_sys as sys;
@@ -81,6 +81,13 @@ struct Inner {
     soft_pin_catalog: bool,
     hard_pin: bool,
     master: String,
+    /// `segments_url`, read on the first `put_copy`.
+    segments_url: Option<String>,
+    probe_timeout: Duration,
+    /// The store nodes' segment names read from `segments_url`, sorted: copy `k` of a value kept
+    /// under several keys is placed on segment `k mod n`. Empty: Mooncake places every copy
+    /// itself.
+    segments: OnceLock<Vec<CString>>,
     /// Calls whose thread is still inside the library.
     in_flight: AtomicUsize,
 }
@@ -101,12 +108,63 @@ impl Inner {
             preferred_segments_count: 0,
         }
     }
+
+    /// The segment copy `copy` of a value is placed on, if segments are known.
+    fn segment_for(&self, copy: u32) -> Option<&CString> {
+        let segments = self.segments.get_or_init(|| match &self.segments_url {
+            Some(url) => connect::read_segments(url, self.probe_timeout),
+            None => Vec::new(),
+        });
+        (!segments.is_empty()).then(|| &segments[copy as usize % segments.len()])
+    }
 }
 
 /// Reads of one key before a `LeaseExpired` is returned.
 const LEASE_EXPIRED_READS: u32 = 3;
 
 impl MooncakeStore {
+    /// Fills a leased staging buffer in place and puts it from there, on the segment for copy
+    /// `copy` where one is given and segments are known.
+    fn put_placed(
+        &self,
+        key: &str,
+        len: usize,
+        class: ValueClass,
+        copy: Option<u32>,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> StoreResult<bool> {
+        let k = c_key(key)?;
+        self.check_size(len)?;
+        let mut lease = self.lease(Need::AtLeast(len))?;
+        if !fill(&mut lease.buf_mut().bytes_mut()[..len]) {
+            return Ok(false);
+        }
+        self.call(move |inner| {
+            let mut cfg = inner.replicate_config(inner.soft_pinned(class));
+            let preferred = copy
+                .and_then(|c| inner.segment_for(c))
+                .map(|s| [s.as_ptr()]);
+            if let Some(names) = &preferred {
+                cfg.preferred_segments = names.as_ptr();
+                cfg.preferred_segments_count = names.len();
+            }
+            // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
+            // thread's lease until the call returns; the key is NUL-terminated; the preferred
+            // segment's name lives in `inner` and its pointer array on this frame, both past the
+            // call.
+            let rc = unsafe {
+                (inner.lib.put_from)(
+                    inner.handle.0,
+                    k.as_ptr(),
+                    lease.buf_mut().as_mut_ptr(),
+                    len,
+                    &cfg,
+                )
+            };
+            put_result(inner, i64::from(rc), &k.to_string_lossy()).map(|()| true)
+        })?
+    }
+
     /// Bytes of staging buffers that exist now (registered with the library): grows with the
     /// largest values moved and the calls in flight at once, bounded by `staging_buffers x
     /// staging_buffer_size`.
@@ -193,6 +251,16 @@ impl Store for MooncakeStore {
         .map(|_| ())
     }
 
+    /// Placed with Mooncake's `preferred_segments` on the `copy`-th known segment, so the copies
+    /// of one pack sit on different store nodes and a rollout's reads spread over them.
+    fn put_copy(&self, key: &str, value: &[u8], class: ValueClass, copy: u32) -> StoreResult<()> {
+        self.put_placed(key, value.len(), class, Some(copy), &mut |buf| {
+            buf.copy_from_slice(value);
+            true
+        })
+        .map(|_| ())
+    }
+
     /// Fills a leased staging buffer in place and puts it from there.
     fn put_filled(
         &self,
@@ -201,27 +269,7 @@ impl Store for MooncakeStore {
         class: ValueClass,
         fill: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> StoreResult<bool> {
-        let k = c_key(key)?;
-        self.check_size(len)?;
-        let mut lease = self.lease(Need::AtLeast(len))?;
-        if !fill(&mut lease.buf_mut().bytes_mut()[..len]) {
-            return Ok(false);
-        }
-        self.call(move |inner| {
-            let cfg = inner.replicate_config(inner.soft_pinned(class));
-            // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
-            // thread's lease until the call returns; the key is NUL-terminated.
-            let rc = unsafe {
-                (inner.lib.put_from)(
-                    inner.handle.0,
-                    k.as_ptr(),
-                    lease.buf_mut().as_mut_ptr(),
-                    len,
-                    &cfg,
-                )
-            };
-            put_result(inner, i64::from(rc), &k.to_string_lossy()).map(|()| true)
-        })?
+        self.put_placed(key, len, class, None, fill)
     }
 
     fn get(&self, key: &str) -> StoreResult<Option<Vec<u8>>> {
