@@ -185,6 +185,9 @@ pub enum Engine {
     /// vLLM: its compile cache, or the Inductor cache and precompiled header it uses instead,
     /// by compile mode and machine (docs/vllm.md).
     Vllm,
+    /// SGLang: the caches it moves under its own `SGLANG_CACHE_DIR`, and its own JIT and
+    /// torch.compile caches, by machine (docs/sglang.md).
+    Sglang,
 }
 
 impl Engine {
@@ -193,6 +196,17 @@ impl Engine {
     pub fn candidate_kinds(self) -> &'static [&'static str] {
         match self {
             Engine::Vllm => &["vllm-compile", "inductor", "inductor-pch"],
+            Engine::Sglang => &[
+                "inductor",
+                "inductor-pch",
+                "triton",
+                "sglang-jit",
+                "sglang-compile",
+                "flashinfer-jit",
+                "deepgemm",
+                "tilelang",
+                "cuda-computecache",
+            ],
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `--engine vllm`: the caches an inference engine reads, named once. Which roots vLLM reads
+//! `--engine vllm|sglang`: the caches an inference engine reads, named once. Which roots vLLM reads
 //! depends on its compile mode and its platform (docs/vllm.md, "Where vLLM's compiled code
 //! lives"), decided from the same environment vLLM reads and from the facts:
 //!
@@ -13,9 +13,25 @@
 //! number. The roots themselves resolve from each kind's policy like any `--cache KIND`
 //! (`crate::roots`), so `VLLM_CACHE_ROOT`, `XDG_CACHE_HOME`, `TMPDIR` and `TORCHINDUCTOR_CACHE_DIR`
 //! move them as they move vLLM's.
+//!
+//! SGLang (docs/sglang.md) moves the caches of the libraries it uses under its own
+//! `SGLANG_CACHE_DIR`, in its own process only: [`engine_env`] makes the same moves in the
+//! environment jitship resolves roots from, so a sidecar or `jitship run` beside an SGLang
+//! server finds them where the server writes them. On a CPU machine SGLang compiles with plain
+//! Inductor (`inductor`, `inductor-pch`); on a GPU machine every cache it moves or keeps, not the
+//! header. Its caches are keyed with `pkg.sglang` besides their policies' own facts
+//! ([`EngineKeyed`]).
+
+use std::path::Path;
+use std::sync::Arc;
 
 use crate::config::{Config, Engine};
 use crate::facts::Facts;
+use crate::generation::{PolicyRef, RelPath};
+use crate::policy::{
+    CachePolicy, FileEntry, GenerationSummary, PolicyError, PolicyInfo, RetentionDrop,
+    RetentionLimits, Selection,
+};
 use crate::roots::{ProcessEnv, RootOrigin};
 
 /// What an engine reads in this environment on this machine, and why.
@@ -37,7 +53,183 @@ impl EngineCaches {
     ) -> Self {
         match engine {
             Engine::Vllm => vllm(env, facts, pch_inside_inductor),
+            Engine::Sglang => sglang(env, facts, pch_inside_inductor),
         }
+    }
+}
+
+fn sglang(env: &ProcessEnv, facts: &Facts, pch_inside_inductor: bool) -> EngineCaches {
+    let gpu = has_gpu(facts);
+    let kinds: Vec<&'static str> = match (gpu, pch_inside_inductor) {
+        (true, _) => Engine::Sglang
+            .candidate_kinds()
+            .iter()
+            .copied()
+            .filter(|k| *k != "inductor-pch")
+            .collect(),
+        (false, true) => vec!["inductor"],
+        (false, false) => vec!["inductor", "inductor-pch"],
+    };
+    let base = match env.var(SGLANG_CACHE_DIR) {
+        Some(v) => format!("{SGLANG_CACHE_DIR}={v}"),
+        None => format!("{SGLANG_CACHE_DIR} unset: {SGLANG_DEFAULT_CACHE_DIR}"),
+    };
+    EngineCaches {
+        why: format!(
+            "SGLang: caches under {base} on {}: {}",
+            if gpu {
+                "a GPU machine"
+            } else {
+                "a CPU machine"
+            },
+            kinds.join(", ")
+        ),
+        kinds,
+    }
+}
+
+const SGLANG_CACHE_DIR: &str = "SGLANG_CACHE_DIR";
+const SGLANG_DEFAULT_CACHE_DIR: &str = "~/.cache/sglang";
+
+/// The environment the engine's own process resolves its caches in, once it has started:
+/// `env` itself, except for SGLang, which (0.5.23, docs/sglang.md) on `import sglang` sets each
+/// of these unless it is set already, under `base` = `SGLANG_CACHE_DIR` (`~` expanded; default
+/// `~/.cache/sglang`): `TORCHINDUCTOR_CACHE_DIR=base/inductor`, `TRITON_CACHE_DIR=base/triton`,
+/// `CUDA_CACHE_PATH=base/nv`, `TILELANG_CACHE_DIR=base/tilelang`,
+/// `FLASHINFER_WORKSPACE_BASE=base`; and when DeepGEMM loads, `DG_JIT_CACHE_DIR` =
+/// `SGLANG_DG_CACHE_DIR` (default `base/deep_gemm`) whatever it was. Its JIT cache is
+/// `SGLANG_JIT_CACHE_DIR`, else `~/.cache/sglang/jit` (not under `base`).
+pub fn engine_env(engine: Option<Engine>, mut env: ProcessEnv) -> ProcessEnv {
+    if engine != Some(Engine::Sglang) {
+        return env;
+    }
+    // An empty SGLANG_CACHE_DIR is used as given by SGLang (relative paths): left to the roots'
+    // own refusal of a relative root.
+    let configured = env
+        .has(SGLANG_CACHE_DIR)
+        .then(|| env.var(SGLANG_CACHE_DIR).unwrap_or("").to_owned());
+    let Some(base) = env.expand_user(configured.as_deref().unwrap_or(SGLANG_DEFAULT_CACHE_DIR))
+    else {
+        // No home directory: nothing moves; the roots say what they cannot resolve.
+        return env;
+    };
+    let base = base.trim_end_matches('/').to_owned();
+    let under = |sub: &str| match base.as_str() {
+        "" => sub.to_owned(),
+        b => format!("{b}/{sub}"),
+    };
+    for (name, value) in [
+        ("TRITON_CACHE_DIR", under("triton")),
+        ("TORCHINDUCTOR_CACHE_DIR", under("inductor")),
+        ("CUDA_CACHE_PATH", under("nv")),
+        ("TILELANG_CACHE_DIR", under("tilelang")),
+        ("FLASHINFER_WORKSPACE_BASE", base.clone()),
+    ] {
+        env.set_default(name, value);
+    }
+    let deep_gemm = match env.var("SGLANG_DG_CACHE_DIR") {
+        Some(v) => v.to_owned(),
+        None => under("deep_gemm"),
+    };
+    env.set("DG_JIT_CACHE_DIR", deep_gemm);
+    if env.var("SGLANG_JIT_CACHE_DIR").is_none()
+        && let Some(jit) = env.expand_user("~/.cache/sglang/jit")
+    {
+        env.set("SGLANG_JIT_CACHE_DIR", jit);
+    }
+    if configured.is_none() {
+        env.set(SGLANG_CACHE_DIR, base);
+    }
+    env
+}
+
+/// A cache's policy, its compat key extended with the engine's own facts (`pkg.sglang` for
+/// SGLang, docs/sglang.md), unless the policy's key holds them already: generations an SGLang
+/// worker published are installed by SGLang workers of that version only, and a worker whose
+/// `pkg.sglang` cannot be gathered gets a missing fact, not another engine's generation.
+/// Everything else is the policy's.
+pub struct EngineKeyed {
+    inner: Arc<dyn CachePolicy>,
+    facts: &'static [&'static str],
+}
+
+/// The facts an engine adds to the key of every cache it reads.
+fn key_facts(engine: Engine) -> &'static [&'static str] {
+    match engine {
+        // vLLM's own compile cache keys on pkg.vllm; the Inductor cache it falls back to is
+        // torch's, keyed as torch keys it (docs/vllm.md).
+        Engine::Vllm => &[],
+        Engine::Sglang => &[jitship_policy_contract::facts::PKG_SGLANG],
+    }
+}
+
+/// `policy` for a cache of kind `kind`: wrapped in [`EngineKeyed`] when `engine` reads that kind
+/// and adds facts to its keys.
+pub fn keyed(
+    engine: Option<Engine>,
+    kind: &str,
+    policy: Arc<dyn CachePolicy>,
+) -> Arc<dyn CachePolicy> {
+    match engine {
+        Some(e) if !key_facts(e).is_empty() && e.candidate_kinds().contains(&kind) => {
+            Arc::new(EngineKeyed {
+                inner: policy,
+                facts: key_facts(e),
+            })
+        }
+        _ => policy,
+    }
+}
+
+impl CachePolicy for EngineKeyed {
+    fn info(&self) -> &PolicyInfo {
+        self.inner.info()
+    }
+    fn policy_ref(&self) -> PolicyRef {
+        self.inner.policy_ref()
+    }
+    fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+        let mut key = self.inner.compat_key(facts)?;
+        for name in self.facts {
+            if key.split(';').any(|f| f.starts_with(&format!("{name}="))) {
+                continue;
+            }
+            let value = facts
+                .get(name)
+                .ok_or_else(|| PolicyError::MissingFact((*name).to_owned()))?;
+            key.push(';');
+            key.push_str(name);
+            key.push('=');
+            key.push_str(&jitship_policy_contract::encode_key_part(value));
+        }
+        Ok(key)
+    }
+    fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Selection, PolicyError> {
+        self.inner.select(root, entries)
+    }
+    fn canonicalize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        self.inner.canonicalize(root, path, content)
+    }
+    fn materialize(
+        &self,
+        root: &Path,
+        path: &RelPath,
+        content: &[u8],
+    ) -> Result<Vec<u8>, PolicyError> {
+        self.inner.materialize(root, path, content)
+    }
+    fn retain(
+        &self,
+        generations: &[GenerationSummary],
+        now: u64,
+        limits: &RetentionLimits,
+    ) -> Result<Vec<RetentionDrop>, PolicyError> {
+        self.inner.retain(generations, now, limits)
     }
 }
 
@@ -111,6 +303,7 @@ pub fn keep_read_caches(
 pub fn default_ready_url(engine: Engine, server_args: &[std::ffi::OsString]) -> String {
     let default_port = match engine {
         Engine::Vllm => 8000,
+        Engine::Sglang => 30000,
     };
     let port = port_in(server_args).unwrap_or(default_port);
     format!("http://127.0.0.1:{port}/health")
@@ -279,6 +472,120 @@ mod tests {
                 &args(&["vllm", "serve", "--port=9001", "--port", "9002"])
             ),
             "http://127.0.0.1:9002/health"
+        );
+    }
+
+    #[test]
+    fn sglang_moves_the_caches_it_uses_under_its_cache_dir_unless_set() {
+        let home = |vars: &[(&str, &str)]| {
+            ProcessEnv::new(
+                vars.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+                Some(("u".into(), "/home/u".into())),
+                1000,
+            )
+        };
+        let moved = engine_env(Some(Engine::Sglang), home(&[]));
+        for (var, value) in [
+            ("SGLANG_CACHE_DIR", "/home/u/.cache/sglang"),
+            ("TORCHINDUCTOR_CACHE_DIR", "/home/u/.cache/sglang/inductor"),
+            ("TRITON_CACHE_DIR", "/home/u/.cache/sglang/triton"),
+            ("CUDA_CACHE_PATH", "/home/u/.cache/sglang/nv"),
+            ("TILELANG_CACHE_DIR", "/home/u/.cache/sglang/tilelang"),
+            ("FLASHINFER_WORKSPACE_BASE", "/home/u/.cache/sglang"),
+            ("DG_JIT_CACHE_DIR", "/home/u/.cache/sglang/deep_gemm"),
+            ("SGLANG_JIT_CACHE_DIR", "/home/u/.cache/sglang/jit"),
+        ] {
+            assert_eq!(moved.var(var), Some(value), "{var}");
+        }
+        // Set by the operator: SGLang's setdefault keeps it; DeepGEMM's is forced; the JIT
+        // cache does not follow SGLANG_CACHE_DIR.
+        let set = engine_env(
+            Some(Engine::Sglang),
+            home(&[
+                ("SGLANG_CACHE_DIR", "~/sg"),
+                ("TRITON_CACHE_DIR", "/t"),
+                ("DG_JIT_CACHE_DIR", "/dg"),
+            ]),
+        );
+        assert_eq!(set.var("TRITON_CACHE_DIR"), Some("/t"));
+        assert_eq!(
+            set.var("TORCHINDUCTOR_CACHE_DIR"),
+            Some("/home/u/sg/inductor")
+        );
+        assert_eq!(set.var("DG_JIT_CACHE_DIR"), Some("/home/u/sg/deep_gemm"));
+        assert_eq!(
+            set.var("SGLANG_JIT_CACHE_DIR"),
+            Some("/home/u/.cache/sglang/jit")
+        );
+        assert_eq!(set.var("SGLANG_CACHE_DIR"), Some("~/sg"));
+        // Another engine, or none: the environment as it is.
+        assert_eq!(engine_env(Some(Engine::Vllm), home(&[])), home(&[]));
+        assert_eq!(engine_env(None, home(&[])), home(&[]));
+    }
+
+    #[test]
+    fn sglang_reads_inductor_on_a_cpu_machine_and_everything_it_moves_on_a_gpu() {
+        let cpu = facts(&[("gpu.count", "0")]);
+        let c = EngineCaches::choose(Engine::Sglang, &env(&[]), &cpu, false);
+        assert_eq!(c.kinds, ["inductor", "inductor-pch"]);
+        assert!(c.why.contains("SGLANG_CACHE_DIR unset"), "{}", c.why);
+        assert_eq!(
+            EngineCaches::choose(Engine::Sglang, &env(&[]), &cpu, true).kinds,
+            ["inductor"]
+        );
+        let gpu = facts(&[("gpu.name", "NVIDIA H200")]);
+        let g = EngineCaches::choose(Engine::Sglang, &env(&[]), &gpu, false);
+        assert!(!g.kinds.contains(&"inductor-pch"), "{:?}", g.kinds);
+        for kind in [
+            "inductor",
+            "triton",
+            "sglang-jit",
+            "sglang-compile",
+            "deepgemm",
+        ] {
+            assert!(g.kinds.contains(&kind), "{kind} in {:?}", g.kinds);
+        }
+    }
+
+    #[test]
+    fn sglang_keys_hold_pkg_sglang_once() {
+        use crate::policy::native::NativeRules;
+        let native: Arc<dyn CachePolicy> = Arc::new(NativeRules::new("inductor"));
+        let plain = native.compat_key(&facts(&[("a", "1")])).unwrap();
+        let sglang = keyed(Some(Engine::Sglang), "inductor", native.clone());
+        assert_eq!(
+            sglang
+                .compat_key(&facts(&[("a", "1"), ("pkg.sglang", "0.5.23")]))
+                .unwrap(),
+            // The native rules key on every fact, pkg.sglang among them: not added twice.
+            native
+                .compat_key(&facts(&[("a", "1"), ("pkg.sglang", "0.5.23")]))
+                .unwrap()
+        );
+        assert!(matches!(
+            sglang.compat_key(&facts(&[("a", "1")])),
+            Err(PolicyError::MissingFact(f)) if f == "pkg.sglang"
+        ));
+        // A key without it gets it, encoded as keys are.
+        let only_a = crate::policy::testing::HookedPolicy::new(NativeRules::new("inductor"), ())
+            .on_compat_key(|_, _, _| Ok("inductor@1;a=1".into()));
+        let k = keyed(Some(Engine::Sglang), "inductor", Arc::new(only_a));
+        assert_eq!(
+            k.compat_key(&facts(&[("pkg.sglang", "0.5;23")])).unwrap(),
+            "inductor@1;a=1;pkg.sglang=0.5%3B23"
+        );
+        // vLLM adds nothing; a kind SGLang does not read is left alone.
+        assert_eq!(
+            keyed(Some(Engine::Vllm), "inductor", native.clone())
+                .compat_key(&facts(&[("a", "1")]))
+                .unwrap(),
+            plain
+        );
+        assert_eq!(
+            keyed(Some(Engine::Sglang), "vllm-compile", native)
+                .compat_key(&facts(&[("a", "1")]))
+                .unwrap(),
+            plain
         );
     }
 

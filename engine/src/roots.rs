@@ -118,6 +118,35 @@ impl ProcessEnv {
         }
     }
 
+    /// Sets `name` unless it is present (even empty), as Python's `os.environ.setdefault`: how
+    /// an engine's own process moves its caches (`crate::engines::engine_env`).
+    pub fn set_default(&mut self, name: &str, value: String) {
+        self.vars.entry(name.to_owned()).or_insert(value);
+    }
+
+    /// Sets `name`, as Python's `os.environ[name] = value`.
+    pub fn set(&mut self, name: &str, value: String) {
+        self.vars.insert(name.to_owned(), value);
+    }
+
+    /// `os.path.expanduser(path)` for a leading `~/` (else `path` as it is); `None` when `~`
+    /// cannot be expanded.
+    pub fn expand_user(&self, path: &str) -> Option<String> {
+        match path.strip_prefix("~/") {
+            Some(rest) => Some(format!(
+                "{}/{rest}",
+                self.home()?.value.trim_end_matches('/')
+            )),
+            None if path == "~" => Some(self.home()?.value),
+            None => Some(path.to_owned()),
+        }
+    }
+
+    /// Whether `name` is in the environment, even empty (Python's `name in os.environ`).
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.vars.contains_key(name)
+    }
+
     /// A variable's value; an empty one counts as unset.
     pub(crate) fn var(&self, name: &str) -> Option<&str> {
         self.vars

@@ -378,8 +378,8 @@ pub struct AuditArgs {
     #[arg(long, env = "JITSHIP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// The engine whose caches to audit, as install resolved them (`vllm`): each of its roots
-    /// that holds an install record.
+    /// The engine whose caches to audit, as install resolved them (`vllm`, `sglang`): each of
+    /// its roots that holds an install record.
     #[arg(long, env = "JITSHIP_ENGINE", value_name = "ENGINE")]
     pub engine: Option<config::Engine>,
 
@@ -593,8 +593,9 @@ pub struct SettingsArgs {
 
     /// The inference engine whose caches to work on, all at once: `vllm` (its compile cache, or
     /// the Inductor cache and precompiled header, by VLLM_USE_AOT_COMPILE and the machine; roots
-    /// from VLLM_CACHE_ROOT, TMPDIR, TORCHINDUCTOR_CACHE_DIR as vLLM resolves them). A --cache of
-    /// one of its kinds wins.
+    /// from VLLM_CACHE_ROOT, TMPDIR, TORCHINDUCTOR_CACHE_DIR as vLLM resolves them) or `sglang`
+    /// (the caches it moves under SGLANG_CACHE_DIR and its own, by machine, as SGLang resolves
+    /// them; keyed with pkg.sglang too). A --cache of one of its kinds wins.
     #[arg(
         long,
         env = "JITSHIP_ENGINE",
@@ -806,8 +807,8 @@ pub struct FactsArgs {
     )]
     pub caches: Vec<String>,
 
-    /// The engine whose caches to show (`vllm`): those it reads here, as publish and install
-    /// choose them, with why.
+    /// The engine whose caches to show (`vllm`, `sglang`): those it reads here, as publish and
+    /// install choose them, with why.
     #[arg(long, env = "JITSHIP_ENGINE", value_name = "ENGINE")]
     pub engine: Option<config::Engine>,
 

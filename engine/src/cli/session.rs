@@ -188,7 +188,8 @@ impl CacheSession {
             tracing::debug!(ms = t.elapsed().as_millis() as u64, "policies loaded");
             (gathering.join(), store, policies)
         });
-        let env = ProcessEnv::from_process();
+        // The environment the engine's own process resolves its caches in (SGLang moves them).
+        let env = crate::engines::engine_env(config.engine, ProcessEnv::from_process());
         let mut root_origins = match &policies {
             Ok(policies) => crate::roots::resolve_cache_roots(&mut config.caches, policies, &env)?,
             Err(_) => Vec::new(),
@@ -222,7 +223,11 @@ impl CacheSession {
     pub(crate) fn ready(&self, cache: &CacheConfig) -> Result<StoreAndPolicy, SharedFailure> {
         let store = self.store.clone()?;
         let policies = self.policies.as_ref().map_err(Clone::clone)?;
-        Ok((store, policies.policy(&cache.kind)))
+        let policy = policies.policy(&cache.kind);
+        Ok((
+            store,
+            crate::engines::keyed(self.config.engine, &cache.kind, policy),
+        ))
     }
 
     /// [`ready`](Self::ready) for every cache, in order, and the session's own reference to the
@@ -339,7 +344,8 @@ impl Session {
     }
 
     pub(crate) fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
-        self.policies.policy(&cache.kind)
+        let policy = self.policies.policy(&cache.kind);
+        crate::engines::keyed(self.config.engine, &cache.kind, policy)
     }
 
     pub(crate) fn publish_options(

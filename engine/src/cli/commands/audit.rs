@@ -16,7 +16,8 @@ pub(crate) fn run_audit(args: AuditArgs) -> Result<i32> {
     // The roots as install resolved them (a kind without =ROOT: the engine's own root from this
     // process's environment); no store, no facts.
     let policies = PolicySet::from_config(&config)?;
-    crate::roots::resolve_cache_roots(&mut config.caches, &policies, &ProcessEnv::from_process())?;
+    let env = crate::engines::engine_env(config.engine, ProcessEnv::from_process());
+    crate::roots::resolve_cache_roots(&mut config.caches, &policies, &env)?;
     let mut reports = Vec::new();
     for cache in &config.caches {
         // --engine: its candidate roots that install wrote into (install chose them by the same

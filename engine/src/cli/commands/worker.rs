@@ -678,7 +678,7 @@ fn engine_caches(
     if config.engine.is_none() {
         return Ok(None);
     }
-    let env = ProcessEnv::from_process();
+    let env = crate::engines::engine_env(config.engine, ProcessEnv::from_process());
     let mut resolved = config.clone();
     let policies = PolicySet::from_config(&resolved)?;
     let mut origins = crate::roots::resolve_cache_roots(&mut resolved.caches, &policies, &env)?;
@@ -708,7 +708,7 @@ fn resolved_roots(config: &Config) -> Result<Vec<ResolvedRoot>> {
         return Ok(Vec::new());
     }
     let policies = PolicySet::from_config(config)?;
-    let env = ProcessEnv::from_process();
+    let env = crate::engines::engine_env(config.engine, ProcessEnv::from_process());
     Ok(config
         .caches
         .iter()
