@@ -153,6 +153,58 @@ pub struct KeyPolicy {
     /// Why no policy decided: every generation of the compat id was kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_whole: Option<String>,
+    /// The kind of reason `kept_whole` gives (what `NotDecided` counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_whole_cause: Option<KeptWholeCause>,
+}
+
+/// Why retention did not decide a compat id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeptWholeCause {
+    /// The policy it was published with is nowhere gc looked (or does not load, or refuses the
+    /// recorded settings; the store's copy was refused).
+    PolicyMissing,
+    /// The policy failed in `retain`.
+    PolicyFailed,
+}
+
+/// The keys retention did not decide this run (every generation kept), counted by why. Present
+/// only when there are some: `jitship gc` then exits with `exit::GC_NOT_DECIDED`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NotDecided {
+    /// Compat ids kept whole, for any reason below (one may have several).
+    pub keys: u64,
+    /// Their policy is not at hand (see each key's `kept_whole`).
+    pub policy_missing: u64,
+    /// Their policy failed in `retain`.
+    pub policy_failed: u64,
+    /// A generation that counts has a manifest this jitship cannot decode.
+    pub unreadable: u64,
+}
+
+impl std::fmt::Display for NotDecided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut why = Vec::new();
+        for (n, what) in [
+            (
+                self.policy_missing,
+                "the policy they were published with is not here",
+            ),
+            (self.policy_failed, "their policy failed"),
+            (self.unreadable, "a manifest of theirs cannot be read"),
+        ] {
+            if n > 0 {
+                why.push(format!("{n} because {what}"));
+            }
+        }
+        write!(
+            f,
+            "{} keys kept whole, not decided by retention: {}",
+            self.keys,
+            why.join(", ")
+        )
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -174,6 +226,10 @@ pub struct GcReport {
     #[serde(skip_serializing_if = "crate::inspect::is_zero")]
     pub contributions: u64,
     pub packs: Vec<ContentHash>,
+    /// Policy modules stored by digest (`catalog::modules`) removed (or, in a dry run, that
+    /// would be): those no retained generation names.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<ContentHash>,
     /// Bytes of the packs removed, where known (orphans found by listing: unknown until removed).
     pub pack_bytes: u64,
     /// Floors written: (compat id, floor seq).
@@ -205,6 +261,28 @@ pub struct GcReport {
     /// With a durable registry tier: what `collect_registry` deleted there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<RegistryGc>,
+    /// Keys retention did not decide (kept whole), counted by why; `None`: every key was decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_decided: Option<NotDecided>,
+}
+
+impl GcReport {
+    /// Counts the keys kept whole (`not_decided`), from the policies' lines and `unreadable_keys`.
+    fn count_not_decided(&mut self, unreadable_keys: &HashSet<CompatId>) {
+        let mut n = NotDecided::default();
+        let mut keys: HashSet<CompatId> = unreadable_keys.clone();
+        for k in &self.policies {
+            match k.kept_whole_cause {
+                Some(KeptWholeCause::PolicyMissing) => n.policy_missing += 1,
+                Some(KeptWholeCause::PolicyFailed) => n.policy_failed += 1,
+                None => continue,
+            }
+            keys.insert(k.compat_id);
+        }
+        n.unreadable = unreadable_keys.len() as u64;
+        n.keys = keys.len() as u64;
+        self.not_decided = (n.keys > 0).then_some(n);
+    }
 }
 
 /// What gc did to the durable registry tier: the manifest of every generation retention
@@ -267,12 +345,20 @@ struct Plan {
     floors: Vec<(CompatId, u64, Vec<u64>)>,
     /// Packs retained generations reference.
     retained: HashSet<ContentHash>,
+    /// Policy modules (by digest) a removed generation names, and those a retained one names: a
+    /// module goes only when no retained generation names it.
+    dropped_modules: BTreeSet<ContentHash>,
+    retained_modules: HashSet<ContentHash>,
+    /// The modules this run removes (`settle_modules`).
+    modules: Vec<ContentHash>,
     /// Every generation some head names.
     known: HashSet<GenerationId>,
     /// Contribution records whose seq's next head was written more than `grace` ago.
     contributions: Vec<String>,
     /// Head keys of retained generations: a journal never removes them.
     kept_heads: HashSet<String>,
+    /// Compat ids kept whole because a manifest that counts cannot be decoded.
+    unreadable_keys: HashSet<CompatId>,
     /// Keys of an interrupted earlier run's journal, removed again, and its seq.
     resumed: Vec<String>,
     resumed_journal: Option<u64>,
@@ -301,7 +387,9 @@ pub fn collect(
     add_spent_contributions(store, layout, &survey, opts, &mut plan)?;
     resume_interrupted_run(store, layout, &mut plan, &mut report)?;
     add_orphans(store, layout, opts, &mut plan, &report)?;
+    report.count_not_decided(&plan.unreadable_keys);
     let mut packs = settle_packs(&mut plan, &mut report);
+    plan.modules = settle_modules(&mut plan, &report);
 
     report.heads = plan
         .heads
@@ -333,10 +421,13 @@ pub fn collect(
         && plan.contributions.is_empty()
         && !plan.resumed.iter().any(|k| k.contains("/contrib/"))
         && !plan.resumed.iter().any(|k| k.contains("/gen/"))
-        && packs.is_empty();
+        && !plan.resumed.iter().any(|k| k.contains("/module/"))
+        && packs.is_empty()
+        && plan.modules.is_empty();
     if opts.dry_run || nothing {
         report.packs = packs.iter().map(|p| p.0).collect();
         report.pack_bytes = packs.iter().map(|p| p.1).sum();
+        report.modules = plan.modules.clone();
         return Ok(report);
     }
     remove(
@@ -395,10 +486,7 @@ fn add_merged_losers(
         .collect();
     for id in losers {
         if let Some(m) = fetch_if_decodable(store, layout, &id)? {
-            plan.manifests.insert(id);
-            for p in &m.packs {
-                plan.dropped_packs.insert(p.id, p.size);
-            }
+            drop_manifest(plan, id, &m);
         }
     }
     Ok(())
@@ -471,6 +559,13 @@ fn drop_manifest(plan: &mut Plan, id: GenerationId, m: &crate::generation::Manif
     for p in &m.packs {
         plan.dropped_packs.insert(p.id, p.size);
     }
+    plan.dropped_modules.extend(module_of(&m.policy));
+}
+
+/// The stored module a manifest names (`catalog::modules`): its policy's digest, unless that is
+/// `native` or another word no module is stored under.
+fn module_of(policy: &PolicyRef) -> Option<ContentHash> {
+    policy.digest.parse().ok()
 }
 
 /// How many journals, newest first, gc reads looking for the newest one it may resume.
@@ -511,6 +606,9 @@ fn resume_interrupted_run(
                             Some(JournalKey::Contribution) => true,
                             Some(JournalKey::Manifest(id)) => {
                                 !plan.known.contains(&id) || plan.manifests.contains(&id)
+                            }
+                            Some(JournalKey::Module(digest)) => {
+                                !plan.retained_modules.contains(&digest)
                             }
                             None => false,
                         })
@@ -571,6 +669,7 @@ enum JournalKey {
     Head,
     Contribution,
     Manifest(GenerationId),
+    Module(ContentHash),
 }
 
 /// What a journal key is, if it is one a journal may name: a head or manifest key of this
@@ -582,6 +681,13 @@ fn parse_journal_key(layout: &KeyLayout, key: &str) -> Option<JournalKey> {
         .filter(|id| layout.generation(id) == key)
     {
         return Some(JournalKey::Manifest(id));
+    }
+    if let Some(digest) = key
+        .strip_prefix(&layout.modules_prefix())
+        .and_then(|s| s.parse::<ContentHash>().ok())
+        .filter(|d| layout.module(d) == key)
+    {
+        return Some(JournalKey::Module(digest));
     }
     if let Some((compat, seq)) = key
         .strip_prefix(&layout.all_heads_prefix())
@@ -632,6 +738,15 @@ fn add_orphans(
     if !report.unreadable.is_empty() {
         return Ok(());
     }
+    let modules = layout.modules_prefix();
+    for key in list_or_none(store, &modules)?.unwrap_or_default() {
+        let Some(digest) = key.strip_prefix(&modules).and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        if !plan.retained_modules.contains(&digest) && old_enough(&key)? {
+            plan.dropped_modules.insert(digest);
+        }
+    }
     let packs = layout.packs_prefix();
     for key in list_or_none(store, &packs)?.unwrap_or_default() {
         let Some(id) = key.strip_prefix(&packs).and_then(|s| s.parse().ok()) else {
@@ -662,6 +777,19 @@ fn settle_packs(plan: &mut Plan, report: &mut GcReport) -> Vec<(ContentHash, u64
     packs
 }
 
+/// The stored modules to remove: those a removed (or orphan) generation named that no retained
+/// one names. None while a generation gc cannot read counts (it may name any module).
+fn settle_modules(plan: &mut Plan, report: &GcReport) -> Vec<ContentHash> {
+    let dropped = std::mem::take(&mut plan.dropped_modules);
+    if !report.unreadable.is_empty() {
+        return vec![];
+    }
+    dropped
+        .into_iter()
+        .filter(|d| !plan.retained_modules.contains(d))
+        .collect()
+}
+
 /// Removes in an order a reader never half-sees: 1. floors, 2. journal, 3. heads, manifests,
 /// packs (sparing those of generations published while gc ran).
 fn remove(
@@ -688,9 +816,21 @@ fn remove(
         .chain(plan.resumed.iter().filter(|k| k.contains("/contrib/")))
         .cloned()
         .collect();
+    let module_keys: Vec<String> = plan
+        .modules
+        .iter()
+        .map(|d| layout.module(d))
+        .chain(
+            plan.resumed
+                .iter()
+                .filter(|k| k.contains("/module/"))
+                .cloned(),
+        )
+        .collect();
     let mut journal_keys = report.heads.clone();
     journal_keys.extend(contribution_keys.iter().cloned());
     journal_keys.extend(manifest_keys.iter().cloned());
+    journal_keys.extend(module_keys.iter().cloned());
     let journal_packs = packs.iter().map(|p| p.0).chain(deferred_packs).collect();
     let journal = catalog::write_gc_journal(store, layout, journal_keys, journal_packs)?;
     report.journal = Some(journal.seq);
@@ -699,11 +839,31 @@ fn remove(
     // A contribution goes before the manifest it names: a reader never finds one naming nothing.
     remove_all(store, &contribution_keys, opts, &mut report.errors);
     remove_all(store, &manifest_keys, opts, &mut report.errors);
-    let spared = spared_packs(store, layout, opts, plan, report)?;
+    let (spared, spared_modules) = spared_packs(store, layout, opts, plan, report)?;
     if !report.unreadable.is_empty() {
         packs.clear();
     }
     remove_packs(store, layout, opts, packs, &spared, report);
+    // Modules last: after every manifest that named them, sparing those of generations published
+    // while gc ran (and all of them if one of those cannot be read).
+    if report.unreadable.is_empty() {
+        let keys: Vec<String> = module_keys
+            .into_iter()
+            .filter(|k| {
+                k.strip_prefix(&layout.modules_prefix())
+                    .and_then(|d| d.parse::<ContentHash>().ok())
+                    .is_some_and(|d| !spared_modules.contains(&d))
+            })
+            .collect();
+        for key in remove_all(store, &keys, opts, &mut report.errors) {
+            if let Some(d) = key
+                .strip_prefix(&layout.modules_prefix())
+                .and_then(|d| d.parse().ok())
+            {
+                report.modules.push(d);
+            }
+        }
+    }
     if report.errors.is_empty() && report.unreadable.is_empty() {
         catalog::mark_gc_done(store, layout, journal.seq)?;
     }
@@ -720,8 +880,9 @@ fn spared_packs(
     opts: &GcOptions,
     plan: &Plan,
     report: &mut GcReport,
-) -> Result<HashSet<ContentHash>, GcError> {
+) -> Result<(HashSet<ContentHash>, HashSet<ContentHash>), GcError> {
     let mut spared = plan.retained.clone();
+    let mut spared_modules = plan.retained_modules.clone();
     for compat in catalog::compat_ids(store, layout)? {
         let Some(head) = catalog::newest_head(store, layout, &compat)? else {
             continue;
@@ -732,7 +893,10 @@ fn spared_packs(
             continue;
         }
         match catalog::read_manifest(store, layout, &head.generation)? {
-            ManifestRead::Present(m) => spared.extend(m.packs.iter().map(|p| p.id)),
+            ManifestRead::Present(m) => {
+                spared.extend(m.packs.iter().map(|p| p.id));
+                spared_modules.extend(module_of(&m.policy));
+            }
             ManifestRead::Missing => {}
             ManifestRead::Unreadable(source) => {
                 report.unreadable.push(format!(
@@ -742,7 +906,7 @@ fn spared_packs(
             }
         }
     }
-    Ok(spared)
+    Ok((spared, spared_modules))
 }
 
 fn remove_packs(
@@ -814,6 +978,9 @@ fn decide_compat(
     report: &mut GcReport,
 ) {
     let rules = Rules::of(compat, policies, opts, report);
+    if rules.unreadable {
+        plan.unreadable_keys.insert(compat.compat_id);
+    }
     let mut kept_seqs: Vec<u64> = Vec::new();
     let mut dropped_seqs: Vec<u64> = Vec::new();
     for g in &compat.generations {
@@ -838,6 +1005,8 @@ fn decide_compat(
         let packs = g.summary().map(|s| s.packs.as_slice()).unwrap_or_default();
         match verdict {
             Verdict::Keep => {
+                plan.retained_modules
+                    .extend(g.summary().and_then(|s| module_of(&s.policy)));
                 kept_seqs.extend(&g.seqs);
                 plan.kept_heads
                     .extend(g.seqs.iter().map(|s| layout.head(&compat.compat_id, *s)));
@@ -850,6 +1019,8 @@ fn decide_compat(
                 plan.manifests.insert(g.id);
                 plan.dropped_packs
                     .extend(packs.iter().map(|p| (p.id, p.size)));
+                plan.dropped_modules
+                    .extend(g.summary().and_then(|s| module_of(&s.policy)));
             }
         }
         report.decisions.push(Decision {
@@ -1019,6 +1190,7 @@ fn retention_drops(
         published_with: published_with.clone(),
         decided_by: None,
         kept_whole: None,
+        kept_whole_cause: None,
     };
     // No readable manifest at all: only dead heads, nothing for a policy to weigh.
     let (Some(kind), Some(recorded)) = (&compat.cache_kind, &published_with) else {
@@ -1053,6 +1225,7 @@ fn retention_drops(
                         policy.info().name
                     );
                     key.kept_whole = Some(msg.clone());
+                    key.kept_whole_cause = Some(KeptWholeCause::PolicyFailed);
                     report.policy_errors.push(msg);
                     Err("policy failed; keeping")
                 }
@@ -1061,6 +1234,7 @@ fn retention_drops(
         Governing::Missing { reason } => {
             tracing::warn!(kind = %kind, compat_id = %compat.compat_id, "gc: {reason}");
             key.kept_whole = Some(reason);
+            key.kept_whole_cause = Some(KeptWholeCause::PolicyMissing);
             Err("kept whole: the policy it was published with is not here (see its policy line)")
         }
     };

@@ -189,6 +189,9 @@ impl CachePolicy for GuardedPolicy {
     fn policy_ref(&self) -> PolicyRef {
         self.inner.policy_ref()
     }
+    fn module(&self) -> Option<std::sync::Arc<[u8]>> {
+        self.inner.module()
+    }
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         self.guard("compat-key", || self.inner.compat_key(facts))
     }

@@ -205,6 +205,9 @@ fn publish_to_store(
     if let Some(signal) = opts.interrupt.signal_name() {
         return Err(PublishError::Interrupted(signal));
     }
+    // The policy module goes in the store before the head names it (through the manifest), so
+    // gc, inspect and `policy test` can fetch it whatever becomes of the local file.
+    store_policy_module(store, layout, policy, &mut report)?;
     // The compat index lets gc and `ls` find this compat id on stores that cannot list keys; it is
     // written before the head, so no head exists that the index does not lead to.
     let (kind, key) = (&candidate.cache_kind, &candidate.compat_key);
@@ -373,6 +376,7 @@ impl PublishReport {
             upload_ms: 0,
             duration_ms: 0,
             registry: None,
+            module_not_stored: None,
         }
     }
 }
@@ -579,6 +583,31 @@ fn new_manifest(
     };
     prune_packs(&mut manifest);
     (manifest, conflicts)
+}
+
+/// Stores the module of `policy` by its digest (`catalog::modules`), unless it is one of the
+/// built-in modules every jitship carries (gc finds those in itself, and decides keys of an
+/// older built-in with today's: `gc`). A key someone else holds with other bytes is reported,
+/// never a reason to fail: gc then keeps the key whole until it has the module.
+fn store_policy_module(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    policy: &dyn CachePolicy,
+    report: &mut PublishReport,
+) -> Result<(), PublishError> {
+    let Some(bytes) = policy.module() else {
+        return Ok(());
+    };
+    if crate::policy::builtin::is_builtin(&bytes) {
+        return Ok(());
+    }
+    if let catalog::modules::ModulePut::Refused(why) =
+        catalog::modules::put_module(store, layout, &bytes)?
+    {
+        tracing::warn!("policy module not stored: {why}");
+        report.module_not_stored = Some(why);
+    }
+    Ok(())
 }
 
 /// The largest manifest a publish may write to `store`: what the store takes as one value, and

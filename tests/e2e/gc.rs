@@ -874,6 +874,11 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
         };
         gens.push(generation);
     }
+    // Publish stored the module by its digest (issue 43); without it, the store alone has no
+    // such policy either.
+    let stored = b.layout.module(&digest.parse().unwrap());
+    assert!(has(&b, &stored));
+    b.store.remove(&stored).unwrap();
     let live = |b: &Backend| {
         gens.iter()
             .filter(|g| has(b, &b.layout.generation(g)))
@@ -887,7 +892,8 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
          [policy]\ncompile_cache = false\n",
     )
     .unwrap();
-    let gc = |extra: &[&str]| -> serde_json::Value {
+    // Exit 4 where a key was kept whole (not decided by retention), 0 where every key was.
+    let gc = |extra: &[&str], code: i32| -> serde_json::Value {
         let out = jitship_tests::cli::jitship()
             .arg("gc")
             .args(b.cli.as_ref().unwrap())
@@ -902,7 +908,7 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
             out.status.code(),
-            Some(0),
+            Some(code),
             "gc {extra:?}: {stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -921,13 +927,36 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
         );
         assert!(r["manifests"].as_array().unwrap().is_empty(), "{r:#}");
         assert!(r["heads"].as_array().unwrap().is_empty(), "{r:#}");
+        assert_eq!(
+            r["not_decided"],
+            serde_json::json!({"keys": 1, "policy_missing": 1, "policy_failed": 0, "unreadable": 0}),
+            "{r:#}"
+        );
     };
 
     // The store alone: gc has no such policy; nothing is dropped and the report says why.
-    kept_whole(&gc(&[]));
+    kept_whole(&gc(&[], 4));
+    // The text summary counts the key and says why (issue 43: a cron gc that decided nothing
+    // does not report success).
+    let out = jitship_tests::cli::jitship()
+        .arg("gc")
+        .args(b.cli.as_ref().unwrap())
+        .args(["--dry-run"])
+        .env("RUST_LOG", "error")
+        .env_remove("JITSHIP_CONFIG")
+        .env_remove("JITSHIP_CACHES")
+        .env_remove("JITSHIP_POLICY_DIR")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("NOT DECIDED: 1 keys kept whole, not decided by retention: 1 because the policy they were published with is not here"),
+        "{text}"
+    );
     assert_eq!(live(&b), 7);
     // A config naming only other caches: the same.
-    kept_whole(&gc(&["--config", config.to_str().unwrap()]));
+    kept_whole(&gc(&["--config", config.to_str().unwrap()], 4));
     assert_eq!(live(&b), 7);
 
     // With the module in a modules dir: its rule applies (keeps 5) and the report names it.
@@ -941,7 +970,7 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
         "--policy-dir",
         dir.to_str().unwrap(),
     ];
-    let dry = gc(&[&with_dir[..], &["--dry-run"]].concat());
+    let dry = gc(&[&with_dir[..], &["--dry-run"]].concat(), 0);
     let key = &dry["policies"][0];
     assert_eq!(key["decided_by"]["name"], "golden-retention", "{dry:#}");
     assert_eq!(key["decided_by"]["digest"], digest.as_str());
@@ -949,7 +978,7 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
     assert!(key.get("kept_whole").is_none(), "{dry:#}");
     assert_eq!(dry["manifests"].as_array().unwrap().len(), 2, "{dry:#}");
     assert_eq!(live(&b), 7);
-    let r = gc(&with_dir);
+    let r = gc(&with_dir, 0);
     assert_eq!(r["manifests"].as_array().unwrap().len(), 2, "{r:#}");
     assert_eq!(live(&b), 5);
     for g in &gens[2..] {

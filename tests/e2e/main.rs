@@ -34,6 +34,7 @@ mod policy_build;
 mod policy_dist;
 mod policy_golden;
 mod policy_host;
+mod policy_modules;
 mod policy_new;
 mod policy_scale;
 mod policy_test_cli;

@@ -14,6 +14,7 @@
 //! | `{ns}/gc/{seq}`                   | gc journal: what one gc run removes    | gc                |
 //! | `{ns}/gc-done/{seq}`              | marker: that gc run finished           | gc                |
 //! | `{ns}/pin/{generation-id}`        | pin record; its existence = pinned     | pin (unpin removes)|
+//! | `{ns}/module/{blake3}`            | a policy module a manifest names by digest | publish      |
 //!
 //! Sequences (`head`, `index`, `floor`, `gc`) are appended at `newest + 1` and read back to learn
 //! who won the seq; without listing they are found by probing `exists` (doubling, then bisecting:
@@ -144,6 +145,16 @@ impl KeyLayout {
 
     pub fn gc_done(&self, seq: u64) -> String {
         format!("{}/gc-done/{seq}", self.namespace)
+    }
+
+    /// A policy module (WebAssembly component bytes) by its blake3, the digest manifests record
+    /// (`Manifest.policy.digest`): see `modules`.
+    pub fn module(&self, digest: &ContentHash) -> String {
+        format!("{}/module/{digest}", self.namespace)
+    }
+
+    pub fn modules_prefix(&self) -> String {
+        format!("{}/module/", self.namespace)
     }
 
     pub fn pin(&self, id: &GenerationId) -> String {

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod contributions;
 pub mod keys;
+pub mod modules;
 mod removal;
 pub mod walk;
 

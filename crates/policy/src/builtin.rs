@@ -70,6 +70,11 @@ pub fn lookup(kind: &str) -> Option<&'static [u8]> {
         .filter(|w| !w.is_empty())
 }
 
+/// Whether `bytes` are exactly one of the embedded components.
+pub fn is_builtin(bytes: &[u8]) -> bool {
+    BUILTINS.iter().any(|b| !b.wasm.is_empty() && b.wasm == bytes)
+}
+
 /// The kinds jitship ships a policy for.
 pub fn kinds() -> impl Iterator<Item = &'static str> {
     BUILTINS.iter().map(|b| b.kind)

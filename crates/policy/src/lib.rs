@@ -301,6 +301,14 @@ pub trait CachePolicy: Send + Sync {
     /// Identity recorded in manifests (name, version, module digest).
     fn policy_ref(&self) -> PolicyRef;
 
+    /// The module's bytes (whose blake3 is `policy_ref().digest`), for a policy loaded from a
+    /// WebAssembly component: publish stores them in the store by that digest, so gc, `inspect`
+    /// and `policy test` find the module a key was published with whatever became of the file.
+    /// `None` for the native rules and test doubles.
+    fn module(&self) -> Option<std::sync::Arc<[u8]>> {
+        None
+    }
+
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError>;
 
     /// One decision per entry, same order, and whether the root is a complete cache. `root` is

@@ -120,6 +120,9 @@ impl<P: CachePolicy, T: Send + Sync> CachePolicy for HookedPolicy<P, T> {
     fn policy_ref(&self) -> PolicyRef {
         self.inner.policy_ref()
     }
+    fn module(&self) -> Option<std::sync::Arc<[u8]>> {
+        self.inner.module()
+    }
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         match &self.compat_key {
             Some(hook) => hook(&self.inner, &self.state, facts),

@@ -19,6 +19,9 @@ pub const USAGE: i32 = 2;
 pub const PROBLEM_FOUND: i32 = 3;
 /// `audit`: the engine compiled anyway (the files it added or rewrote are on the output).
 pub const COMPILED_ANYWAY: i32 = 3;
+/// `gc`: done, but retention did not decide some keys (kept whole: their policy is not here or
+/// failed, or a manifest cannot be read); the summary line counts them and says why.
+pub const GC_NOT_DECIDED: i32 = 4;
 /// A second SIGTERM/SIGINT cut `watch`'s final publish short (128 + SIGINT); `install` and
 /// `publish` stopped by SIGINT.
 pub const INTERRUPTED: i32 = 130;
@@ -107,9 +110,11 @@ Exit codes:
 
 pub const GC_HELP: &str = "\
 Exit codes:
-  0   done (or nothing to do)
+  0   done (or nothing to do): retention decided every key
   1   error, or some keys could not be removed (run gc again: it resumes from its journal)
-  2   usage error";
+  2   usage error
+  4   done, but some keys were kept whole, not decided by retention (their policy is not here
+      or failed, or a manifest cannot be read): the summary line counts them and says why";
 
 /// ls, inspect, pin, unpin, facts, completions, key, policy build.
 pub const SIMPLE_HELP: &str = "\
@@ -247,6 +252,7 @@ mod tests {
             (PUBLISH_HELP, TERMINATED),
             (INSTALL_HELP, TERMINATED),
             (SIMPLE_HELP, USAGE),
+            (GC_HELP, GC_NOT_DECIDED),
         ] {
             assert!(text.contains(&format!("  {code:<3} ")), "{code} in {text}");
         }

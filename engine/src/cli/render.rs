@@ -519,6 +519,15 @@ pub(crate) fn print_gc(report: &crate::gc::GcReport) {
         bytesize::ByteSize(report.pack_bytes),
         report.packs_shared
     );
+    if !report.modules.is_empty() {
+        say!(
+            "{verb} {} stored policy modules no kept generation names",
+            report.modules.len()
+        );
+    }
+    if let Some(n) = &report.not_decided {
+        say!("NOT DECIDED: {n} (see DECIDED BY; gc exits 4)");
+    }
     if report.dry_run {
         for h in &report.heads {
             say!("  head      {h}");
@@ -528,6 +537,9 @@ pub(crate) fn print_gc(report: &crate::gc::GcReport) {
         }
         for p in &report.packs {
             say!("  pack      {p}");
+        }
+        for m in &report.modules {
+            say!("  module    {m}");
         }
     }
     if let Some(j) = report.resumed_journal {

@@ -8,11 +8,14 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde::Serialize;
 
+use crate::catalog::KeyLayout;
+use crate::catalog::modules::{self, ModuleRead};
 use crate::config::Config;
 use crate::generation::{ContentHash, PolicyRef};
 use crate::policy::host::{PolicyConfig, PolicyEngine, WasmPolicy, describe};
 use crate::policy::native::NativeRules;
 use crate::policy::{CachePolicy, PolicySettings, builtin};
+use crate::store::Store;
 
 /// Where gc found the policy that decided a compat id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -27,6 +30,9 @@ pub enum PolicyOrigin {
     ConfiguredCache { kind: String, path: PathBuf },
     /// A module of the modules directory (`[policy] modules_dir`, `--policy-dir`).
     ModulesDir { path: PathBuf },
+    /// The module publish stored by its digest (`catalog::modules`), fetched from the store and
+    /// checked against the digest.
+    Store { key: String },
     /// jitship's native rules (recorded digest `native`).
     Native,
     /// Handed to `gc::collect` by its caller (tests, embedding).
@@ -44,6 +50,7 @@ impl std::fmt::Display for PolicyOrigin {
                 write!(f, "configured cache {kind} ({})", path.display())
             }
             Self::ModulesDir { path } => write!(f, "modules dir ({})", path.display()),
+            Self::Store { key } => write!(f, "fetched from the store ({key})"),
             Self::Native => f.write_str("native rules"),
             Self::Given => f.write_str("given by the caller"),
         }
@@ -153,6 +160,18 @@ pub struct PolicyIndex {
     /// Problems met while indexing (an unreadable modules dir or file), for the reasons.
     index_problems: OnceLock<Vec<String>>,
     loaded: Mutex<HashMap<String, Loaded>>,
+    /// The store whose modules (`catalog::modules`) gc may fetch by digest.
+    store: Option<(Arc<dyn Store>, KeyLayout)>,
+    /// Digest -> the store's answer (fetched once).
+    fetched: Mutex<HashMap<String, Fetched>>,
+}
+
+/// What the store held for a digest: a module loaded under its key, or why none.
+#[derive(Clone)]
+enum Fetched {
+    Loaded { key: String, policy: Loaded },
+    Missing,
+    Refused(String),
 }
 
 impl PolicyIndex {
@@ -172,7 +191,52 @@ impl PolicyIndex {
             digests: OnceLock::new(),
             index_problems: OnceLock::new(),
             loaded: Mutex::new(HashMap::new()),
+            store: None,
+            fetched: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Also fetches modules from `store` by digest, when nothing here has the recorded one (a
+    /// module rebuilt or deleted since the publish). They run under the same sandbox limits as
+    /// any other (`[policy]`), and only the digests gc asks for: those recorded by the generation
+    /// that decides a key (under `required`, one a trusted key signed).
+    pub fn with_store(mut self, store: Arc<dyn Store>, layout: KeyLayout) -> Self {
+        self.store = Some((store, layout));
+        self
+    }
+
+    /// The module of `digest` from the store, loaded (once per digest).
+    fn fetch(&self, digest: &str) -> Fetched {
+        let Some((store, layout)) = &self.store else {
+            return Fetched::Missing;
+        };
+        let Ok(hash) = digest.parse::<ContentHash>() else {
+            return Fetched::Missing;
+        };
+        let mut fetched = self.fetched.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(done) = fetched.get(digest) {
+            return done.clone();
+        }
+        let key = layout.module(&hash);
+        let answer = match modules::read_module(store.as_ref(), layout, &hash) {
+            Ok(ModuleRead::Present(bytes)) => Fetched::Loaded {
+                policy: self.engine().and_then(|engine| {
+                    engine
+                        .load(&bytes, &format!("store:{key}"))
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                }),
+                key,
+            },
+            Ok(ModuleRead::Missing) => Fetched::Missing,
+            Ok(ModuleRead::Refused(why)) => {
+                tracing::warn!("gc: stored module refused: {why}");
+                Fetched::Refused(why)
+            }
+            Err(e) => Fetched::Refused(format!("cannot read {key}: {e}")),
+        };
+        fetched.insert(digest.to_owned(), answer.clone());
+        answer
     }
 
     fn engine(&self) -> Result<Arc<PolicyEngine>, String> {
@@ -315,6 +379,31 @@ impl PolicyFinder for PolicyIndex {
                 },
             };
         }
+        // The module publish stored by its digest: fetched, checked against the digest, loaded
+        // under the same limits.
+        let mut store_problem = None;
+        match self.fetch(&recorded.digest) {
+            Fetched::Loaded { key, policy } => {
+                let origin = PolicyOrigin::Store { key };
+                return match policy {
+                    Ok(policy) => with_recorded_settings(&policy, recorded, origin.clone(), |e| {
+                        format!(
+                            "its policy {named} is {origin}, but it does not take the settings \
+                             the key was published with ({}): {e}; keeping it whole",
+                            describe(&recorded.settings)
+                        )
+                    }),
+                    Err(e) => Governing::Missing {
+                        reason: format!(
+                            "its policy {named} is {origin}, but it does not load: {e}; keeping \
+                             it whole"
+                        ),
+                    },
+                };
+            }
+            Fetched::Refused(why) => store_problem = Some(why),
+            Fetched::Missing => {}
+        }
         // A built-in upgraded since the publish: today's built-in of that name decides, but only
         // when nothing here has the recorded digest, the recorded name is the built-in's and the
         // operator did not configure a module of their own for the kind (a third-party module
@@ -342,11 +431,16 @@ impl PolicyFinder for PolicyIndex {
             });
         }
         let mut reason = format!(
-            "its policy {named} is not here (not built in, no configured cache's module, {}); \
+            "its policy {named} is not here (not built in, no configured cache's module, {}, {}); \
              keeping it whole: {GIVE_IT}",
             match &self.modules_dir {
                 Some(d) => format!("not in the modules dir {}", d.display()),
                 None => "no modules dir".to_owned(),
+            },
+            match (&self.store, &store_problem) {
+                (None, _) => "the store not asked".to_owned(),
+                (Some(_), None) => "not in the store".to_owned(),
+                (Some(_), Some(why)) => format!("the store's copy refused: {why}"),
             }
         );
         if let Some(problems) = self.index_problems.get().filter(|p| !p.is_empty()) {

@@ -91,6 +91,10 @@ pub struct PublishReport {
     /// With a durable registry tier: what was pushed there, or why nothing could be.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<RegistryPush>,
+    /// Why the policy module could not be stored by its digest (`catalog::modules`); gc keeps
+    /// the key whole until it has a module of that digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_not_stored: Option<String>,
 }
 
 /// A publish's push to the durable registry tier.

@@ -560,6 +560,7 @@ mod tests {
             parent_signer: None,
             duration_ms: 1,
             registry: None,
+            module_not_stored: None,
             hash_ms: 0,
             upload_ms: 0,
         }

@@ -314,6 +314,7 @@ impl PolicyEngine {
             wit_settings: vec![],
             settings_checked: false,
             digest,
+            bytes: bytes.into(),
             contract,
             load: LoadStats {
                 from_cache,
@@ -406,6 +407,8 @@ pub struct WasmPolicy {
     /// resolves to the same settings needs no call).
     settings_checked: bool,
     digest: String,
+    /// The component's bytes (blake3 = `digest`), shared by every clone.
+    bytes: Arc<[u8]>,
     contract: ContractInfo,
     load: LoadStats,
 }
@@ -1038,6 +1041,10 @@ impl CachePolicy for WasmPolicy {
             digest: self.digest.clone(),
             settings: self.settings.clone(),
         }
+    }
+
+    fn module(&self) -> Option<Arc<[u8]>> {
+        Some(self.bytes.clone())
     }
 
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {

@@ -474,7 +474,8 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
     let opts = gc_options(&args, &session)?;
     // Each compat id is decided by the policy it was published with (found by digest), never by
     // the rule this host configures for its kind.
-    let policies = crate::gc::PolicyIndex::new(&session.config, args.policy_dir.clone());
+    let policies = crate::gc::PolicyIndex::new(&session.config, args.policy_dir.clone())
+        .with_store(session.store.clone(), session.layout.clone());
     let mut report = crate::gc::collect(session.store.as_ref(), &session.layout, &policies, &opts)
         .with_context(|| format!("gc of {}", session.store.describe()))?;
     if let Some(registry) = &session.registry {
@@ -485,10 +486,12 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
         ));
     }
     let registry_errors = report.registry.as_ref().map_or(0, |r| r.errors.len());
-    let code = if report.errors.is_empty() && registry_errors == 0 {
-        exit::OK
-    } else {
+    let code = if !report.errors.is_empty() || registry_errors > 0 {
         exit::ERROR
+    } else if report.not_decided.is_some() {
+        exit::GC_NOT_DECIDED
+    } else {
+        exit::OK
     };
     if args.common.json {
         emit_json("gc", [&report], code);

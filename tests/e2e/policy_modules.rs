@@ -1,0 +1,299 @@
+//! Issue 43: policy modules by digest, in the store. A publish stores the module it used under
+//! its blake3 (`catalog::modules`), the digest its manifest records; gc fetches it from there when
+//! no local file has that digest (the author rebuilt or deleted it), checks it against the digest
+//! and runs it under the same sandbox; a module no retained generation names goes. A module key
+//! is anyone's: bytes that are not its digest's are refused, never loaded.
+//!
+//! Built as `policy_new` builds its crate (a `jitship policy new` scaffold outside the
+//! repository, `jitship policy build`, the target directory shared with that test), so it needs
+//! `rustup target add wasm32-unknown-unknown` and the SDK's crates in cargo's cache.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use jitship::catalog::KeyLayout;
+use jitship::generation::ContentHash;
+use jitship::store::{LocalStore, Store, ValueClass};
+
+fn jitship(args: &[&str]) -> Output {
+    jitship_tests::cli::jitship()
+        .args(args)
+        .env("RUST_LOG", "error")
+        .env_remove("JITSHIP_CONFIG")
+        .env_remove("JITSHIP_CACHES")
+        .env_remove("JITSHIP_POLICY_DIR")
+        .output()
+        .expect("run jitship")
+}
+
+fn ok(what: &str, out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn write(root: &Path, path: &str, bytes: &[u8]) {
+    let path = root.join(path);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A `policy new` scaffold of kind `kind` in `dir` with its lock file (offline where cargo can).
+pub(crate) fn scaffold(name: &str, kind: &str, dir: &Path) {
+    ok(
+        "policy new",
+        jitship(&[
+            "policy",
+            "new",
+            name,
+            "--kind",
+            kind,
+            "--dir",
+            dir.to_str().unwrap(),
+        ]),
+    );
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let lock = |offline: bool| {
+        let mut c = Command::new(&cargo);
+        c.args(["generate-lockfile", "--manifest-path"])
+            .arg(dir.join("Cargo.toml"));
+        if offline {
+            c.arg("--offline");
+        }
+        c.output().expect("run cargo")
+    };
+    if !lock(true).status.success() {
+        ok("cargo generate-lockfile", lock(false));
+    }
+}
+
+/// `jitship policy build DIR -o OUT`, with the target directory `policy_new` uses.
+pub(crate) fn build(dir: &Path, out: &Path) {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-new-target");
+    ok(
+        "policy build",
+        jitship(&[
+            "policy",
+            "build",
+            dir.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--target-dir",
+            target.to_str().unwrap(),
+        ]),
+    );
+}
+
+const FACTS: [&str; 6] = [
+    "--fact",
+    "os.arch=x86_64",
+    "--fact",
+    "gpu.arch=sm_90",
+    "--fact",
+    "driver.major=550",
+];
+
+struct Place {
+    store: String,
+    dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Place {
+    fn new(tmp: &Path) -> Self {
+        let dir = tmp.join("store");
+        let config = tmp.join("jitship.toml");
+        std::fs::write(&config, "[policy]\ncompile_cache = false\n").unwrap();
+        Self {
+            store: format!("local:{}", dir.display()),
+            dir,
+            config,
+        }
+    }
+
+    fn publish(&self, cache: &str, extra: &[&str]) -> serde_json::Value {
+        let args = [
+            &[
+                "publish",
+                "--config",
+                self.config.to_str().unwrap(),
+                "--store",
+                &self.store,
+                "--cache",
+                cache,
+                "--json",
+            ][..],
+            &FACTS[..],
+            extra,
+        ]
+        .concat();
+        json(&ok("publish", jitship(&args)))["results"][0].clone()
+    }
+
+    /// gc with the store alone (no module given), `extra` added; its exit code and report.
+    fn gc(&self, extra: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+        let args = [
+            &[
+                "gc",
+                "--config",
+                self.config.to_str().unwrap(),
+                "--store",
+                &self.store,
+                "--grace",
+                "0s",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let out = jitship(&[&args[..], &["--json"]].concat());
+        let doc = json(&out);
+        let text = jitship(&[&args[..], &["--dry-run"]].concat());
+        (
+            out.status.code(),
+            doc["results"][0].clone(),
+            String::from_utf8_lossy(&text.stdout).into_owned(),
+        )
+    }
+
+    fn store(&self) -> (LocalStore, KeyLayout) {
+        (
+            LocalStore::open(&self.dir).unwrap(),
+            KeyLayout::new("jitship").unwrap(),
+        )
+    }
+}
+
+/// Must-show 1 of issue 43: publish with a module, rebuild it with a change (a new version) over
+/// the same file and delete the old one from everywhere, and gc with the store alone decides
+/// with the recorded module, fetched from the store, and names it. Then the same key published
+/// with the new module: gc removes the old module once no kept generation names it.
+#[test]
+fn gc_decides_with_the_recorded_module_fetched_from_the_store_after_a_rebuild() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mod-policy");
+    scaffold("mod-policy", "demo", &dir);
+    let wasm = dir.join("target/mod_policy.wasm");
+    build(&dir, &wasm);
+    let v1 = std::fs::read(&wasm).unwrap();
+    let d1 = ContentHash::of(&v1);
+
+    let place = Place::new(tmp.path());
+    let root = tmp.path().join("root");
+    let cache = format!("demo:{}={}", wasm.display(), root.display());
+    let mut first = Vec::new();
+    for n in 1..=4 {
+        write(
+            &root,
+            &format!("kernels/g{n}.bin"),
+            format!("k{n}").as_bytes(),
+        );
+        let r = place.publish(&cache, &[]);
+        first.push(r["generation"].as_str().unwrap().to_owned());
+    }
+    let (store, layout) = place.store();
+    assert_eq!(
+        store.get(&layout.module(&d1)).unwrap().as_deref(),
+        Some(&v1[..]),
+        "publish stores its module by digest"
+    );
+
+    // The author bumps the version and the default, and rebuilds over the same file.
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        manifest.replacen("version = \"0.1.0\"", "version = \"0.2.0\"", 1),
+    )
+    .unwrap();
+    let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap();
+    std::fs::write(
+        dir.join("src/lib.rs"),
+        lib.replacen("pub const KEEP: u32 = 3;", "pub const KEEP: u32 = 1;", 1),
+    )
+    .unwrap();
+    build(&dir, &wasm);
+    let v2 = std::fs::read(&wasm).unwrap();
+    assert_ne!(ContentHash::of(&v2), d1, "the rebuild changed the module");
+
+    // With the new module in a modules dir, and with the store alone: 0.1.0 decides (keep 3 of
+    // 4), fetched from the store, and the report names it.
+    let modules_dir = wasm.parent().unwrap().to_str().unwrap().to_owned();
+    for extra in [&["--policy-dir", modules_dir.as_str()][..], &[]] {
+        let (code, r, text) = place.gc(&[&extra[..], &["--dry-run"]].concat());
+        assert_eq!(code, Some(0), "{r:#}");
+        let used = &r["policies"][0]["decided_by"];
+        assert_eq!(used["name"], "mod-policy", "{r:#}");
+        assert_eq!(used["version"], "0.1.0", "{r:#}");
+        assert_eq!(used["digest"], d1.to_hex(), "{r:#}");
+        assert_eq!(used["found"]["type"], "store", "{r:#}");
+        assert_eq!(used["found"]["key"], layout.module(&d1), "{r:#}");
+        assert!(
+            text.contains("mod-policy@0.1.0") && text.contains("fetched from the store"),
+            "{text}"
+        );
+    }
+    std::fs::remove_file(&wasm).unwrap();
+    let (code, r, _) = place.gc(&[]);
+    assert_eq!(code, Some(0), "{r:#}");
+    let dropped: Vec<&str> = r["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["verdict"] == "drop")
+        .map(|d| d["generation"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        dropped,
+        [first[0].as_str()],
+        "keep=3 of 0.1.0 drops one: {r:#}"
+    );
+    assert!(store.exists(&layout.module(&d1)).unwrap(), "still named");
+
+    // The key moves on to 0.2.0 (keep=1): gc decides with it and drops the 0.1.0 generations,
+    // and with them the 0.1.0 module, which no kept generation names any more.
+    std::fs::write(&wasm, &v2).unwrap();
+    write(&root, "kernels/g5.bin", b"k5");
+    place.publish(&cache, &[]);
+    std::fs::remove_file(&wasm).unwrap();
+    let (code, r, _) = place.gc(&[]);
+    assert_eq!(code, Some(0), "{r:#}");
+    assert_eq!(r["policies"][0]["decided_by"]["version"], "0.2.0", "{r:#}");
+    assert_eq!(r["modules"], serde_json::json!([d1.to_hex()]), "{r:#}");
+    assert!(!store.exists(&layout.module(&d1)).unwrap(), "{r:#}");
+    assert!(store.exists(&layout.module(&ContentHash::of(&v2))).unwrap());
+
+    // A module key is hostile until its digest matches: other bytes under the 0.2.0 digest are
+    // refused, the key is kept whole and the report says why.
+    let d2 = ContentHash::of(&v2);
+    store.remove(&layout.module(&d2)).unwrap();
+    let mut forged = v1.clone();
+    forged.extend_from_slice(b"\0");
+    store
+        .put(&layout.module(&d2), &forged, ValueClass::Record)
+        .unwrap();
+    let (_, r, _) = place.gc(&["--dry-run"]);
+    let why = r["policies"][0]["kept_whole"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r:#}"));
+    assert!(
+        why.contains("mod-policy@0.2.0") && why.contains("not the digest its key names"),
+        "{why}"
+    );
+    // The next publish puts the right bytes back.
+    write(&root, "kernels/g6.bin", b"k6");
+    std::fs::write(&wasm, &v2).unwrap();
+    place.publish(&cache, &[]);
+    assert_eq!(
+        store.get(&layout.module(&d2)).unwrap().as_deref(),
+        Some(&v2[..])
+    );
+}
