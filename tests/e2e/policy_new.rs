@@ -404,3 +404,107 @@ fn a_new_policy_crate_outside_the_repository_tests_builds_checks_and_dry_runs() 
         .collect();
     assert_eq!(kept, [newest.as_str()], "{r}");
 }
+
+/// Issue 43: `policy new --kind triton` starts from the built-in Triton policy (its root, its
+/// environment variables, its select, canonicalize and materialize), so the first build already
+/// relocates group files: published from one root, installed at another, every `__grp__` file
+/// names the installing root. A kind jitship has no policy for starts from the generic template
+/// and says so.
+#[test]
+fn a_policy_new_of_kind_triton_publishes_and_installs_at_another_root_with_group_files_relocated() {
+    use crate::policy_modules::{build, scaffold};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let unknown = tmp.path().join("other");
+    let out = ok(
+        "policy new --kind no-such-kind",
+        jitship(&[
+            "policy",
+            "new",
+            "other",
+            "--kind",
+            "no-such-kind",
+            "--dir",
+            unknown.to_str().unwrap(),
+        ]),
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("no built-in policy for kind \"no-such-kind\"")
+            && said.contains("generic template"),
+        "{said}"
+    );
+
+    let dir = tmp.path().join("my-triton");
+    scaffold("my-triton", "triton", &dir);
+    let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap();
+    assert!(
+        lib.contains("\"~/.triton/cache\"") && lib.contains("TRITON_CACHE_DIR"),
+        "{lib}"
+    );
+    let wasm = dir.join("target/my_triton.wasm");
+    build(&dir, &wasm);
+    let check = json(&ok(
+        "policy check",
+        jitship(&[
+            "policy",
+            "check",
+            wasm.to_str().unwrap(),
+            "--no-compile-cache",
+            "--json",
+        ]),
+    ));
+    assert_eq!(check["info"]["name"], "my-triton", "{check}");
+    assert_eq!(check["info"]["default_root"], "~/.triton/cache", "{check}");
+
+    let a = tmp.path().join("pod-a/.triton/cache");
+    let b = tmp.path().join("pod-b/somewhere/much/longer/cache");
+    jitship_tests::fixtures::triton_tree(&a, 3, 43);
+    let store = format!("local:{}", tmp.path().join("store").display());
+    let config = tmp.path().join("jitship.toml");
+    std::fs::write(&config, "[policy]\ncompile_cache = false\n").unwrap();
+    let run = |cmd: &str, root: &Path| -> serde_json::Value {
+        let cache = format!("triton:{}={}", wasm.display(), root.display());
+        let mut args = vec![
+            cmd,
+            "--config",
+            config.to_str().unwrap(),
+            "--store",
+            &store,
+            "--cache",
+            &cache,
+            "--json",
+        ];
+        for f in [
+            "pkg.triton=3.4.0",
+            "gpu.arch=sm_90",
+            "gpu.cc=9.0",
+            "driver.major=550",
+            "os.arch=x86_64",
+        ] {
+            args.extend(["--fact", f]);
+        }
+        json(&ok(cmd, jitship(&args)))["results"][0].clone()
+    };
+    let published = run("publish", &a);
+    assert_eq!(published["outcome"], "published", "{published}");
+    assert_eq!(published["files_selected"], 24, "{published}");
+    let installed = run("install", &b);
+    assert_eq!(installed["outcome"], "installed", "{installed}");
+    let mut groups = 0;
+    for entry in walkdir::WalkDir::new(&b) {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("__grp__") {
+            continue;
+        }
+        groups += 1;
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        assert!(
+            text.contains(b.to_str().unwrap()) && !text.contains(a.to_str().unwrap()),
+            "{}: {text}",
+            entry.path().display()
+        );
+    }
+    assert_eq!(groups, 3);
+}

@@ -67,6 +67,103 @@ pub const CONTRACT_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The source of each built-in policy (`policies/<kind>/src/lib.rs`), by kind: `policy new
+/// --kind KIND` starts from it (`render`), so a new policy for a known kind has its root, its
+/// environment variables, its `select`, `canonicalize` and `materialize` from the first build.
+/// Every built-in is here (`every_builtin_kind_has_its_source_embedded`).
+pub const BUILTIN_SOURCES: &[(&str, &str)] = &[
+    (
+        "cuda-computecache",
+        include_str!("../../../policies/cuda-computecache/src/lib.rs"),
+    ),
+    (
+        "cute-dsl",
+        include_str!("../../../policies/cute-dsl/src/lib.rs"),
+    ),
+    (
+        "deepgemm",
+        include_str!("../../../policies/deepgemm/src/lib.rs"),
+    ),
+    (
+        "flashinfer-autotune",
+        include_str!("../../../policies/flashinfer-autotune/src/lib.rs"),
+    ),
+    (
+        "flashinfer-jit",
+        include_str!("../../../policies/flashinfer-jit/src/lib.rs"),
+    ),
+    (
+        "inductor",
+        include_str!("../../../policies/inductor/src/lib.rs"),
+    ),
+    (
+        "inductor-pch",
+        include_str!("../../../policies/inductor-pch/src/lib.rs"),
+    ),
+    (
+        "sglang-compile",
+        include_str!("../../../policies/sglang-compile/src/lib.rs"),
+    ),
+    (
+        "sglang-jit",
+        include_str!("../../../policies/sglang-jit/src/lib.rs"),
+    ),
+    (
+        "tilelang",
+        include_str!("../../../policies/tilelang/src/lib.rs"),
+    ),
+    (
+        "triton",
+        include_str!("../../../policies/triton/src/lib.rs"),
+    ),
+    (
+        "tvm-ffi",
+        include_str!("../../../policies/tvm-ffi/src/lib.rs"),
+    ),
+    (
+        "vllm-compile",
+        include_str!("../../../policies/vllm-compile/src/lib.rs"),
+    ),
+];
+
+/// `jitship-policy-common` (`policies/common/`), the layout rules the built-ins share, written
+/// as `common/` beside a crate started from a built-in: every file there is here
+/// (`the_embedded_common_is_every_file_of_policies_common`).
+pub const COMMON_FILES: &[(&str, &str)] = &[
+    (
+        "Cargo.toml",
+        include_str!("../../../policies/common/Cargo.toml"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../../policies/common/src/lib.rs"),
+    ),
+    (
+        "src/check.rs",
+        include_str!("../../../policies/common/src/check.rs"),
+    ),
+    (
+        "src/compile_cache.rs",
+        include_str!("../../../policies/common/src/compile_cache.rs"),
+    ),
+    (
+        "src/inductor.rs",
+        include_str!("../../../policies/common/src/inductor.rs"),
+    ),
+    (
+        "src/testing.rs",
+        include_str!("../../../policies/common/src/testing.rs"),
+    ),
+    (
+        "src/triton.rs",
+        include_str!("../../../policies/common/src/triton.rs"),
+    ),
+];
+
+/// The common crate's dependency on the SDK in the repository, and in the written crate.
+const SDK_DEP_IN_COMMON: &str = r#"jitship-policy-sdk = { path = "../../plugins-sdk" }"#;
+const SDK_DEP_WRITTEN_COMMON: &str = r#"jitship-policy-sdk = { path = "../sdk" }"#;
+
 /// The SDK's dependency on the contract crate in the repository, and in the written crate.
 const CONTRACT_DEP_IN_REPO: &str =
     r#"jitship-policy-contract = { path = "../crates/policy-contract" }"#;
@@ -79,6 +176,7 @@ const CARGO_TOML: &str = include_str!("scaffold/Cargo.toml.tmpl");
 const LIB_RS: &str = include_str!("scaffold/lib.rs.tmpl");
 const README_MD: &str = include_str!("scaffold/README.md.tmpl");
 const GITIGNORE: &str = include_str!("scaffold/gitignore.tmpl");
+const CARGO_TOML_BUILTIN: &str = include_str!("scaffold/Cargo.builtin.toml.tmpl");
 
 /// The generations the scaffold's retention keeps (`KEEP` in its lib.rs; said in its README).
 const KEEP: u32 = 3;
@@ -126,6 +224,9 @@ pub struct Scaffolded {
     pub dir: PathBuf,
     pub name: String,
     pub kind: String,
+    /// What `src/lib.rs` started from: `builtin:KIND` (jitship's own policy of the kind) or
+    /// `generic` (a kind jitship has no policy for).
+    pub template: String,
     /// The lib name: the module `policy build` writes is `<crate_name>.wasm`.
     pub crate_name: String,
     pub sdk_version: String,
@@ -201,6 +302,18 @@ pub fn render(name: &str, kind: &str) -> Result<Vec<(String, String)>, ScaffoldE
         ("README.md".to_string(), fill(README_MD)),
         (".gitignore".to_string(), fill(GITIGNORE)),
     ];
+    if let Some(source) = builtin_source(kind) {
+        files[0].1 = fill(CARGO_TOML_BUILTIN);
+        files[1].1 = from_builtin(name, kind, source)?;
+        for (path, text) in COMMON_FILES {
+            let text = if *path == "Cargo.toml" {
+                standalone_common_manifest()?
+            } else {
+                (*text).to_string()
+            };
+            files.push((format!("common/{path}"), text));
+        }
+    }
     for (path, text) in SDK_FILES {
         let text = if *path == "Cargo.toml" {
             standalone_sdk_manifest()?
@@ -218,6 +331,70 @@ pub fn render(name: &str, kind: &str) -> Result<Vec<(String, String)>, ScaffoldE
         files.push((format!("sdk/contract/{path}"), text));
     }
     Ok(files)
+}
+
+/// The source of the built-in policy of `kind`, if jitship has one.
+pub fn builtin_source(kind: &str) -> Option<&'static str> {
+    BUILTIN_SOURCES
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, s)| *s)
+}
+
+/// The built-in policy's source as the new crate's `src/lib.rs`: its `info` names the new policy
+/// and takes its version from Cargo.toml; everything else (root, environment variables, key,
+/// select, canonicalize, materialize, retention, tests) is the built-in's.
+fn from_builtin(name: &str, kind: &str, source: &str) -> Result<String, ScaffoldError> {
+    let err = |what: &str| {
+        ScaffoldError::SdkManifest(format!(
+            "policies/{kind}/src/lib.rs has no `{what}` line in its info to rename"
+        ))
+    };
+    let named = format!("name: \"{kind}\".into(),");
+    if !source.contains(&named) {
+        return Err(err(&named));
+    }
+    let mut out = format!(
+        "//! `{name}`: a jitship policy for the `{kind}` cache kind, started from the built-in \
+         `{kind}`\n//! policy of jitship {SDK_VERSION} (its root, environment variables, key, \
+         select, canonicalize,\n//! materialize and retention; `common/` holds the layout rules \
+         the built-ins share). Change\n//! what your cache needs; `cargo test` runs its tests \
+         natively, `jitship policy build` makes\n//! the module (see README.md).\n//!\n"
+    );
+    let mut versioned = false;
+    for line in source.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        if trimmed == named {
+            out.push_str(&format!("{indent}name: \"{name}\".into(),\n"));
+        } else if !versioned
+            && trimmed.starts_with("version: \"")
+            && trimmed.ends_with("\".into(),")
+        {
+            out.push_str(&format!(
+                "{indent}version: env!(\"CARGO_PKG_VERSION\").into(),\n"
+            ));
+            versioned = true;
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !versioned {
+        return Err(err("version: \"...\".into(),"));
+    }
+    Ok(out)
+}
+
+/// `policies/common/Cargo.toml` made standalone, its dependency on the SDK pointed at `sdk/`.
+pub fn standalone_common_manifest() -> Result<String, ScaffoldError> {
+    let common = COMMON_FILES[0].1;
+    if !common.contains(SDK_DEP_IN_COMMON) {
+        return Err(ScaffoldError::SdkManifest(format!(
+            "policies/common/Cargo.toml has no line `{SDK_DEP_IN_COMMON}` to point at the written SDK"
+        )));
+    }
+    standalone_manifest(&common.replace(SDK_DEP_IN_COMMON, SDK_DEP_WRITTEN_COMMON))
 }
 
 /// The SDK's Cargo.toml made standalone ([`standalone_manifest`]), its dependency on the
@@ -360,6 +537,10 @@ pub fn create(req: &NewPolicy) -> Result<Scaffolded, ScaffoldError> {
         dir: req.dir.clone(),
         name: req.name.clone(),
         kind: req.kind.clone(),
+        template: match builtin_source(&req.kind) {
+            Some(_) => format!("builtin:{}", req.kind),
+            None => "generic".into(),
+        },
         crate_name: req.name.replace('-', "_"),
         sdk_version: SDK_VERSION.into(),
         files: written,
@@ -399,6 +580,67 @@ mod tests {
                 "{path}"
             );
         }
+    }
+
+    /// The same for the common crate a scaffold started from a built-in gets.
+    #[test]
+    fn the_embedded_common_is_every_file_of_policies_common() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/common");
+        let mut on_disk: Vec<String> = walkdir::WalkDir::new(&dir)
+            .into_iter()
+            .filter_entry(|e| e.file_name() != "target")
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().is_file())
+            .map(|e| {
+                e.path()
+                    .strip_prefix(&dir)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = COMMON_FILES.iter().map(|(p, _)| p.to_string()).collect();
+        embedded.sort();
+        assert_eq!(
+            embedded, on_disk,
+            "COMMON_FILES must list every file of policies/common/"
+        );
+        let manifest = standalone_common_manifest().unwrap();
+        assert!(manifest.contains(SDK_DEP_WRITTEN_COMMON), "{manifest}");
+    }
+
+    /// `policy new --kind K` starts from the built-in of every kind jitship has one for: its
+    /// source is embedded, and its info is renamed and versioned from Cargo.toml.
+    #[test]
+    fn every_builtin_kind_has_its_source_embedded() {
+        let mut kinds: Vec<&str> = crate::builtin::kinds().collect();
+        kinds.sort_unstable();
+        let mut embedded: Vec<&str> = BUILTIN_SOURCES.iter().map(|(k, _)| *k).collect();
+        embedded.sort_unstable();
+        assert_eq!(embedded, kinds);
+        for (kind, source) in BUILTIN_SOURCES {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+            assert_eq!(
+                std::fs::read_to_string(dir.join(kind).join("src/lib.rs")).unwrap(),
+                *source,
+                "{kind}"
+            );
+            let lib = from_builtin("my-policy", kind, source).unwrap();
+            assert!(lib.contains("name: \"my-policy\".into(),"), "{kind}");
+            assert!(
+                lib.contains("version: env!(\"CARGO_PKG_VERSION\")"),
+                "{kind}"
+            );
+        }
+        let files = render("my-triton", "triton").unwrap();
+        let lib = &files.iter().find(|(p, _)| p == "src/lib.rs").unwrap().1;
+        assert!(lib.contains("default_root: \"~/.triton/cache\""), "{lib}");
+        assert!(lib.contains("TRITON_CACHE_DIR") && lib.contains("materialize_group"));
+        assert!(files.iter().any(|(p, _)| p == "common/src/triton.rs"));
+        let generic = render("my-demo", "demo").unwrap();
+        assert!(!generic.iter().any(|(p, _)| p.starts_with("common/")));
     }
 
     /// The same for the contract crate the SDK depends on.

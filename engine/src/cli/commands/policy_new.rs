@@ -26,6 +26,20 @@ pub(crate) fn run_policy_new(args: PolicyNewArgs) -> Result<i32> {
         "created {dir}: policy {} for cache kind {:?}, with jitship-policy-sdk {} in {dir}/sdk",
         done.name, done.kind, done.sdk_version
     );
+    match done.template.strip_prefix("builtin:") {
+        Some(kind) => println!(
+            "  started from jitship's built-in {kind} policy (its root, env variables, key, select, \
+             canonicalize, materialize, retention); common/ holds the rules the built-ins share"
+        ),
+        None => println!(
+            "  jitship has no built-in policy for kind {:?}: started from the generic template \
+             (built-in kinds: {})",
+            done.kind,
+            crate::policy::builtin::kinds()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
     println!("  test it:  cd {dir} && cargo test");
     println!(
         "  build it: jitship policy build {dir} -o {dir}/target/{}.wasm",
