@@ -40,5 +40,7 @@ mod policy_scale;
 mod policy_test_cli;
 mod relocation;
 mod relocation_pipeline;
+mod run_server;
+mod sglang_engine;
 mod signing;
 mod watch;
