@@ -157,7 +157,11 @@ impl Place {
         .concat();
         let out = jitship(&[&args[..], &["--json"]].concat());
         let doc = json(&out);
-        let text = jitship(&[&args[..], &["--dry-run"]].concat());
+        let dry: &[&str] = match extra.contains(&"--dry-run") {
+            true => &[],
+            false => &["--dry-run"],
+        };
+        let text = jitship(&[&args[..], dry].concat());
         (
             out.status.code(),
             doc["results"][0].clone(),
