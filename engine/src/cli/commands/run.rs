@@ -189,9 +189,7 @@ async fn supervise(
         tokio::select! {
             r = &mut exited, if status.is_none() => {
                 let _ = r;
-                let st = server.reap();
-                tracing::info!(status = ?st, "the server exited");
-                status = Some(st);
+                status = Some(server.reap());
                 if stops_sent == 0 {
                     let _ = stop_tx.try_send("the server exited");
                     stops_sent += 1;
@@ -199,11 +197,11 @@ async fn supervise(
                 give_up_at = Some(tokio::time::Instant::now() + SESSION_WAIT);
             }
             Some(sig) = signals.recv() => {
-                tracing::info!(signal = ?sig, "forwarding to the server");
+                tracing::info!(signal = name(sig), "forwarding to the server");
                 server.signal(sig);
                 if sig != Signal::HUP {
                     // The first starts the final publish; a second cuts it short (`watch`).
-                    let _ = stop_tx.try_send(if sig == Signal::TERM { "SIGTERM" } else { "SIGINT" });
+                    let _ = stop_tx.try_send(name(sig));
                     stops_sent += 1;
                 }
             }
@@ -244,4 +242,14 @@ async fn supervise(
         }
     }
     status.expect("the loop ends once the server has exited")
+}
+
+/// The name a log gives `sig`.
+fn name(sig: Signal) -> &'static str {
+    match sig {
+        Signal::TERM => "SIGTERM",
+        Signal::INT => "SIGINT",
+        Signal::HUP => "SIGHUP",
+        _ => "a signal",
+    }
 }
