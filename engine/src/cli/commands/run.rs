@@ -73,8 +73,17 @@ pub(crate) fn run_server(args: RunArgs) -> Result<i32> {
         );
         return Ok(code);
     }
-    // A SIGHUP during the install is nobody's: the server did not exist yet.
-    while signals.try_recv().is_ok() {}
+    // A SIGHUP during the install is nobody's: the server did not exist yet. A SIGTERM or SIGINT
+    // since the install ended stops jitship before the server starts, as one during it does.
+    while let Ok(sig) = signals.try_recv() {
+        if sig != Signal::HUP {
+            tracing::warn!(
+                signal = name(sig),
+                "stopped before the server started: it was not started"
+            );
+            return Ok(128 + sig.as_raw());
+        }
+    }
 
     // 2. The server.
     let mut server = match Server::spawn(&args.server) {
