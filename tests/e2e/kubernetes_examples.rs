@@ -267,21 +267,48 @@ fn keys(r: &Rendered, edit: impl Fn(&Facts) -> Facts) -> BTreeMap<String, Result
         .collect()
 }
 
-fn check_example(file: &str) {
-    let path = Path::new(EXAMPLES).join(file);
+/// What the `jitship-setup` init container (the jitship image's busybox) writes into the pod's
+/// `/jitship`: the config template mounted at `/etc/jitship-template` with `@POD_IP@` replaced by
+/// the pod's IP (10.1.2.3 here, as `containers` gives `status.podIP`), at `/jitship/etc/`. It also
+/// refuses trust.yaml's placeholder key (checked in `setup_refuses_the_placeholder_trust_key`).
+fn render_setup(containers: &[Container], files: &mut BTreeMap<String, PathBuf>, dir: &Path) {
+    let setup = containers
+        .iter()
+        .find(|c| c.name == "jitship-setup")
+        .expect("a jitship-setup init container");
+    let script = &setup.args[0];
+    assert!(
+        script.contains("s/@POD_IP@/$POD_IP/g")
+            && script.contains("/etc/jitship-template/jitship.toml > /jitship/etc/jitship.toml"),
+        "jitship-setup no longer renders the config as this test does: {script}"
+    );
+    assert_eq!(
+        setup.env.get("POD_IP").map(String::as_str),
+        Some("10.1.2.3")
+    );
+    let template = &files["/etc/jitship-template/jitship.toml"];
+    let text = std::fs::read_to_string(template).unwrap();
+    assert!(
+        text.contains("@POD_IP@"),
+        "the config template names no @POD_IP@"
+    );
+    let rendered = dir.join("rendered-jitship.toml");
+    std::fs::write(&rendered, text.replace("@POD_IP@", "10.1.2.3")).unwrap();
+    files.insert("/jitship/etc/jitship.toml".into(), rendered);
+}
+
+/// The example's documents with configmap.yaml's and trust.yaml's, its Deployment's containers,
+/// and every ConfigMap file a container mounts (written to `dir`), by mount path.
+fn load_example(file: &str, dir: &Path) -> (Vec<Container>, BTreeMap<String, PathBuf>) {
     let mut docs = documents(&Path::new(EXAMPLES).join("configmap.yaml"));
-    // The publisher's public key (ConfigMap jitship-trust) that both jitship containers mount.
     docs.extend(documents(&Path::new(EXAMPLES).join("trust.yaml")));
-    docs.extend(documents(&path));
+    docs.extend(documents(&Path::new(EXAMPLES).join(file)));
     let maps = config_maps(&docs);
     let deployment = docs
         .iter()
         .find(|d| d["kind"].as_str() == Some("Deployment"))
         .unwrap_or_else(|| panic!("{file}: no Deployment"));
     let pod = &deployment["spec"]["template"]["spec"];
-
-    // ConfigMap volumes become files in a temp dir, at the paths containers mount them.
-    let dir = tempfile::tempdir().unwrap();
     let volume_maps: BTreeMap<String, String> = pod["volumes"]
         .as_sequence()
         .unwrap()
@@ -301,13 +328,20 @@ fn check_example(file: &str) {
                 continue;
             };
             for (key, text) in &maps[map] {
-                let local = dir.path().join(volume).join(key);
+                let local = dir.join(volume).join(key);
                 std::fs::create_dir_all(local.parent().unwrap()).unwrap();
                 std::fs::write(&local, text).unwrap();
                 files.insert(format!("{mount}/{key}"), local);
             }
         }
     }
+    render_setup(&containers, &mut files, dir);
+    (containers, files)
+}
+
+fn check_example(file: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (containers, files) = load_example(file, dir.path());
 
     let jitship: Vec<&Container> = containers
         .iter()
@@ -377,6 +411,15 @@ fn check_example(file: &str) {
                 root.display()
             );
         }
+    }
+
+    // Store nodes reach each jitship client at the pod's IP.
+    for r in [&init, &side] {
+        assert_eq!(
+            r.config.store.mooncake.local_hostname.as_deref(),
+            Some("10.1.2.3"),
+            "{file}: local_hostname is not the pod IP"
+        );
     }
 
     // One interpreter for every command: JITSHIP_PYTHON reaches install and watch alike.
@@ -452,4 +495,110 @@ fn vllm_example_shares_caches_between_install_and_watch() {
 #[test]
 fn sglang_example_shares_caches_between_install_and_watch() {
     check_example("sglang.yaml");
+}
+
+/// `jitship run` around the server (run.yaml): the server container's command parses as `run`,
+/// and its settings (the same `SettingsArgs` install and watch take) resolve every cache root
+/// from the server's own environment under a built-in policy, store nodes reach it at the pod IP,
+/// and every cache has a key from what jitship gathers in that container (it has the GPU, so the
+/// GPU facts are gathered, not given) and the model facts JITSHIP_FACTS gives.
+#[test]
+fn run_example_keys_every_cache_from_gathered_facts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (containers, files) = load_example("run.yaml", dir.path());
+    let server = containers.iter().find(|c| c.name == "server").unwrap();
+    assert!(server.command[0].ends_with("/jitship") && server.args[0] == "run");
+    let dashes = server
+        .args
+        .iter()
+        .position(|a| a == "--")
+        .expect("run ... -- SERVER");
+    assert_eq!(server.args[dashes + 1..][..2], ["vllm", "serve"]);
+    // Settings as install resolves them (run takes install's flags: the same SettingsArgs).
+    let mut as_install = Container {
+        name: server.name.clone(),
+        command: server.command.clone(),
+        args: vec!["install".into()],
+        env: server.env.clone(),
+        mounts: server.mounts.clone(),
+    };
+    as_install.args.extend(
+        server.args[1..dashes]
+            .iter()
+            .filter(|a| a.starts_with("--config"))
+            .cloned(),
+    );
+    let mut worker = worker_facts();
+    for (name, value) in [
+        ("gpu.name", "NVIDIA H100 80GB HBM3"),
+        ("gpu.count", "1"),
+        ("gpu.cc", "9.0"),
+        ("driver.version", "570.133.20"),
+        ("driver.major", "570"),
+    ] {
+        worker.missing.remove(name);
+        worker.facts.set(name, value);
+    }
+    let r = render(&as_install, &files, &worker);
+    assert_eq!(
+        r.config.store.mooncake.local_hostname.as_deref(),
+        Some("10.1.2.3")
+    );
+    let server_env = ProcessEnv::new(server.env.clone(), Some(("root".into(), "/root".into())), 0);
+    for (kind, (root, origin)) in &r.roots {
+        assert!(matches!(origin, RootOrigin::Env { .. }), "{kind}: {origin}");
+        let info = r.policies.get(kind).unwrap().info().clone();
+        assert_eq!(
+            root,
+            &roots::resolve(&info, &server_env).unwrap().0,
+            "{kind}"
+        );
+    }
+    for status in r.policies.status() {
+        assert_eq!(status.source, PolicySource::Builtin, "{}", status.kind);
+    }
+    for (kind, key) in keys(&r, Facts::clone) {
+        assert!(key.is_ok(), "run.yaml: cannot key {kind}: {key:?}");
+    }
+    let given = jitship::config::parse_fact_list(&server.env["JITSHIP_FACTS"]).unwrap();
+    assert!(
+        !given
+            .global
+            .keys()
+            .any(|k| k.starts_with("gpu.") || k.starts_with("driver.")),
+        "run.yaml gives GPU facts by hand; jitship gathers them in the server's container"
+    );
+}
+
+/// trust.yaml's placeholder never passes for a key: jitship-setup's check (a line of `ed25519:` and
+/// 64 lowercase hex digits, the form `jitship key generate` prints) refuses it, so a pod whose
+/// operator did not paste the key fails in its init container, with a message naming trust.yaml,
+/// instead of every install exiting 0 under --best-effort.
+#[test]
+fn setup_refuses_the_placeholder_trust_key() {
+    let is_key = |s: &str| {
+        s.trim_end_matches('\n')
+            .strip_prefix("ed25519:")
+            .is_some_and(|hex| {
+                hex.len() == 64
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            })
+    };
+    let docs = documents(&Path::new(EXAMPLES).join("trust.yaml"));
+    let placeholder = config_maps(&docs)["jitship-trust"]["publisher.pub"].clone();
+    assert!(!is_key(&placeholder), "{placeholder}");
+    assert!(placeholder.contains("trust.yaml"), "{placeholder}");
+    let generated = format!("ed25519:{}\n", "0123456789abcdef".repeat(4));
+    assert!(is_key(&generated));
+    for file in ["vllm.yaml", "sglang.yaml", "run.yaml"] {
+        let text = std::fs::read_to_string(Path::new(EXAMPLES).join(file)).unwrap();
+        assert!(
+            text.contains(
+                "busybox grep -Eq '^ed25519:[0-9a-f]{64}$' /etc/jitship-trust/publisher.pub"
+            ),
+            "{file}: jitship-setup does not check the trust key as this test assumes"
+        );
+    }
 }
