@@ -124,6 +124,9 @@ step "every test that needs the Mooncake cluster (ignored in the fast loop): sto
 # Built outside the namespace: nothing can be downloaded from inside it. `--workspace` (not
 # `-p jitship-tests`) keeps the feature set of the first step, so nothing is compiled twice.
 cargo test --workspace --no-run
+# The release's wheel (jitship[mooncake]: the library found unconfigured) and image against
+# Mooncake: one publishes, the other installs (tests/release/mooncake.sh).
+logged mooncake-release ./tests/cluster/cluster.sh run -- ./tests/release/mooncake.sh
 # The fault drills kill and restart the master and the node: they run alone, on a cluster of
 # their own, after the rest (which share one cluster and run in parallel).
 logged mooncake-shared ./tests/cluster/cluster.sh run -- \
