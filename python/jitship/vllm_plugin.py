@@ -7,8 +7,9 @@ configuration, before any model is loaded or compiled.
 What `register` does, in the first process of a vLLM worker only (its children inherit
 JITSHIP_VLLM_PLUGIN_PID and do nothing):
 1. Nothing at all unless a store is configured: JITSHIP_STORE is set, or JITSHIP_CONFIG names a
-   file with a [store] table. JITSHIP_VLLM_PLUGIN=0 turns the plugin off (`jitship run` sets it:
-   it does the same work around the whole server).
+   file with a [store] table. JITSHIP_VLLM_PLUGIN=0 turns the plugin off, and it stands down by
+   itself under `jitship run` (an ancestor process `jitship run ...`), which does the same work
+   around the whole server.
 2. `jitship install --engine vllm --best-effort`, bounded by the install deadline ([install]
    deadline, JITSHIP_DEADLINE, default 60 s), in vLLM's own environment, so the roots are the ones
    vLLM resolves (VLLM_CACHE_ROOT, VLLM_USE_AOT_COMPILE, TMPDIR, TORCHINDUCTOR_CACHE_DIR) and the
@@ -58,6 +59,26 @@ def store_configured(env=None):
     return re.search(r"^\s*\[\s*store\s*[\].]", text, re.MULTILINE) is not None
 
 
+def _under_jitship_run(levels=8):
+    """True when an ancestor of this process is `jitship run` (which installs and publishes
+    around the whole server): its /proc/PID/cmdline is a `jitship` executable and `run`."""
+    pid = os.getppid()
+    for _ in range(levels):
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                # The parent's pid is the 2nd field after the parenthesized command name.
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if len(argv) > 1 and os.path.basename(argv[0]) == b"jitship" and argv[1] == b"run":
+            return True
+    return False
+
+
 def _die_with_parent():
     # PR_SET_PDEATHSIG (1): SIGTERM when the thread that started the watcher ends. Best effort.
     try:
@@ -92,6 +113,8 @@ def register():
         return  # a child of the process that already installed and watches
     if not store_configured():
         return
+    if _under_jitship_run():
+        return  # jitship run installs, watches and publishes around this server already
     os.environ[_OWNER] = str(os.getpid())
     env = jitship.environ()
     env.setdefault("JITSHIP_PYTHON", sys.executable)
