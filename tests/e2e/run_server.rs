@@ -53,7 +53,7 @@ impl Env {
 
     /// Every file path of every generation in the store, newest head last.
     fn published(&self) -> Vec<Vec<String>> {
-        let Ok(store) = LocalStore::open(&self.path("store")) else {
+        let Ok(store) = LocalStore::open(self.path("store")) else {
             return Vec::new();
         };
         let layout = KeyLayout::new("jitship").unwrap();
