@@ -84,6 +84,9 @@ pub struct GuardedPolicy {
     kind: String,
     inner: Box<dyn CachePolicy>,
     health: Mutex<Health>,
+    /// The operator gave this cache settings (`[[cache]] settings`, `--setting`): publish uses
+    /// them, never the ones the key's newest generation recorded (`with_recorded_settings`).
+    settings_given: bool,
 }
 
 impl GuardedPolicy {
@@ -92,7 +95,14 @@ impl GuardedPolicy {
             kind: kind.into(),
             inner,
             health: Mutex::new(Health::Enabled),
+            settings_given: false,
         }
+    }
+
+    /// Says whether the operator gave this cache settings (see `settings_given`).
+    pub fn settings_given(mut self, given: bool) -> Self {
+        self.settings_given = given;
+        self
     }
 
     fn health(&self) -> MutexGuard<'_, Health> {
@@ -191,6 +201,18 @@ impl CachePolicy for GuardedPolicy {
     }
     fn module(&self) -> Option<std::sync::Arc<[u8]>> {
         self.inner.module()
+    }
+    fn with_recorded_settings(
+        &self,
+        recorded: &PolicyRef,
+    ) -> Option<Result<Box<dyn CachePolicy>, PolicyError>> {
+        if self.settings_given {
+            return None;
+        }
+        let kind = self.kind.clone();
+        self.inner
+            .with_recorded_settings(recorded)
+            .map(|r| r.map(|p| Box::new(GuardedPolicy::new(kind, p)) as Box<dyn CachePolicy>))
     }
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         self.guard("compat-key", || self.inner.compat_key(facts))
@@ -324,7 +346,10 @@ impl PolicySet {
                     source,
                 },
                 Some(Ok(p)) => Slot::Ready {
-                    policy: Arc::new(GuardedPolicy::new(&cache.kind, Box::new(p))),
+                    policy: Arc::new(
+                        GuardedPolicy::new(&cache.kind, Box::new(p))
+                            .settings_given(!settings.is_empty()),
+                    ),
                     source,
                 },
                 Some(Err(e)) => Slot::Failed {

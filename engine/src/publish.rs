@@ -147,11 +147,19 @@ fn publish_to_store(
         .compat_key(&opts.facts)
         .map_err(policy_error(policy))?;
     let compat_id = CompatId::new(&kind, &compat_key);
+    let mut base = find_base(store, layout, &compat_id, &opts.trust)?;
+    let (sticky, settings_note) = recorded_settings(policy, &base, &opts.facts, &compat_key);
+    let policy: &dyn CachePolicy = sticky.as_deref().unwrap_or(policy);
     let snap = scan_root(root)?;
     let selection = select(policy, root, &snap)?;
     let mut report = PublishReport::new(kind, root, compat_key, compat_id, &selection);
-    let mut base = find_base(store, layout, &compat_id, &opts.trust)?;
     report.parent_signer = base.signer.clone();
+    report.policy = Some(policy.policy_ref());
+    report.settings_kept_from = sticky
+        .is_some()
+        .then(|| base.head.as_ref().map(|h| h.generation))
+        .flatten();
+    report.settings_note = settings_note;
 
     let hashing = Instant::now();
     let kept = KeptContents::new(opts.pack_size);
@@ -377,6 +385,9 @@ impl PublishReport {
             duration_ms: 0,
             registry: None,
             module_not_stored: None,
+            policy: None,
+            settings_kept_from: None,
+            settings_note: None,
         }
     }
 }
@@ -583,6 +594,46 @@ fn new_manifest(
     };
     prune_packs(&mut manifest);
     (manifest, conflicts)
+}
+
+/// Sticky settings: `policy` configured with the settings the key's newest generation (the base
+/// this publish builds on) recorded, when the operator gave none for the cache and they differ
+/// (`CachePolicy::with_recorded_settings`). Kept only if the key stays the same; otherwise, or
+/// when the module refuses them, the configured settings apply and the note says why.
+fn recorded_settings(
+    policy: &dyn CachePolicy,
+    base: &Base,
+    facts: &crate::facts::Facts,
+    compat_key: &str,
+) -> (Option<Box<dyn CachePolicy>>, Option<String>) {
+    let Some(parent) = &base.parent else {
+        return (None, None);
+    };
+    let recorded = &parent.policy;
+    let said = crate::policy::host::describe(&recorded.settings);
+    match policy.with_recorded_settings(recorded) {
+        None => (None, None),
+        Some(Ok(p)) => match p.compat_key(facts) {
+            Ok(k) if k == compat_key => (Some(p), None),
+            _ => (
+                None,
+                Some(format!(
+                    "the settings the key's newest generation recorded ({said}) give another key; \
+                     publishing with the configured settings"
+                )),
+            ),
+        },
+        Some(Err(e)) => {
+            tracing::warn!("settings the key's newest generation recorded are refused: {e}");
+            (
+                None,
+                Some(format!(
+                    "this module refuses the settings the key's newest generation recorded \
+                     ({said}): {e}; publishing with the configured settings"
+                )),
+            )
+        }
+    }
 }
 
 /// Stores the module of `policy` by its digest (`catalog::modules`), unless it is one of the

@@ -210,6 +210,21 @@ fn gc_decides_with_the_recorded_module_fetched_from_the_store_after_a_rebuild() 
         Some(&v1[..]),
         "publish stores its module by digest"
     );
+    // ls and inspect show the governing policy, its settings and where its module is.
+    let text = |args: &[&str]| {
+        let out = ok("ls/inspect", jitship(args));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let ls = text(&["ls", "--store", &place.store]);
+    assert!(
+        ls.contains("policy mod-policy@0.1.0") && ls.contains("settings keep=3"),
+        "{ls}"
+    );
+    let inspect = text(&["inspect", "--store", &place.store, &first[3]]);
+    assert!(
+        inspect.contains("settings    keep=3") && inspect.contains("module      in the store"),
+        "{inspect}"
+    );
 
     // The author bumps the version and the default, and rebuilds over the same file.
     let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
@@ -262,11 +277,14 @@ fn gc_decides_with_the_recorded_module_fetched_from_the_store_after_a_rebuild() 
     );
     assert!(store.exists(&layout.module(&d1)).unwrap(), "still named");
 
-    // The key moves on to 0.2.0 (keep=1): gc decides with it and drops the 0.1.0 generations,
-    // and with them the 0.1.0 module, which no kept generation names any more.
+    // The key moves on to 0.2.0: its settings are sticky (the publish keeps the keep=3 the key's
+    // newest generation recorded), so the operator sets keep=1. gc decides with 0.2.0 and drops
+    // the 0.1.0 generations, and with them the 0.1.0 module, which no kept generation names.
     std::fs::write(&wasm, &v2).unwrap();
     write(&root, "kernels/g5.bin", b"k5");
-    place.publish(&cache, &[]);
+    let r = place.publish(&cache, &["--setting", "demo:keep=1"]);
+    assert_eq!(r["policy"]["version"], "0.2.0", "{r:#}");
+    assert_eq!(r["policy"]["settings"]["keep"], "1", "{r:#}");
     std::fs::remove_file(&wasm).unwrap();
     let (code, r, _) = place.gc(&[]);
     assert_eq!(code, Some(0), "{r:#}");

@@ -403,6 +403,45 @@ fn a_new_policy_crate_outside_the_repository_tests_builds_checks_and_dry_runs() 
         .map(|d| d["generation"].as_str().unwrap())
         .collect();
     assert_eq!(kept, [newest.as_str()], "{r}");
+
+    // Sticky settings (issue 43): a publish without --setting keeps what the key's newest
+    // generation recorded (keep=1), and its summary names the policy, version and settings.
+    write(&root, "kernels/g6.bin", b"kernel 6");
+    let out = ok(
+        "publish without --setting",
+        jitship(&[
+            "publish",
+            "--config",
+            config_s,
+            "--store",
+            &store,
+            "--cache",
+            &cache,
+            "--fact",
+            "os.arch=x86_64",
+            "--fact",
+            "gpu.arch=sm_90",
+            "--fact",
+            "driver.major=550",
+        ]),
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("policy demo-policy@0.1.0, settings keep=1, kept from generation"),
+        "{said}"
+    );
+    let r = gc();
+    assert_eq!(
+        r["policies"][0]["decided_by"]["settings"]["keep"], "1",
+        "{r}"
+    );
+    // Changing them needs the flag: keep=2 is recorded and followed.
+    publish(7, &["--setting", "demo:keep=2"]);
+    let r = gc();
+    assert_eq!(
+        r["policies"][0]["decided_by"]["settings"]["keep"], "2",
+        "{r}"
+    );
 }
 
 /// Issue 43: `policy new --kind triton` starts from the built-in Triton policy (its root, its

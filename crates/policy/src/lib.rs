@@ -309,6 +309,19 @@ pub trait CachePolicy: Send + Sync {
         None
     }
 
+    /// This policy configured with the settings `recorded` (a key's newest generation's
+    /// `Manifest.policy`), when publish should keep them: the operator gave none for this cache,
+    /// `recorded` names this policy, and its settings differ from these. `None`: keep these
+    /// (`Some(Err)`: this module refuses the recorded settings). Sticky settings: a publish
+    /// without `--setting` or `settings` never silently resets a key to the defaults.
+    fn with_recorded_settings(
+        &self,
+        recorded: &PolicyRef,
+    ) -> Option<Result<Box<dyn CachePolicy>, PolicyError>> {
+        let _ = recorded;
+        None
+    }
+
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError>;
 
     /// One decision per entry, same order, and whether the root is a complete cache. `root` is

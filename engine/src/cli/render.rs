@@ -204,6 +204,34 @@ pub(crate) fn print_publish(r: &PublishReport) {
         PublishOutcome::Empty => "nothing to publish yet".into(),
     };
     say!("{}: {head}", r.cache_kind);
+    if let Some(p) = &r.policy {
+        let settings = match p.settings.is_empty() {
+            true => "no settings".to_owned(),
+            false => format!("settings {}", crate::policy::host::describe(&p.settings)),
+        };
+        let kept = match &r.settings_kept_from {
+            Some(g) => format!(
+                ", kept from generation {} (no --setting given)",
+                short_id(g)
+            ),
+            None => String::new(),
+        };
+        say!(
+            "  key {} ({}), policy {}@{}, {settings}{kept}",
+            short(&r.compat_id),
+            r.compat_key,
+            p.name,
+            p.version
+        );
+    }
+    if let Some(why) = &r.settings_note {
+        say!("  settings: {why}");
+    }
+    if let Some(why) = &r.module_not_stored {
+        say!(
+            "  policy module NOT stored by digest: {why} (gc keeps the key whole until it has it)"
+        );
+    }
     if verbose() {
         say!(
             "  {} hashed ({} ms), {} packs uploaded ({} ms), {} packs / {} already stored",

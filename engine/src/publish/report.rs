@@ -95,6 +95,18 @@ pub struct PublishReport {
     /// the key whole until it has a module of that digest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub module_not_stored: Option<String>,
+    /// The policy this publish ran with and the settings it recorded (name, version, digest,
+    /// settings).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::generation::PolicyRef>,
+    /// Sticky settings: no settings were given for the cache, so the settings the key's newest
+    /// generation (this id) recorded were kept, not reset to the defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settings_kept_from: Option<crate::generation::GenerationId>,
+    /// Why the recorded settings could not be kept (the module refuses them, or they give
+    /// another key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settings_note: Option<String>,
 }
 
 /// A publish's push to the durable registry tier.

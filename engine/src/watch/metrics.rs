@@ -561,6 +561,9 @@ mod tests {
             duration_ms: 1,
             registry: None,
             module_not_stored: None,
+            policy: None,
+            settings_kept_from: None,
+            settings_note: None,
             hash_ms: 0,
             upload_ms: 0,
         }

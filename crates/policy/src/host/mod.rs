@@ -1047,6 +1047,19 @@ impl CachePolicy for WasmPolicy {
         Some(self.bytes.clone())
     }
 
+    fn with_recorded_settings(
+        &self,
+        recorded: &PolicyRef,
+    ) -> Option<Result<Box<dyn CachePolicy>, PolicyError>> {
+        if recorded.name != self.info.name || recorded.settings == self.settings {
+            return None;
+        }
+        Some(
+            self.configure(&recorded.settings)
+                .map(|p| Box::new(p) as Box<dyn CachePolicy>),
+        )
+    }
+
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         self.compat_key_traced(facts)?.value
     }

@@ -23,6 +23,55 @@ pub(crate) fn resolve_generation(session: &Session, text: &str) -> Result<Genera
     )?)
 }
 
+/// Where the module a generation records is (`catalog::modules`): built in, in the store, or not.
+fn module_place(session: &Session, digest: &str) -> String {
+    let Ok(hash) = digest.parse::<crate::generation::ContentHash>() else {
+        return format!("{digest} (no module)");
+    };
+    if crate::policy::builtin::BUILTINS
+        .iter()
+        .any(|b| !b.wasm.is_empty() && crate::generation::ContentHash::of(b.wasm) == hash)
+    {
+        return "built into this jitship".to_owned();
+    }
+    let key = session.layout.module(&hash);
+    match session.store.exists(&key) {
+        Ok(true) => format!("in the store ({key}); gc fetches it from there"),
+        Ok(false) => format!(
+            "NOT in the store ({key}): gc needs it given (--policy-dir) or keeps the key whole"
+        ),
+        Err(e) => format!("cannot tell ({key}: {e})"),
+    }
+}
+
+/// The policy that governs a key, as `ls` shows it: the one its newest readable generation a
+/// trusted key signed (else its newest readable one) was published with, with its settings.
+fn governing_line(c: &inspect::CompatView) -> Option<String> {
+    let present = |g: &&inspect::GenerationView| matches!(g.state, ManifestState::Present(_));
+    let trusted = |g: &&inspect::GenerationView| {
+        g.signatures
+            .iter()
+            .any(|s| matches!(s.signer, crate::trust::Signer::Trusted { .. }))
+    };
+    let g = c
+        .generations
+        .iter()
+        .filter(present)
+        .find(trusted)
+        .or_else(|| c.generations.iter().find(present))?;
+    let p = &g.summary()?.policy;
+    let settings = match p.settings.is_empty() {
+        true => "no settings".to_owned(),
+        false => format!("settings {}", crate::policy::host::describe(&p.settings)),
+    };
+    Some(format!(
+        "  policy {}@{} {} ({settings})",
+        p.name,
+        p.version,
+        p.digest.chars().take(12).collect::<String>()
+    ))
+}
+
 pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
     let session = Session::open_store_read_only(&args.common.store)?;
     let survey = inspect::survey(session.store.as_ref(), &session.layout, &session.trust)
@@ -46,6 +95,9 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
             c.compat_key.as_deref().unwrap_or("(no readable manifest)"),
             short(&c.compat_id)
         );
+        if let Some(line) = governing_line(c) {
+            say!("{line}");
+        }
         let rows: Vec<Vec<String>> = c
             .generations
             .iter()
@@ -171,6 +223,14 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
         i.policy.version,
         i.policy.digest
     );
+    say!(
+        "settings    {}",
+        match i.policy.settings.is_empty() {
+            true => "none".to_owned(),
+            false => crate::policy::host::describe(&i.policy.settings),
+        }
+    );
+    say!("module      {}", module_place(&session, &i.policy.digest));
     say!(
         "content     {} files, {}, in {} packs ({})",
         i.file_count,
