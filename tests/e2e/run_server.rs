@@ -224,17 +224,21 @@ fn the_install_comes_before_the_server_starts_and_a_failed_one_does_not_stop_it(
 }
 
 #[test]
-fn sigterm_reaches_the_server_and_the_final_publish_follows() {
+fn sighup_and_sigterm_reach_the_server_and_the_final_publish_follows_sigterm() {
     let env = Env::new();
     let root = env.path("root");
     std::fs::create_dir_all(&root).unwrap();
     let started = env.path("started");
+    let got_hup = env.path("got-hup");
     let got_term = env.path("got-term");
-    // Writes its cache, says it is up, and exits 5 on SIGTERM (its sleep with it).
+    // Writes its cache, says it is up, notes a SIGHUP and goes on, and exits 5 on SIGTERM (its
+    // sleep with it).
     let script = format!(
-        "trap 'kill $p; echo > {got}; exit 5' TERM; echo kernel > {root}/k.bin; \
-         sleep 60 & p=$!; echo > {started}; wait $p",
-        got = got_term.display(),
+        "trap 'echo > {hup}' HUP; trap 'kill $p; echo > {term}; exit 5' TERM; \
+         echo kernel > {root}/k.bin; sleep 60 & p=$!; echo > {started}; \
+         while kill -0 $p 2>/dev/null; do wait $p; done",
+        hup = got_hup.display(),
+        term = got_term.display(),
         root = root.display(),
         started = started.display(),
     );
@@ -242,6 +246,10 @@ fn sigterm_reaches_the_server_and_the_final_publish_follows() {
     cmd.args(sh(&script));
     let run = Running::start(cmd, env.path("run.log"));
     run.wait_until("the server started", || started.exists());
+    run.signal(libc::SIGHUP);
+    run.wait_until("the server got SIGHUP", || got_hup.exists());
+    // SIGHUP is only passed on: nothing stops, nothing is published.
+    assert!(!run.log().contains("final publish"), "{}", run.log());
     assert!(
         env.published().is_empty(),
         "published before the server stopped"
