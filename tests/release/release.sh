@@ -13,7 +13,8 @@
 # 3. The image: pushed with skopeo to Debian's docker-registry on 127.0.0.1, pulled back, unpacked
 #    with umoci and run under chroot in a new mount and PID namespace (unshare --kill-child:
 #    nothing outlives it): `jitship --version`, a `jitship install` from a local store mounted
-#    into it (the files match the producer's), and the Mooncake library it carries loads.
+#    into it (the files match the producer's), and the Mooncake library it carries loads; then the
+#    Kubernetes examples' jitship-setup init container script, run in it as a pod runs it.
 # Nothing keeps running afterwards: the registry is stopped and its directory removed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -118,6 +119,7 @@ skopeo copy -q --dest-tls-verify=false "oci:$OUT/image:$version" "docker://$ref"
 skopeo copy -q --src-tls-verify=false "docker://$ref" "oci:$WORK/pulled:$version"
 umoci unpack --image "$WORK/pulled:$version" "$WORK/bundle" > /dev/null
 ROOTFS=$WORK/bundle/rootfs
+unpacked=$(du -sb "$ROOTFS" | cut -f1)
 # The image's own environment and entrypoint (umoci writes them into the bundle's config.json
 # from the image config), inside a new mount and PID namespace.
 mapfile -t IMAGE_ENV < <(python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["process"]["env"]))' "$WORK/bundle/config.json")
@@ -152,8 +154,55 @@ run_image ls --store mooncake:127.0.0.1:1 > "$WORK/mc-image.out" 2>&1 || code=$?
 [ "$code" -ne 0 ] && grep -q "127.0.0.1:1 unreachable" "$WORK/mc-image.out" \
     || { cat "$WORK/mc-image.out"; fail "the image's Mooncake library did not load"; }
 say "image: its libmooncake_store.so loads (MOONCAKE_STORE_LIBRARY from the image config: ${IMAGE_ENV[*]})"
+# The Kubernetes examples' jitship-setup init container (examples/kubernetes/run.yaml), run in the
+# image as the pod runs it: with trust.yaml's placeholder key it stops and names trust.yaml; with a
+# key it copies /opt/jitship into /jitship and writes the config with the pod's IP, and jitship runs
+# from there with the Mooncake library it copied.
+python3 - "$ROOTFS" <<'PY' || fail "reading the Kubernetes examples"
+import os, re, sys
+root = sys.argv[1]
+def block(path, after, start):
+    """The block scalar that follows the first line matching `start` after a line matching `after`."""
+    lines = open(path).read().splitlines()
+    i = next(n for n, l in enumerate(lines) if re.search(after, l))
+    i = next(n for n in range(i, len(lines)) if re.search(start, lines[n]))
+    body = []
+    indent = None
+    for l in lines[i + 1:]:
+        if l.strip() and indent is None:
+            indent = len(l) - len(l.lstrip())
+        if l.strip() and len(l) - len(l.lstrip()) < indent:
+            break
+        body.append(l[indent:])
+    return "\n".join(body).rstrip() + "\n"
+ex = "examples/kubernetes"
+open(f"{root}/setup.sh", "w").write(block(f"{ex}/run.yaml", r"name: jitship-setup", r"^\s+- \|$"))
+os.makedirs(f"{root}/etc/jitship-template", exist_ok=True)
+open(f"{root}/etc/jitship-template/jitship.toml", "w").write(block(f"{ex}/configmap.yaml", r"^data:", r"jitship.toml: \|"))
+os.makedirs(f"{root}/etc/jitship-trust", exist_ok=True)
+key = re.search(r'publisher.pub: "(.*)"', open(f"{ex}/trust.yaml").read()).group(1)
+open(f"{root}/etc/jitship-trust/publisher.pub", "w").write(key + "\n")
+PY
+mkdir -p "$ROOTFS/jitship"
+in_pod() { env -i POD_IP=10.1.2.3 unshare --mount --pid --fork --kill-child -- /usr/sbin/chroot "$ROOTFS" "$@"; }
+code=0
+in_pod /bin/busybox sh -ec "$(cat "$ROOTFS/setup.sh")" > "$WORK/setup.out" 2>&1 || code=$?
+[ "$code" -ne 0 ] && grep -q "examples/kubernetes/trust.yaml" "$WORK/setup.out" \
+    || { cat "$WORK/setup.out"; fail "jitship-setup accepted trust.yaml's placeholder key"; }
+"$bin" key generate --out "$WORK/publisher.key" > /dev/null
+cp "$WORK/publisher.key.pub" "$ROOTFS/etc/jitship-trust/publisher.pub"
+in_pod /bin/busybox sh -ec "$(cat "$ROOTFS/setup.sh")" || fail "jitship-setup failed with a real key"
+grep -qx 'local_hostname = "10.1.2.3"' "$ROOTFS/jitship/etc/jitship.toml" || fail "the rendered config does not name the pod IP"
+[ "$(in_pod /jitship/bin/jitship --version)" = "jitship $version" ] || fail "/jitship/bin/jitship"
+code=0
+env -i MOONCAKE_STORE_LIBRARY=/jitship/mooncake/mooncake/libmooncake_store.so \
+    unshare --mount --pid --fork --kill-child -- /usr/sbin/chroot "$ROOTFS" /jitship/bin/jitship \
+    ls --store mooncake:127.0.0.1:1 > "$WORK/mc-copied.out" 2>&1 || code=$?
+[ "$code" -ne 0 ] && grep -q "127.0.0.1:1 unreachable" "$WORK/mc-copied.out" \
+    || { cat "$WORK/mc-copied.out"; fail "the copied Mooncake library did not load"; }
+say "image: the Kubernetes examples' jitship-setup refuses the placeholder key, copies jitship out, writes the pod IP"
 t_image=$((SECONDS - t2))
 
 layer=$(du -sb "$OUT/image/blobs" | cut -f1)
 say "PASS: build ${t_build} s, wheel checks ${t_wheel} s, image checks ${t_image} s"
-say "sizes: binary $(stat -c %s "$bin") B, wheel $(stat -c %s "$wheel") B, image $layer B compressed (OCI blobs), $(du -sb "$ROOTFS" | cut -f1) B unpacked"
+say "sizes: binary $(stat -c %s "$bin") B, wheel $(stat -c %s "$wheel") B, image $layer B compressed (OCI blobs), $unpacked B unpacked"
