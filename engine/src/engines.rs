@@ -188,6 +188,9 @@ impl CachePolicy for EngineKeyed {
     fn policy_ref(&self) -> PolicyRef {
         self.inner.policy_ref()
     }
+    fn module(&self) -> Option<Arc<[u8]>> {
+        self.inner.module()
+    }
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         let mut key = self.inner.compat_key(facts)?;
         for name in self.facts {
@@ -574,6 +577,40 @@ mod tests {
             k.compat_key(&facts(&[("pkg.sglang", "0.5;23")])).unwrap(),
             "inductor@1;a=1;pkg.sglang=0.5%3B23"
         );
+        // Everything but the key is the policy's own, the module publish stores included.
+        struct WithModule(NativeRules);
+        impl CachePolicy for WithModule {
+            fn info(&self) -> &PolicyInfo {
+                self.0.info()
+            }
+            fn policy_ref(&self) -> PolicyRef {
+                self.0.policy_ref()
+            }
+            fn module(&self) -> Option<Arc<[u8]>> {
+                Some(Arc::from(&b"\0asm"[..]))
+            }
+            fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
+                self.0.compat_key(facts)
+            }
+            fn select(&self, root: &Path, entries: &[FileEntry]) -> Result<Selection, PolicyError> {
+                self.0.select(root, entries)
+            }
+            fn retain(
+                &self,
+                generations: &[GenerationSummary],
+                now: u64,
+                limits: &RetentionLimits,
+            ) -> Result<Vec<RetentionDrop>, PolicyError> {
+                self.0.retain(generations, now, limits)
+            }
+        }
+        let wrapped = keyed(
+            Some(Engine::Sglang),
+            "inductor",
+            Arc::new(WithModule(NativeRules::new("inductor"))),
+        );
+        assert_eq!(wrapped.module().as_deref(), Some(&b"\0asm"[..]));
+        assert_eq!(wrapped.info().cache_kind, "inductor");
         // vLLM adds nothing; a kind SGLang does not read is left alone.
         assert_eq!(
             keyed(Some(Engine::Vllm), "inductor", native.clone())
