@@ -79,14 +79,19 @@ def _under_jitship_run(levels=8):
     return False
 
 
-def _die_with_parent():
-    # PR_SET_PDEATHSIG (1): SIGTERM when the thread that started the watcher ends. Best effort.
+def _parent_death_signal():
+    """A function for the watcher's child side of fork: PR_SET_PDEATHSIG (1) = SIGTERM, so the
+    kernel signals the watcher when the thread that started it ends. Resolved here, in the
+    parent, so the child calls prctl and nothing else (no loading, no imports after fork).
+    None where it cannot be resolved (best effort)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
-    except Exception:
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sig = int(signal.SIGTERM)
+    return lambda: prctl(1, sig, 0, 0, 0)
 
 
 def _stop_watcher():
@@ -131,7 +136,7 @@ def register():
             # Its own session: a Ctrl-C meant for vLLM does not cut the watcher's final publish
             # short; atexit (or the parent-death signal) stops it.
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_parent_death_signal(),
         )
     except OSError as e:
         _log(f"cannot start jitship watch: {e}")
