@@ -153,6 +153,81 @@ pub struct SelectReport {
     pub skip_files: usize,
     /// What exists under the root but is never offered to a policy (symlinks, devices, bad names).
     pub never_offered: Vec<(String, String)>,
+    /// Each published file marked `embeds-root` (at most `MAX_REWRITES_TRIED`), taken through
+    /// `canonicalize` and back through `materialize`, as publish and install do.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub root_rewrites: Vec<RootRewrite>,
+}
+
+/// How many `embeds-root` files `policy test` takes through canonicalize and materialize.
+pub const MAX_REWRITES_TRIED: usize = 32;
+
+/// One `embeds-root` file through `canonicalize` (publish) and `materialize` (install), at the
+/// same root and at another one.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RootRewrite {
+    pub path: String,
+    /// Size of the root-independent form; `None` when canonicalize refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canonical_bytes: Option<usize>,
+    /// The root-independent form no longer names the root.
+    pub root_gone: bool,
+    /// materialize(canonicalize(file), same root) gave back the file's very bytes (information
+    /// only: a policy may write the file in its own layout, as Triton's JSON writer does; install
+    /// checks the canonical form's hash, not these bytes).
+    pub round_trip: bool,
+    /// Materialized for `OTHER_ROOT`, it names that root.
+    pub relocates: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RootRewrite {
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && self.root_gone && self.relocates
+    }
+}
+
+/// The root `policy test` materializes for, to see a file relocate.
+pub const OTHER_ROOT: &str = "/jitship-policy-test/another/root";
+
+fn try_rewrite(policy: &WasmPolicy, root: &Path, path: &str) -> RootRewrite {
+    let mut r = RootRewrite {
+        path: path.to_owned(),
+        canonical_bytes: None,
+        root_gone: false,
+        round_trip: false,
+        relocates: false,
+        error: None,
+    };
+    let fail = |mut r: RootRewrite, e: String| {
+        r.error = Some(e);
+        r
+    };
+    let rel = match crate::generation::RelPath::parse(path) {
+        Ok(p) => p,
+        Err(e) => return fail(r, e.to_string()),
+    };
+    let content = match std::fs::read(root.join(path)) {
+        Ok(c) => c,
+        Err(e) => return fail(r, format!("cannot read it: {e}")),
+    };
+    let canonical = match policy.canonicalize(root, &rel, &content) {
+        Ok(c) => c,
+        Err(e) => return fail(r, format!("canonicalize: {e}")),
+    };
+    r.canonical_bytes = Some(canonical.len());
+    let root_text = root.to_string_lossy();
+    r.root_gone = !String::from_utf8_lossy(&canonical).contains(root_text.as_ref());
+    match policy.materialize(root, &rel, &canonical) {
+        Ok(back) => r.round_trip = back == content,
+        Err(e) => return fail(r, format!("materialize at the same root: {e}")),
+    }
+    match policy.materialize(Path::new(OTHER_ROOT), &rel, &canonical) {
+        Ok(other) => r.relocates = String::from_utf8_lossy(&other).contains(OTHER_ROOT),
+        Err(e) => return fail(r, format!("materialize at {OTHER_ROOT}: {e}")),
+    }
+    r
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -178,14 +253,21 @@ pub struct TestReport {
     pub select: Option<SelectReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retain: Option<RetainReport>,
+    /// Whether the key was asked for: not in a retention-only run (`--generations` with no
+    /// `--fact` and no `--root`), where a key refused for a missing fact does not fail the test.
+    pub key_asked: bool,
 }
 
 impl TestReport {
     /// Every call that ran answered (a refusal such as a missing fact counts as failing here: the
-    /// author asked to see it work).
+    /// author asked to see it work), and every `embeds-root` file went through canonicalize and
+    /// materialize and back.
     pub fn all_ok(&self) -> bool {
-        self.compat_key.is_ok()
-            && self.select.as_ref().is_none_or(|s| s.call.is_ok())
+        (self.compat_key.is_ok() || !self.key_asked)
+            && self
+                .select
+                .as_ref()
+                .is_none_or(|s| s.call.is_ok() && s.root_rewrites.iter().all(RootRewrite::ok))
             && self.retain.as_ref().is_none_or(|r| r.call.is_ok())
     }
 }
@@ -238,6 +320,12 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, InputE
             });
             let decided = call.value.as_deref().unwrap_or(&[]);
             let published = decided.iter().filter(|d| d.verdict == Verdict::Publish);
+            let root_rewrites = published
+                .clone()
+                .filter(|d| d.embeds_root)
+                .take(MAX_REWRITES_TRIED)
+                .map(|d| try_rewrite(policy, root, &d.path))
+                .collect();
             Some(SelectReport {
                 root: root.clone(),
                 complete: completeness.as_ref().map(|(c, _)| *c),
@@ -253,6 +341,7 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, InputE
                     .iter()
                     .map(|(p, r)| (p.clone(), (*r).to_string()))
                     .collect(),
+                root_rewrites,
                 call,
             })
         }
@@ -286,6 +375,9 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, InputE
         compat_id,
         select,
         retain,
+        key_asked: !input.facts.as_map().is_empty()
+            || input.root.is_some()
+            || input.generations.is_none(),
     })
 }
 

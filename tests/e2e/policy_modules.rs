@@ -247,7 +247,7 @@ fn gc_decides_with_the_recorded_module_fetched_from_the_store_after_a_rebuild() 
     // 4), fetched from the store, and the report names it.
     let modules_dir = wasm.parent().unwrap().to_str().unwrap().to_owned();
     for extra in [&["--policy-dir", modules_dir.as_str()][..], &[]] {
-        let (code, r, text) = place.gc(&[&extra[..], &["--dry-run"]].concat());
+        let (code, r, text) = place.gc(&[extra, &["--dry-run"]].concat());
         assert_eq!(code, Some(0), "{r:#}");
         let used = &r["policies"][0]["decided_by"];
         assert_eq!(used["name"], "mod-policy", "{r:#}");
@@ -318,4 +318,96 @@ fn gc_decides_with_the_recorded_module_fetched_from_the_store_after_a_rebuild() 
         store.get(&layout.module(&d2)).unwrap().as_deref(),
         Some(&v2[..])
     );
+}
+
+/// Issue 43: `gc --setting` is refused with the reason and the way to change a key's settings,
+/// not as a bare usage error.
+#[test]
+fn gc_refuses_a_setting_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let place = Place::new(tmp.path());
+    let out = jitship(&[
+        "gc",
+        "--config",
+        place.config.to_str().unwrap(),
+        "--store",
+        &place.store,
+        "--setting",
+        "demo:keep=1",
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("gc takes no --setting (demo:keep=1)")
+            && said.contains("publish it with --setting"),
+        "{said}"
+    );
+}
+
+/// Issue 43, `policy test`: a retention-only run (`--generations`, no `--fact`, no `--root`)
+/// does not fail on the key's missing facts; a run with a root takes every `embeds-root` file
+/// through canonicalize and materialize (same bytes back at the root, relocated at another).
+#[test]
+fn policy_test_runs_retention_alone_and_exercises_canonicalize_and_materialize() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let triton = repo.join("policies/dist/triton.wasm");
+    let triton = triton.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let gens = tmp.path().join("gens.json");
+    let id = "1".repeat(64);
+    std::fs::write(
+        &gens,
+        format!(
+            r#"[{{"id": "{id}", "compat_key": "k", "created_at": 1, "size_bytes": 1, "file_count": 1}}]"#
+        ),
+    )
+    .unwrap();
+    let out = ok(
+        "policy test --generations",
+        jitship(&[
+            "policy",
+            "test",
+            triton,
+            "--no-compile-cache",
+            "--generations",
+            gens.to_str().unwrap(),
+            "--json",
+        ]),
+    );
+    let r = json(&out);
+    assert_eq!(r["key_asked"], false, "{r}");
+    assert_eq!(r["retain"]["keep"][0], id.as_str(), "{r}");
+
+    let root = tmp.path().join("root");
+    jitship_tests::fixtures::triton_tree(&root, 2, 7);
+    let mut args = vec![
+        "policy",
+        "test",
+        triton,
+        "--no-compile-cache",
+        "--root",
+        root.to_str().unwrap(),
+        "--json",
+    ];
+    for f in [
+        "pkg.triton=3.4.0",
+        "gpu.arch=sm_90",
+        "gpu.cc=9.0",
+        "driver.major=550",
+        "os.arch=x86_64",
+    ] {
+        args.extend(["--fact", f]);
+    }
+    let r = json(&ok("policy test --root", jitship(&args)));
+    let rewrites = r["select"]["root_rewrites"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(rewrites.len(), 2, "{r}");
+    for w in rewrites {
+        assert!(w["path"].as_str().unwrap().contains("__grp__"), "{w}");
+        // round_trip is information only: Triton writes the group JSON in its own layout.
+        for check in ["root_gone", "relocates"] {
+            assert_eq!(w[check], true, "{check}: {w}");
+        }
+    }
 }

@@ -54,6 +54,12 @@ pub enum BuildError {
     Componentize(String),
     #[error("no Cargo.toml in {0}; give the directory of a policy crate")]
     NoManifest(PathBuf),
+    #[error(
+        "the {GUEST_TARGET} target is not installed for the toolchain that builds {dir} (rustc's \
+         sysroot {sysroot} has no lib/rustlib/{GUEST_TARGET}): run `rustup target add \
+         {GUEST_TARGET}` in that directory, then build again (nothing was compiled)"
+    )]
+    MissingTarget { dir: PathBuf, sysroot: PathBuf },
     #[error("cannot run {cargo:?}: {source}; is cargo on PATH (or $CARGO set)?")]
     Spawn {
         cargo: OsString,
@@ -173,6 +179,9 @@ pub fn build_policy_crate(
         return Err(BuildError::NoManifest(manifest_dir.to_path_buf()));
     }
     let manifest = manifest.canonicalize().map_err(io_err(&manifest))?;
+    // Before a minute of compiling: is the guest target there at all?
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    check_guest_target(&rustc, manifest.parent().unwrap_or(manifest_dir))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let roots = path_roots(&cargo, &manifest, opts.locked)?;
 
@@ -306,6 +315,30 @@ pub fn build_policy_crate_to(
     Ok(built)
 }
 
+/// Fails fast when the toolchain that builds `dir` (rustup picks it by `dir`'s
+/// rust-toolchain.toml) lacks the guest target's standard library. A rustc that cannot say its
+/// sysroot is left to cargo to report.
+pub fn check_guest_target(rustc: &std::ffi::OsStr, dir: &Path) -> Result<(), BuildError> {
+    let Ok(out) = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .current_dir(dir)
+        .output()
+    else {
+        return Ok(());
+    };
+    if !out.status.success() {
+        return Ok(());
+    }
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if sysroot.join("lib/rustlib").join(GUEST_TARGET).is_dir() {
+        return Ok(());
+    }
+    Err(BuildError::MissingTarget {
+        dir: dir.to_path_buf(),
+        sysroot,
+    })
+}
+
 /// Writes a component to `out` atomically (temp file in the same directory, then rename).
 pub fn write_component(out: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     let dir = match out.parent() {
@@ -416,6 +449,28 @@ fn tail(stderr: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 43: a toolchain without the guest target is refused before cargo compiles anything,
+    /// with the command that fixes it.
+    #[test]
+    fn a_toolchain_without_the_guest_target_is_refused_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let sysroot = tmp.path().join("sysroot");
+        std::fs::create_dir_all(sysroot.join("lib/rustlib/x86_64-unknown-linux-gnu")).unwrap();
+        let rustc = tmp.path().join("rustc");
+        std::fs::write(&rustc, format!("#!/bin/sh\necho {}\n", sysroot.display())).unwrap();
+        std::fs::set_permissions(&rustc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = super::check_guest_target(rustc.as_os_str(), tmp.path()).unwrap_err();
+        let said = err.to_string();
+        assert!(
+            said.contains("rustup target add wasm32-unknown-unknown")
+                && said.contains("nothing was compiled"),
+            "{said}"
+        );
+        std::fs::create_dir_all(sysroot.join("lib/rustlib/wasm32-unknown-unknown")).unwrap();
+        super::check_guest_target(rustc.as_os_str(), tmp.path()).unwrap();
+    }
+
     use super::*;
 
     #[test]

@@ -519,6 +519,11 @@ pub struct GcArgs {
     /// (overrides [policy] modules_dir). A key whose policy gc does not have is kept whole.
     #[arg(long, env = "JITSHIP_POLICY_DIR", value_name = "DIR")]
     pub policy_dir: Option<PathBuf>,
+
+    /// Refused with the reason: gc decides each key with the settings its newest generation
+    /// recorded (change them with `publish --setting`), never with settings given to gc.
+    #[arg(long, hide = true, value_name = "KIND:NAME=VALUE")]
+    pub setting: Vec<String>,
 }
 
 /// Where the store is (and the config file that may say so).

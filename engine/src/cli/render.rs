@@ -689,6 +689,9 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
                 say!("  compat id {id}");
             }
         }
+        (None, Some(e)) if !r.key_asked => say!(
+            "compat key: not asked (retention only: no --fact, no --root); the policy said: {e}"
+        ),
         (None, Some(e)) => say!(
             "compat key: REFUSED: {e} {}",
             print_call_cost(&r.compat_key)
@@ -736,6 +739,32 @@ pub(crate) fn print_policy_test(r: &crate::author::TestReport) {
         }
         for (path, why) in &s.never_offered {
             say!("  never   {path}  ({why}; not offered to the policy)");
+        }
+        for w in &s.root_rewrites {
+            match &w.error {
+                Some(e) => say!("  rewrite {}: FAILED: {e}", w.path),
+                None => say!(
+                    "  rewrite {}: canonical {} B{}, {} at this root, {} at {}",
+                    w.path,
+                    w.canonical_bytes.unwrap_or(0),
+                    if w.root_gone {
+                        ""
+                    } else {
+                        " STILL NAMES THE ROOT"
+                    },
+                    if w.round_trip {
+                        "same bytes back"
+                    } else {
+                        "rewritten in the policy's own layout"
+                    },
+                    if w.relocates {
+                        "relocated"
+                    } else {
+                        "NOT relocated"
+                    },
+                    crate::author::OTHER_ROOT
+                ),
+            }
         }
         print_policy_logs(&s.call);
     }

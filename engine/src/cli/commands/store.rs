@@ -528,6 +528,14 @@ fn emit_json(command: &'static str, results: impl serde::Serialize, code: i32) {
 }
 
 pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
+    if let Some(given) = args.setting.first() {
+        bail!(
+            "gc takes no --setting ({given}): it decides each key with the policy and settings its \
+             newest generation recorded. To change a key's settings, publish it with --setting \
+             KIND:NAME=VALUE (or [[cache]] settings); `jitship ls` and `inspect` show the \
+             recorded ones, and `policy test --setting` tries others"
+        );
+    }
     let mut session = Session::open_store(&args.common.store)?;
     crate::config::apply_cache_args(&mut session.config, &args.caches)?;
     session.config.validate()?;
