@@ -1,8 +1,8 @@
 """jitship as a vLLM general plugin: installs the caches before vLLM compiles, publishes what it
 compiled. Registered as `jitship = jitship.vllm_plugin:register` under the `vllm.general_plugins`
 entry point group, which vLLM loads with `vllm.plugins.load_general_plugins()` in every process it
-starts (the front end, the engine core, each worker), early: while it builds its engine
-configuration, before any model is loaded or compiled.
+starts (the front end, the engine core, each worker), early: when it builds its engine arguments
+(EngineArgs.__post_init__, add_cli_args), before any model is loaded or compiled.
 
 What `register` does, in the first process of a vLLM worker only (its children inherit
 JITSHIP_VLLM_PLUGIN_PID and do nothing):
