@@ -19,9 +19,14 @@
 #                                   libstdc++ and, for a CUDA build, the GPU driver
 #   /lib/x86_64-linux-gnu/...       glibc, libgcc_s and libstdc++ (Debian 12's)
 #   /usr/lib/x86_64-linux-gnu/libibverbs, /etc/libibverbs.d   the mlx5 RDMA provider
-#   /usr/lib/libcuda.so.1           a stub (tests/cluster/cuda_stub.c) so the CUDA build of the
-#                                   library loads where the pod has no GPU; the last directory the
-#                                   loader searches, so a driver the NVIDIA runtime mounts wins
+#   /opt/jitship/mooncake/cuda-stub/libcuda.so.1   a stand-in for the NVIDIA driver
+#                                   (tests/cluster/cuda_stub.c: every call answers "no device"),
+#                                   last in the library's RPATH: jitship's Mooncake client moves
+#                                   bytes from host memory and never needs the driver, but the CUDA
+#                                   build links it; with the stub it loads in containers that have
+#                                   no GPU (the init container and sidecar of examples/kubernetes)
+#                                   and means the same in those that do. Only jitship's process
+#                                   loads it (through that RPATH); nothing else in the container does
 #   /bin/busybox, /bin/cp           busybox-static: an init container copies /opt/jitship out
 #   /etc/ssl/certs/ca-certificates.crt, /tmp
 # Config: entrypoint jitship, MOONCAKE_STORE_LIBRARY set, PATH=/usr/local/bin:/bin.
@@ -83,9 +88,10 @@ with zipfile.ZipFile(cudart) as z:
 PY
 LIB=$MC/mooncake/libmooncake_store.so
 
-# The CUDA driver stub, at the end of the loader's search path.
-gcc -shared -fPIC -O2 -Wall -Wl,-soname,libcuda.so.1 -o "$WORK/libcuda.so.1" "$REPO/tests/cluster/cuda_stub.c"
-install -m 0755 "$WORK/libcuda.so.1" "$ROOT/usr/lib/libcuda.so.1"
+# The CUDA driver stub, private to the Mooncake library (see the header). No libc: it calls nothing.
+mkdir -p "$WORK/cuda-stub" "$MC/cuda-stub"
+gcc -shared -fPIC -O2 -Wall -nostdlib -Wl,-soname,libcuda.so.1 -o "$WORK/cuda-stub/libcuda.so.1" "$REPO/tests/cluster/cuda_stub.c"
+install -m 0755 "$WORK/cuda-stub/libcuda.so.1" "$MC/cuda-stub/libcuda.so.1"
 
 # The RDMA provider for Mellanox/NVIDIA NICs (libibverbs loads it by the .driver file).
 mkdir -p "$ROOT/etc/libibverbs.d" "$ROOT/$libdir/libibverbs"
@@ -96,7 +102,7 @@ cp -L "$provider" "$ROOT/$libdir/libibverbs/"
 # Every system library the binary, the C library and the provider need (ldd resolves them on this
 # machine; the stub stands in for the driver): glibc's own, libgcc_s and libstdc++ into the
 # image's library directory, the rest into the Mooncake directory's system/.
-libs=$( { ldd "$BINARY"; LD_LIBRARY_PATH=$WORK ldd "$LIB"; ldd "$provider"; } |
+libs=$( { ldd "$BINARY"; LD_LIBRARY_PATH=$WORK/cuda-stub ldd "$LIB"; ldd "$provider"; } |
     awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | grep -v -e "$MC/" -e "^$WORK/" | sort -u)
 for l in $libs; do
     name=$(basename "$l")
@@ -109,12 +115,12 @@ for l in $libs; do
         *) cp -L "$l" "$MC/system/$name" ;;
     esac
 done
-patchelf --force-rpath --set-rpath '$ORIGIN/../tokenspeed_mooncake.libs:$ORIGIN/../nvidia/cu13/lib:$ORIGIN/../system' "$LIB"
+patchelf --force-rpath --set-rpath '$ORIGIN/../tokenspeed_mooncake.libs:$ORIGIN/../nvidia/cu13/lib:$ORIGIN/../system:$ORIGIN/../cuda-stub' "$LIB"
 # The dynamic loader at the path the binary names (PT_INTERP).
 cp -L "/$ld" "$ROOT/$libdir/$(basename "$ld")"
 ln -sf "/$libdir/$(basename "$ld")" "$ROOT/$ld"
-if LD_LIBRARY_PATH=$WORK ldd "$LIB" | grep -q "not found"; then
-    LD_LIBRARY_PATH=$WORK ldd "$LIB" | grep "not found" >&2
+if env -u LD_LIBRARY_PATH ldd "$LIB" | grep -q "not found"; then
+    env -u LD_LIBRARY_PATH ldd "$LIB" | grep "not found" >&2
     say "FAIL: libmooncake_store.so needs libraries this machine lacks"
     exit 1
 fi
