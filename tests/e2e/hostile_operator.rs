@@ -453,6 +453,14 @@ fn control_characters_from_store_records_are_escaped_in_human_output() {
     // gc's WARN lines name what unsigned records decided (the policy name is the attacker's).
     assert!(log.contains("unsigned"), "{log}");
     assert_clean("gc's log", &log);
+    // export and import print each generation's kind (the attacker's compat id's is the lie).
+    let layout = tmp.path().join("layout");
+    let layout = layout.to_str().unwrap();
+    let (text, _) = expect(&b, &[], &["export", "--out", layout], 0);
+    assert_clean("export", &text);
+    assert!(text.contains("\\u{1b}[1A"), "{text}");
+    let (text, _) = expect(&b, &[], &["import", "--from", layout], 0);
+    assert_clean("import", &text);
 
     // JSON stays JSON: the exact strings, escaped by JSON alone.
     let (out, _) = expect(&b, &trusted, &["inspect", &evil_id, "--json"], 0);

@@ -422,7 +422,7 @@ pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
         return Ok(exit::OK);
     }
     for g in &report.generations {
-        println!(
+        say!(
             "exported {} (seq {}, {} packs, {}) of {} compat id {}",
             g.generation,
             g.seq,
@@ -433,9 +433,9 @@ pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
         );
     }
     for id in &report.skipped {
-        println!("skipped compat id {id}: no trusted generation whole in the store");
+        say!("skipped compat id {id}: no trusted generation whole in the store");
     }
-    println!(
+    say!(
         "{} generation(s) in the OCI layout {}",
         report.generations.len(),
         args.out.display()
@@ -462,7 +462,7 @@ pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
         return Ok(exit::OK);
     }
     for g in &report.generations {
-        println!(
+        say!(
             "{} {} (seq {}) of {} compat id {}",
             g.outcome,
             g.generation,
@@ -472,7 +472,7 @@ pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
         );
     }
     for r in &report.refused {
-        println!(
+        say!(
             "refused {} (seq {}) of compat id {}: not admitted by the trust ({})",
             r.generation,
             r.seq,
