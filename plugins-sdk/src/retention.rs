@@ -22,9 +22,15 @@ impl RetentionDefaults {
 }
 
 /// The default retention: walks generations newest first and drops a generation when keeping it
-/// would exceed the count of unpinned generations, the byte quota (bytes of every kept
-/// generation, pinned ones included) or the age limit, saying which (age first, then size, then
-/// count, when several apply). Operator `limits` override `defaults`.
+/// would exceed the count of unpinned generations, the byte quota or the age limit, saying which
+/// (age first, then size, then count, when several apply). Operator `limits` override `defaults`.
+///
+/// The byte quota counts **logical** bytes: each generation's `size_bytes`, the sum of its
+/// files' sizes as installed, whatever the store holds (packs shared between generations are
+/// counted in each, so the store holds at most this much of them, usually less). Every kept
+/// generation counts, pinned ones and the newest included. Once one unpinned generation does not
+/// fit, every older unpinned one is dropped too, however small: the quota keeps the newest
+/// generations that fit, never an older, smaller one in place of a newer one.
 ///
 /// Never dropped: pinned generations, and the newest generation (installs read it; dropping it
 /// would leave the key with nothing or an older cache). Duplicate ids are `invalid-input`.
@@ -49,6 +55,8 @@ pub fn default_retain(
 
     let mut kept_unpinned = 0u32;
     let mut kept_bytes = 0u64;
+    // Set once a generation did not fit the byte quota: every older unpinned one goes too.
+    let mut quota_full_at: Option<usize> = None;
     let mut drop = Vec::new();
     for (i, g) in generations.iter().enumerate() {
         if g.pinned || i == 0 {
@@ -62,12 +70,22 @@ pub fn default_retain(
                 RetentionCategory::Age,
                 format!("published {age} s ago, over the age limit of {max_age} s"),
             ))
-        } else if let Some(max) = max_bytes.filter(|m| kept_bytes.saturating_add(g.size_bytes) > *m)
-        {
+        } else if let (Some(max), Some(_)) = (max_bytes, quota_full_at) {
             Some((
                 RetentionCategory::Size,
                 format!(
-                    "its {} bytes would put the kept generations over the quota of {max} bytes",
+                    "older than a generation that did not fit the quota of {max} bytes (logical \
+                     bytes; the newest generations that fit are kept)"
+                ),
+            ))
+        } else if let Some(max) = max_bytes.filter(|m| kept_bytes.saturating_add(g.size_bytes) > *m)
+        {
+            quota_full_at = Some(i);
+            Some((
+                RetentionCategory::Size,
+                format!(
+                    "its {} bytes would put the kept generations over the quota of {max} bytes \
+                     (logical bytes)",
                     g.size_bytes
                 ),
             ))
@@ -96,6 +114,31 @@ pub fn default_retain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 43: a newer generation that does not fit the quota takes every older one with it; an
+    /// older, smaller one never stays in its place.
+    #[test]
+    fn the_byte_quota_keeps_the_newest_that_fit_never_an_older_smaller_one() {
+        let gens = [
+            g("new", 100, 10, false),
+            g("big", 90, 30, false),
+            g("small", 80, 5, false),
+            g("pin", 70, 5, true),
+        ];
+        let limits = RetentionLimits {
+            max_generations: None,
+            max_bytes: Some(25),
+            max_age_secs: None,
+        };
+        let drops = default_retain(&gens, 100, &limits, &RetentionDefaults::keep(10)).unwrap();
+        let got: Vec<(&str, RetentionCategory)> =
+            drops.iter().map(|d| (d.id.as_str(), d.category)).collect();
+        assert_eq!(
+            got,
+            [("big", RetentionCategory::Size), ("small", RetentionCategory::Size)]
+        );
+        assert!(drops[1].detail.contains("older than a generation that did not fit"));
+    }
 
     fn g(id: &str, created_at: u64, size: u64, pinned: bool) -> GenerationSummary {
         GenerationSummary {
