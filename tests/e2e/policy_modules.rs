@@ -261,6 +261,37 @@ fn gc_decides_with_the_recorded_module_fetched_from_the_store_after_a_rebuild() 
         );
     }
     std::fs::remove_file(&wasm).unwrap();
+    // inspect fetches the recorded module from the store, for `policy test` to run.
+    let saved = tmp.path().join("saved.wasm");
+    ok(
+        "inspect --save-module",
+        jitship(&[
+            "inspect",
+            "--store",
+            &place.store,
+            &first[3],
+            "--save-module",
+            saved.to_str().unwrap(),
+        ]),
+    );
+    assert_eq!(std::fs::read(&saved).unwrap(), v1);
+    let tested = json(&ok(
+        "policy test of the saved module",
+        jitship(&[
+            "policy",
+            "test",
+            saved.to_str().unwrap(),
+            "--no-compile-cache",
+            "--json",
+            FACTS[0],
+            FACTS[1],
+            FACTS[2],
+            FACTS[3],
+            FACTS[4],
+            FACTS[5],
+        ]),
+    ));
+    assert_eq!(tested["policy"]["version"], "0.1.0", "{tested}");
     let (code, r, _) = place.gc(&[]);
     assert_eq!(code, Some(0), "{r:#}");
     let dropped: Vec<&str> = r["decisions"]

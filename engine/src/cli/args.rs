@@ -407,6 +407,11 @@ pub struct InspectArgs {
     #[arg(long)]
     pub files: bool,
 
+    /// Write the policy module the generation was published with to FILE (built in, or fetched
+    /// from the store and checked against its digest), e.g. for `policy test FILE`.
+    #[arg(long, value_name = "FILE.wasm")]
+    pub save_module: Option<PathBuf>,
+
     #[command(flatten)]
     pub common: OperatorArgs,
 }

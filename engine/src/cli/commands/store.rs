@@ -44,6 +44,34 @@ fn module_place(session: &Session, digest: &str) -> String {
     }
 }
 
+/// Writes the module of `digest` to `out`: a built-in's bytes, else the store's copy
+/// (`catalog::modules`, checked against the digest).
+fn save_module(session: &Session, digest: &str, out: &std::path::Path) -> Result<()> {
+    use crate::catalog::modules::{ModuleRead, read_module};
+    let Ok(hash) = digest.parse::<crate::generation::ContentHash>() else {
+        bail!("the generation was published with {digest:?}, which is no module to save");
+    };
+    let builtin = crate::policy::builtin::BUILTINS
+        .iter()
+        .find(|b| !b.wasm.is_empty() && crate::generation::ContentHash::of(b.wasm) == hash);
+    let bytes = match builtin {
+        Some(b) => b.wasm.to_vec(),
+        None => match read_module(session.store.as_ref(), &session.layout, &hash)? {
+            ModuleRead::Present(bytes) => bytes,
+            ModuleRead::Missing => bail!(
+                "the module {digest} is neither built in nor in the store ({})",
+                session.layout.module(&hash)
+            ),
+            ModuleRead::Refused(why) => {
+                bail!("the store's copy of module {digest} is refused: {why}")
+            }
+        },
+    };
+    crate::policy::build::write_component(out, &bytes)?;
+    eprintln!("saved the module {digest} to {}", out.display());
+    Ok(())
+}
+
 /// The policy that governs a key, as `ls` shows it: the one its newest readable generation a
 /// trusted key signed (else its newest readable one) was published with, with its settings.
 fn governing_line(c: &inspect::CompatView) -> Option<String> {
@@ -198,6 +226,9 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
     let mut i = inspect::inspect(session.store.as_ref(), &session.layout, &id, &session.trust)?;
     if !args.files {
         i.files.clear();
+    }
+    if let Some(out) = &args.save_module {
+        save_module(&session, &i.policy.digest, out)?;
     }
     if args.common.json {
         emit_json("inspect", [&i], exit::OK);
