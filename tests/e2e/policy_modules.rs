@@ -442,3 +442,111 @@ fn policy_test_runs_retention_alone_and_exercises_canonicalize_and_materialize()
         }
     }
 }
+
+/// Issue 43, under `[trust] mode = "required"`: gc runs only modules named by generations a
+/// trusted key signed. An unsigned publish on top, with another module (stored in the store like
+/// any), never decides the key: the trusted generation's built-in does. Without required trust the
+/// newest generation decides, with its module fetched from the store (and the report says an
+/// unsigned record decided).
+#[test]
+fn under_required_trust_only_modules_of_trusted_generations_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let golden = tmp.path().join("golden.wasm");
+    build(&repo.join("examples/retention-policy"), &golden);
+    let key = tmp.path().join("publisher.key");
+    let out = ok(
+        "key generate",
+        jitship(&["key", "generate", "--out", key.to_str().unwrap()]),
+    );
+    let public = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find(|w| w.starts_with("ed25519:"))
+        .expect("the public key on stdout")
+        .to_owned();
+    let place = Place::new(tmp.path());
+    let required = tmp.path().join("required.toml");
+    std::fs::write(
+        &required,
+        format!(
+            "[policy]\ncompile_cache = false\n\n[trust]\nmode = \"required\"\ntrusted_keys = \
+             [\"{public}\"]\n"
+        ),
+    )
+    .unwrap();
+    let facts = [
+        "--fact",
+        "pkg.triton=3.9.0",
+        "--fact",
+        "gpu.arch=sm_90",
+        "--fact",
+        "gpu.cc=9.0",
+        "--fact",
+        "driver.major=550",
+        "--fact",
+        "os.arch=x86_64",
+    ];
+    let publish = |config: &Path, cache: String, extra: &[&str]| {
+        let args = [
+            &[
+                "publish",
+                "--config",
+                config.to_str().unwrap(),
+                "--store",
+                &place.store,
+                "--cache",
+                &cache,
+                "--json",
+            ][..],
+            &facts[..],
+            extra,
+        ]
+        .concat();
+        json(&ok("publish", jitship(&args)))["results"][0].clone()
+    };
+    let root = tmp.path().join("root");
+    for n in 1..=2 {
+        jitship_tests::fixtures::triton_tree(&root, n, 5);
+        publish(
+            &required,
+            format!("triton={}", root.display()),
+            &["--signing-key", key.to_str().unwrap()],
+        );
+    }
+    let evil = tmp.path().join("evil");
+    jitship_tests::fixtures::triton_tree(&evil, 3, 9);
+    let r = publish(
+        &place.config,
+        format!("triton:{}={}", golden.display(), evil.display()),
+        &[],
+    );
+    assert_eq!(r["policy"]["name"], "golden-retention", "{r}");
+    let (store, layout) = place.store();
+    let stored = layout.module(&ContentHash::of(&std::fs::read(&golden).unwrap()));
+    assert!(store.exists(&stored).unwrap());
+
+    let gc = |config: &Path| {
+        let out = jitship(&[
+            "gc",
+            "--config",
+            config.to_str().unwrap(),
+            "--store",
+            &place.store,
+            "--dry-run",
+            "--json",
+        ]);
+        json(&out)["results"][0]["policies"][0].clone()
+    };
+    let decided = gc(&required);
+    assert_eq!(decided["decided_by"]["name"], "triton", "{decided}");
+    assert_eq!(
+        decided["decided_by"]["found"]["type"], "builtin",
+        "{decided}"
+    );
+    let decided = gc(&place.config);
+    assert_eq!(
+        decided["decided_by"]["name"], "golden-retention",
+        "{decided}"
+    );
+    assert_eq!(decided["decided_by"]["found"]["type"], "store", "{decided}");
+}
