@@ -1354,6 +1354,43 @@ fn remove_all(
 mod tests {
     use super::*;
 
+    /// Issue 43: on a store that lists and dates keys, a stored module no generation names goes
+    /// once older than grace; within grace (a publish may be about to name it) it stays. A key
+    /// under `module/` that is not a digest is never touched.
+    #[test]
+    fn an_orphan_module_goes_after_grace_and_not_before() {
+        use crate::store::ValueClass;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::LocalStore::open(dir.path()).unwrap();
+        let layout = KeyLayout::new("ns").unwrap();
+        let orphan = ContentHash::of(b"module");
+        store
+            .put(&layout.module(&orphan), b"module", ValueClass::Record)
+            .unwrap();
+        let junk = format!("{}not-a-digest", layout.modules_prefix());
+        store.put(&junk, b"x", ValueClass::Record).unwrap();
+        let no_policy = |_: &str| -> std::sync::Arc<dyn crate::policy::CachePolicy> {
+            unreachable!("no key to decide")
+        };
+        let opts = |now: u64| GcOptions {
+            now,
+            grace: Duration::from_secs(3600),
+            limits: RetentionLimits::default(),
+            dry_run: false,
+            lease_wait: Duration::ZERO,
+            lease_rounds: 0,
+            trust: Default::default(),
+        };
+        let written = crate::catalog::now_secs();
+        let r = collect(&store, &layout, &no_policy, &opts(written + 60)).unwrap();
+        assert!(r.modules.is_empty(), "{:?}", r.modules);
+        assert!(store.exists(&layout.module(&orphan)).unwrap());
+        let r = collect(&store, &layout, &no_policy, &opts(written + 7200)).unwrap();
+        assert_eq!(r.modules, vec![orphan]);
+        assert!(!store.exists(&layout.module(&orphan)).unwrap());
+        assert!(store.exists(&junk).unwrap());
+    }
+
     #[test]
     fn removing_a_pack_removes_every_replica_whatever_this_runs_setting() {
         let dir = tempfile::tempdir().unwrap();
