@@ -135,9 +135,16 @@ mod tests {
             drops.iter().map(|d| (d.id.as_str(), d.category)).collect();
         assert_eq!(
             got,
-            [("big", RetentionCategory::Size), ("small", RetentionCategory::Size)]
+            [
+                ("big", RetentionCategory::Size),
+                ("small", RetentionCategory::Size)
+            ]
         );
-        assert!(drops[1].detail.contains("older than a generation that did not fit"));
+        assert!(
+            drops[1]
+                .detail
+                .contains("older than a generation that did not fit")
+        );
     }
 
     fn g(id: &str, created_at: u64, size: u64, pinned: bool) -> GenerationSummary {

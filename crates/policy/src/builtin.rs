@@ -72,7 +72,9 @@ pub fn lookup(kind: &str) -> Option<&'static [u8]> {
 
 /// Whether `bytes` are exactly one of the embedded components.
 pub fn is_builtin(bytes: &[u8]) -> bool {
-    BUILTINS.iter().any(|b| !b.wasm.is_empty() && b.wasm == bytes)
+    BUILTINS
+        .iter()
+        .any(|b| !b.wasm.is_empty() && b.wasm == bytes)
 }
 
 /// The kinds jitship ships a policy for.
