@@ -452,11 +452,16 @@ fn main() {
         let c = jitship_tests::mooncake::cluster("bench fleet");
         let config = tmp.path().join("mooncake.toml");
         c.write_cli_config(&config);
+        // Pack copies placed on distinct store nodes (the master's segment list).
+        let placement = match std::env::var("JITSHIP_TEST_MOONCAKE_METRICS") {
+            Ok(m) => format!("segments_url = \"{m}/get_all_segments\"\n"),
+            Err(_) => String::new(),
+        };
         std::fs::OpenOptions::new()
             .append(true)
             .open(&config)
             .unwrap()
-            .write_all(gather.as_bytes())
+            .write_all(format!("{placement}{gather}").as_bytes())
             .unwrap();
         let state = PathBuf::from(std::env::var("JITSHIP_TEST_MOONCAKE_STATE").unwrap_or_default());
         let mut nodes = Vec::new();
