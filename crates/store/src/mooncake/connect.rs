@@ -244,14 +244,41 @@ fn fetch_segment_list(url: &str, timeout: Duration) -> Result<Vec<CString>, Stri
     stream
         .set_write_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {host_port}\r\n\r\n")
-        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host_port}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    // The master's server keeps the connection open whatever the request says: read until the
+    // body's Content-Length has arrived, the server closes, or the bound.
     let mut answer = Vec::new();
-    stream
-        .take(MOST_SEGMENT_LIST_BYTES)
-        .read_to_end(&mut answer)
-        .map_err(|e| e.to_string())?;
+    let mut chunk = [0u8; 8192];
+    while (answer.len() as u64) < MOST_SEGMENT_LIST_BYTES {
+        let n = stream.read(&mut chunk).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&chunk[..n]);
+        if answer_is_whole(&answer) {
+            break;
+        }
+    }
     parse_segment_list(&answer)
+}
+
+/// Whether `answer` holds its whole header and as many body bytes as its Content-Length says.
+fn answer_is_whole(answer: &[u8]) -> bool {
+    let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&answer[..end]);
+    let length = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())?
+    });
+    length.is_some_and(|len| answer.len() >= end + 4 + len)
 }
 
 /// The names in an HTTP answer holding one segment name per line: status 200, names of at most
@@ -280,7 +307,9 @@ mod tests {
     use std::path::PathBuf;
     use std::time::{Duration, Instant};
 
-    use super::{MOST_SEGMENTS, MooncakeConfig, MooncakeStore, parse_segment_list, probe};
+    use super::{
+        MOST_SEGMENTS, MooncakeConfig, MooncakeStore, answer_is_whole, parse_segment_list, probe,
+    };
 
     #[test]
     fn missing_library_is_a_clear_error() {
