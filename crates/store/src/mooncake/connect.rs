@@ -351,5 +351,13 @@ mod tests {
             parse_segment_list(answer.as_bytes()).unwrap().len(),
             MOST_SEGMENTS
         );
+        // The master keeps the connection open: the read stops at the body's Content-Length.
+        assert!(answer_is_whole(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"
+        ));
+        assert!(!answer_is_whole(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nabc"
+        ));
+        assert!(!answer_is_whole(b"HTTP/1.1 200 OK\r\n\r\nabc"));
     }
 }
