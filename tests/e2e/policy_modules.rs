@@ -15,6 +15,8 @@ use jitship::catalog::KeyLayout;
 use jitship::generation::ContentHash;
 use jitship::store::{LocalStore, Store, ValueClass};
 
+use super::policy_new::{json, ok, write};
+
 fn jitship(args: &[&str]) -> Output {
     jitship_tests::cli::jitship()
         .args(args)
@@ -26,29 +28,6 @@ fn jitship(args: &[&str]) -> Output {
         .expect("run jitship")
 }
 
-fn ok(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
-}
-
-fn write(root: &Path, path: &str, bytes: &[u8]) {
-    let path = root.join(path);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, bytes).unwrap();
-}
-
-/// A `policy new` scaffold of kind `kind` in `dir` with its lock file (offline where cargo can).
 pub(crate) fn scaffold(name: &str, kind: &str, dir: &Path) {
     ok(
         "policy new",

@@ -18,7 +18,7 @@ fn jitship(args: &[&str]) -> Output {
         .expect("run jitship")
 }
 
-fn ok(what: &str, out: Output) -> Output {
+pub(crate) fn ok(what: &str, out: Output) -> Output {
     assert!(
         out.status.success(),
         "{what}: {}\nstdout:\n{}\nstderr:\n{}",
@@ -29,12 +29,12 @@ fn ok(what: &str, out: Output) -> Output {
     out
 }
 
-fn json(out: &Output) -> serde_json::Value {
+pub(crate) fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
 }
 
-fn write(root: &Path, path: &str, bytes: &[u8]) {
+pub(crate) fn write(root: &Path, path: &str, bytes: &[u8]) {
     let path = root.join(path);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, bytes).unwrap();
