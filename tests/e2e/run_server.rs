@@ -100,16 +100,31 @@ impl Running {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits until `done()` holds, checking every 20 ms, at most `WAIT`.
+    /// Waits until `done()` holds, at most `WAIT`: checked again at each change under the test's
+    /// directory (the log, the store, the files the server writes), as inotify reports it.
     fn wait_until(&self, what: &str, done: impl Fn() -> bool) {
+        use notify::Watcher;
+        let (tx, changes) = std::sync::mpsc::channel();
+        let mut watcher = notify::recommended_watcher(move |_| {
+            let _ = tx.send(());
+        })
+        .expect("an inotify watcher");
+        let dir = self
+            .log
+            .parent()
+            .expect("the log is in the test's directory");
+        watcher
+            .watch(dir, notify::RecursiveMode::Recursive)
+            .expect("watching the test's directory");
         let deadline = Instant::now() + WAIT;
+        // Checked after the watch starts, so no change between the check and the wait is missed.
         while !done() {
+            let left = deadline.saturating_duration_since(Instant::now());
             assert!(
-                Instant::now() < deadline,
+                changes.recv_timeout(left).is_ok(),
                 "{what}: not after {WAIT:?}; log:\n{}",
                 self.log()
             );
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -121,17 +136,18 @@ impl Running {
 
     fn wait(mut self) -> (ExitStatus, String) {
         let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return (status, self.log());
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
+        let pid = child.id() as i32;
+        let (tx, exited) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        match exited.recv_timeout(WAIT) {
+            Ok(status) => (status.unwrap(), self.log()),
+            Err(_) => {
+                // SAFETY: kill(2) on our own child's pid, which the waiting thread has not reaped.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
                 panic!("jitship run did not exit; log:\n{}", self.log());
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
