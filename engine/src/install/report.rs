@@ -120,8 +120,8 @@ pub struct InstallReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub damaged: Vec<String>,
     /// Every newer head passed over on the way to the one taken (or to none), newest first, and
-    /// why: refused by the trust, faulty, incomplete in the store, damaged.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// why: refused by the trust, faulty, incomplete in the store, damaged. Always written (empty
+    /// when none was), so a reader needs no special case for its absence.
     pub passed_over: Vec<PassedOver>,
     /// The seq of the head of the generation taken.
     #[serde(skip)]
@@ -147,12 +147,21 @@ pub struct InstallReport {
     pub duration_ms: u64,
     /// With a durable tier (`[store.durable]`): what the fast tier served, what it had lost and
     /// the durable tier served instead, and what was put back in the fast tier (read-repair).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Always written: zeroes without a durable tier.
+    #[serde(serialize_with = "tiers_or_zeroes")]
     pub tiers: Option<crate::store::TierStats>,
     /// With a durable registry tier, when the store had nothing to install: what the registry
     /// served and put back into the store (read-repair), or why it served nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<crate::oci::registry::RegistryPull>,
+}
+
+/// `tiers` as an object of zeroes when there is no tiered store, so the field is always there.
+fn tiers_or_zeroes<S: serde::Serializer>(
+    tiers: &Option<crate::store::TierStats>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&tiers.unwrap_or_default(), s)
 }
 
 /// A newer head an install did not take, and why.
