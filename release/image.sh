@@ -79,9 +79,11 @@ import sys, zipfile
 dest, clib, cudart = sys.argv[1:4]
 with zipfile.ZipFile(clib) as z:
     for n in z.namelist():
-        # The C library and its private libraries only (not the Python modules nor the
-        # transfer-engine library the Python client alone loads).
-        if n == "mooncake/libmooncake_store.so" or n.startswith("tokenspeed_mooncake.libs/"):
+        # The C library, its header (jitship establishes the library's ABI from it) and its
+        # private libraries only (not the Python modules nor the transfer-engine library the
+        # Python client alone loads).
+        if n in ("mooncake/libmooncake_store.so", "mooncake/include/store_c.h") \
+                or n.startswith("tokenspeed_mooncake.libs/"):
             z.extract(n, dest)
 with zipfile.ZipFile(cudart) as z:
     z.extract("nvidia/cu13/lib/libcudart.so.13", dest)

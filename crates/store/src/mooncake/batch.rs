@@ -314,8 +314,9 @@ fn batch_get_result(
         n if n >= 0 => Some(Ok(Some(n as usize))),
         sys::INVALID_PARAMS | sys::BUFFER_OVERFLOW => None,
         c if rc < 0 && c != sys::RPC_FAIL => None,
-        // Not stored, evicted, removed, or still being written by someone: a miss.
-        sys::OBJECT_NOT_FOUND | sys::REPLICA_IS_NOT_READY => Some(Ok(None)),
+        // Not stored, evicted, removed, still being written by someone, or its replica gone with
+        // its node: a miss.
+        sys::OBJECT_NOT_FOUND | sys::REPLICA_IS_NOT_READY | sys::REPLICA_IS_GONE => Some(Ok(None)),
         c => Some(Err(inner.error(c, "get", &key.to_string_lossy()))),
     }
 }

@@ -1,7 +1,13 @@
-//! What the library's return codes mean: RPC_FAIL (-900) `MasterDown`, TRANSFER_FAIL (-800)
-//! `NodeDown`, NO_AVAILABLE_HANDLE (-200) `NoSpace`, OBJECT_HAS_LEASE (-706) `Leased`,
-//! LEASE_EXPIRED (-707) `LeaseExpired` (a read slower than its lease: read again),
-//! OBJECT_NOT_FOUND (-704) a miss, and per call what counts as success.
+//! What the library's return codes mean: RPC_FAIL (-900), RPC_TIMEOUT (-901) and
+//! UNAVAILABLE_IN_CURRENT_STATUS (-1010, an HA master not serving yet) `MasterDown`;
+//! TRANSFER_FAIL (-800) and CHECKSUM_MISMATCH (-801, a transfer that arrived damaged) `NodeDown`;
+//! OBJECT_REPLICA_BUSY (-714) `Unavailable`; NO_AVAILABLE_HANDLE (-200) `NoSpace`;
+//! OBJECT_HAS_LEASE (-706) `Leased`; LEASE_EXPIRED (-707) `LeaseExpired` (a read slower than its
+//! lease: read again); OBJECT_NOT_FOUND (-704), REPLICA_IS_NOT_READY (-703) and REPLICA_IS_GONE
+//! (-712, the replica's node died or it was evicted since the master pointed at it) a miss on
+//! reads; and per call what counts as success. All of these but NoSpace and Leased are transient
+//! (`StoreError::is_transient`): a tiered store reads the durable tier instead. Every other code
+//! is `Other`, with its name (`mooncake_sys::code_name`).
 
 use std::ffi::CString;
 
@@ -16,12 +22,17 @@ impl Inner {
     pub(super) fn error(&self, code: i64, op: &str, key: &str) -> StoreError {
         let name = sys::code_name(code);
         match code {
-            sys::RPC_FAIL => StoreError::MasterDown(format!(
-                "{op} {key}: the master {} did not answer ({name} {code}); is mooncake_master running and reachable?",
-                self.master
-            )),
-            sys::TRANSFER_FAIL => StoreError::NodeDown(format!(
+            sys::RPC_FAIL | sys::RPC_TIMEOUT | sys::UNAVAILABLE_IN_CURRENT_STATUS => {
+                StoreError::MasterDown(format!(
+                    "{op} {key}: the master {} did not answer ({name} {code}); is mooncake_master running and reachable?",
+                    self.master
+                ))
+            }
+            sys::TRANSFER_FAIL | sys::CHECKSUM_MISMATCH => StoreError::NodeDown(format!(
                 "{op} {key}: the store node holding the object did not answer ({name} {code}); are the mooncake_client store nodes up?"
+            )),
+            sys::OBJECT_REPLICA_BUSY => StoreError::Unavailable(format!(
+                "{op} {key}: the object's replicas are busy ({name} {code}); try again"
             )),
             sys::NO_AVAILABLE_HANDLE => StoreError::NoSpace(format!(
                 "{op} {key}: no store node has room ({name} {code}); add store nodes or segment space, or unpin objects"
@@ -76,8 +87,11 @@ pub(super) fn get_result(inner: &Inner, n: i64, key: &CString, buf: &Staging) ->
     let k = key.to_string_lossy();
     match n {
         n if n >= 0 => GetOnce::Done(Ok(Some(buf.bytes(n as usize).to_vec()))),
-        // Not stored, evicted, removed, or still being written by someone: a miss.
-        sys::OBJECT_NOT_FOUND | sys::REPLICA_IS_NOT_READY => GetOnce::Done(Ok(None)),
+        // Not stored, evicted, removed, still being written by someone, or its replica gone with
+        // its node: a miss.
+        sys::OBJECT_NOT_FOUND | sys::REPLICA_IS_NOT_READY | sys::REPLICA_IS_GONE => {
+            GetOnce::Done(Ok(None))
+        }
         sys::INVALID_PARAMS | sys::BUFFER_OVERFLOW => {
             // SAFETY: key is NUL-terminated; get_size only reads metadata.
             let size = unsafe { (inner.lib.get_size)(inner.handle.0, key.as_ptr()) };

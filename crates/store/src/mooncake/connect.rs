@@ -57,11 +57,17 @@ fn load_library(config: &MooncakeConfig) -> StoreResult<(Arc<sys::MooncakeLib>, 
     let path = config
         .library_path()
         .map_err(|e| StoreError::Other(e.to_string()))?;
-    // SAFETY: the operator configured this path as libmooncake_store.so (store_c.h); loading it
+    // SAFETY: the operator configured this path as libmooncake_store.so; `load` opens it only
+    // once the store_c.h beside it declares the layout mooncake-sys is written for, and loading
     // runs its initializers, which is what the library expects.
     let lib =
         unsafe { sys::MooncakeLib::load(&path) }.map_err(|e| StoreError::Other(e.to_string()))?;
-    tracing::debug!(library = %path.display(), "mooncake: library loaded");
+    tracing::debug!(
+        library = %path.display(),
+        header = %lib.abi.header.display(),
+        layout = %lib.abi.layout,
+        "mooncake: library loaded"
+    );
     Ok((lib, path))
 }
 
@@ -321,6 +327,61 @@ mod tests {
         assert!(
             err.contains("/nowhere/libmooncake_store.so") && err.contains("store.mooncake.library"),
             "{err}"
+        );
+    }
+
+    /// An unknown store_c.h layout is refused at load, before any connection: a master that
+    /// listens is never connected to, and the stub library (built here with gcc, its functions
+    /// aborting if called) is never opened.
+    #[test]
+    fn unknown_abi_is_refused_before_any_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = String::from("#include <stdlib.h>\n");
+        for f in mooncake_sys::FUNCTIONS {
+            c.push_str(&format!("void {f}(void) {{ abort(); }}\n"));
+        }
+        std::fs::write(dir.path().join("stub.c"), c).unwrap();
+        let lib = dir.path().join("libmooncake_store.so");
+        let out = std::process::Command::new("gcc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(dir.path().join("stub.c"))
+            .output()
+            .expect("gcc runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut h = String::from(
+            "struct mooncake_replicate_config { size_t replica_num; int soft_pin_mode; };\n",
+        );
+        for f in mooncake_sys::FUNCTIONS {
+            h.push_str(&format!("int {f}(void *store);\n"));
+        }
+        std::fs::create_dir(dir.path().join("include")).unwrap();
+        std::fs::write(dir.path().join("include/store_c.h"), h).unwrap();
+
+        let master = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        master.set_nonblocking(true).unwrap();
+        let config = MooncakeConfig {
+            library: Some(lib.clone()),
+            master: master.local_addr().unwrap().to_string(),
+            metadata_server: "P2PHANDSHAKE".into(),
+            ..Default::default()
+        };
+        let err = MooncakeStore::connect(&config).unwrap_err().to_string();
+        assert!(
+            err.contains(&lib.display().to_string())
+                && err.contains("unknown layout")
+                && err.contains("int soft_pin_mode")
+                && err.contains("jitship supports"),
+            "{err}"
+        );
+        assert_eq!(
+            master.accept().unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock,
+            "the master was connected to"
         );
     }
 
