@@ -975,3 +975,45 @@ fn a_restarted_watcher_publishes_what_was_written_while_it_was_down() {
     // Nothing new: the final publish found the head current and made no generation.
     assert_eq!(generations(&store, "triton").len(), before + 1, "{log}");
 }
+
+/// A watcher started while its store cannot be reached (here a local store whose directory
+/// cannot be made yet, as an unmounted volume; on Mooncake a master not up yet,
+/// `mooncake_drills`) keeps watching, says so on `/healthz` and in its metrics, and publishes
+/// once the store answers, instead of exiting and crash-looping.
+#[test]
+fn a_watcher_started_before_its_store_answers_publishes_once_it_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // A file where the store's directory must go: opening the store fails until it is gone.
+    std::fs::write(&store, b"not mounted yet").unwrap();
+    let root = dir.path().join("triton");
+    std::fs::create_dir_all(&root).unwrap();
+    let files = triton_kernel(&root, 1, || {});
+    let all: BTreeSet<String> = files.iter().map(|(p, _)| p.clone()).collect();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = Watcher::start(
+        &store,
+        &[("triton", &root)],
+        SETTLE,
+        &["--metrics-addr", &addr],
+    );
+    w.wait_log("the store does not answer: watching the caches");
+    // The metric and /healthz say why from the start.
+    w.wait_metrics(port, &["\njitship_watch_store_reachable 0\n"]);
+    let (status, body) = http_get(port, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("store unreachable"), "{body}");
+    // The first cycle tried to connect, failed, and is retried after a backoff.
+    w.wait_log("publish cycle failed");
+    assert!(w.log().contains("store_unreachable=true"), "{}", w.log());
+    std::fs::remove_file(&store).unwrap();
+    w.wait_log("the store answers: publishing");
+    wait_for(&store, "triton", &w, "the kernel", |m| paths(m) == all);
+    w.wait_metrics(port, &["\njitship_watch_store_reachable 1\n"]);
+    let (status, body) = http_get(port, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("store unreachable"), "{body}");
+    let (status, log) = w.terminate();
+    assert!(status.success(), "exit {status}; log:\n{log}");
+}

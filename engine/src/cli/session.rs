@@ -128,6 +128,50 @@ fn open_existing_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
         .with_context(|| format!("opening the {}", describe_store(config)))
 }
 
+/// Opening the store failed in a way that may pass by itself: a master, node or metadata server
+/// down, a timeout, a directory that cannot be reached yet.
+fn may_pass(e: &anyhow::Error) -> bool {
+    use crate::store::StoreError;
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<StoreError>())
+        .any(|e| e.is_transient() || matches!(e, StoreError::Io { .. }))
+}
+
+/// The store of a `watch` session started before its store answered: every call fails with why
+/// (the watcher never calls it; it connects through `StoreSource::Connect`).
+#[derive(Debug)]
+struct NotConnected {
+    what: String,
+    why: String,
+}
+
+impl NotConnected {
+    fn err(&self) -> crate::store::StoreError {
+        crate::store::StoreError::Unavailable(format!("{} not connected: {}", self.what, self.why))
+    }
+}
+
+impl Store for NotConnected {
+    fn describe(&self) -> String {
+        format!("{} (not connected)", self.what)
+    }
+    fn max_value_size(&self) -> u64 {
+        0
+    }
+    fn put(&self, _: &str, _: &[u8], _: crate::store::ValueClass) -> crate::store::StoreResult<()> {
+        Err(self.err())
+    }
+    fn get(&self, _: &str) -> crate::store::StoreResult<Option<Vec<u8>>> {
+        Err(self.err())
+    }
+    fn exists(&self, _: &str) -> crate::store::StoreResult<bool> {
+        Err(self.err())
+    }
+    fn remove(&self, _: &str) -> crate::store::StoreResult<bool> {
+        Err(self.err())
+    }
+}
+
 /// Where `cache`'s root came from, as the session resolved it ("" when it was not).
 fn root_origin(config: &Config, origins: &[RootOrigin], cache: &CacheConfig) -> String {
     config
@@ -259,6 +303,36 @@ impl CacheSession {
             root_origins: self.root_origins,
             registry: self.registry,
         })
+    }
+
+    /// [`into_session`](Self::into_session) for `watch`, which waits for a store that does not
+    /// answer yet (a Mooncake master starting after its sidecars, a durable directory not mounted
+    /// yet) instead of exiting: the session's store then refuses every call, and the watcher
+    /// connects through the returned source once the store answers. Any other failure to open
+    /// the store (a missing library, a bad setting) still stops the command.
+    pub(crate) fn into_watch_session(mut self) -> Result<(Session, crate::watch::StoreSource)> {
+        let waits = match &self.store {
+            Ok(_) => None,
+            Err(f) if f.stage == Stage::Store && may_pass(&f.error) => Some(f.one_line()),
+            Err(_) => None,
+        };
+        let Some(why) = waits else {
+            let session = self.into_session()?;
+            let source = crate::watch::StoreSource::Open(session.store.clone());
+            return Ok((session, source));
+        };
+        let config = self.config.store.clone();
+        tracing::warn!(error = %why, "the store does not answer: watching the caches, publishing once it does");
+        self.store = Ok(Arc::new(NotConnected {
+            what: describe_store(&config),
+            why: why.clone(),
+        }));
+        let connect: crate::watch::Connect =
+            Arc::new(move || open_store(&config).map_err(|e| output::one_line(&e)));
+        Ok((
+            self.into_session()?,
+            crate::watch::StoreSource::Connect { connect, why },
+        ))
     }
 
     /// The facts `cache`'s key is built from, and the overrides among them.

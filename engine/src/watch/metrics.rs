@@ -11,7 +11,9 @@
 //! (last new generation), `last_cycle_timestamp_seconds{cache}`, `errors_total{cache,kind}`,
 //! `pending{cache}`, `ready`, `rescans_total`, `events_total`, and `policy_disabled{cache,cause}`
 //! (1 while a kind's policy does not run: cause `load` or `violation` for the process, `backoff`
-//! until its pause passes), which `/healthz` also lists with the reason.
+//! until its pause passes), which `/healthz` also lists with the reason, and `store_reachable`
+//! (0 while the last cycle found the store not answering; `/healthz` says why, still 200: a
+//! restarted sidecar would find the store no sooner).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -116,6 +118,9 @@ pub struct Metrics {
     events: Counter,
     policy_disabled: Family<Labels, Gauge>,
     policy_status: Mutex<Option<PolicyStatusSource>>,
+    store_reachable: Gauge,
+    /// Why the store did not answer the last cycle, while it does not.
+    store_down: Mutex<Option<String>>,
 }
 
 impl Default for Metrics {
@@ -145,6 +150,8 @@ impl Metrics {
             events: Counter::default(),
             policy_disabled: Family::default(),
             policy_status: Mutex::new(None),
+            store_reachable: Gauge::default(),
+            store_down: Mutex::new(None),
             registry: Registry::default(),
         };
         registry.register(
@@ -228,7 +235,22 @@ impl Metrics {
             "1 while a cache kind's policy does not run, by cause (load, violation: for the process; backoff: until the pause passes)",
             m.policy_disabled.clone(),
         );
+        registry.register(
+            "store_reachable",
+            "1 while the store answers; 0 while it does not (unreachable at start, or the last cycle found it down)",
+            m.store_reachable.clone(),
+        );
+        m.store_reachable.set(1);
         Self { registry, ..m }
+    }
+
+    /// `Some(why)` while the store does not answer; `None` once it does.
+    pub fn set_store_unreachable(&self, why: Option<&str>) {
+        self.store_reachable.set(i64::from(why.is_none()));
+        *self
+            .store_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = why.map(str::to_owned);
     }
 
     /// Reports the kinds of `source` in `policy_disabled` and `/healthz` (read at each request).
@@ -283,6 +305,15 @@ impl Metrics {
                     cause.as_str()
                 ));
             }
+        }
+        if let Some(why) = &*self
+            .store_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            lines.push_str(&format!(
+                "store unreachable (publishes wait for it, retried with backoff): {why}\n"
+            ));
         }
         let none_can_run = !status.is_empty()
             && status.iter().all(|s| {

@@ -21,6 +21,11 @@
 //! One root failing (its policy, its disk, the store) is logged, counted, backed off and retried;
 //! the other roots go on.
 //!
+//! The store may be unreachable when the watcher starts (a Mooncake master still starting): with
+//! `StoreSource::Connect` each cycle first connects, on its blocking thread, and fails like any
+//! store failure until the store answers, so the roots stay watched and the first cycle after it
+//! answers publishes. `jitship_watch_store_reachable` and `/healthz` say which it is.
+//!
 //! `Loop` owns all per-root state, and every transition (an event, a root due, a cycle done,
 //! a signal, the ready gate) is one of its methods, so the state machine reads top to bottom here;
 //! scheduling, file watching and metrics, which need no state of the loop, live in submodules.
@@ -79,6 +84,27 @@ pub struct WatchOptions {
     /// Test hook: the number of publish cycles finished so far, sent after each one, so a test
     /// waits for a cycle instead of sleeping past it. `None` in production.
     pub cycles_finished: Option<tokio::sync::watch::Sender<u64>>,
+}
+
+/// Connects to the store; the error says why it cannot be reached now.
+pub type Connect = Arc<dyn Fn() -> Result<Arc<dyn Store>, String> + Send + Sync>;
+
+/// The store the watcher publishes to: open already, or connected to by the first cycle that
+/// finds it answering (`watch` started while the store is down).
+#[derive(Clone)]
+pub enum StoreSource {
+    Open(Arc<dyn Store>),
+    /// Not connected yet, because of `why`.
+    Connect {
+        connect: Connect,
+        why: String,
+    },
+}
+
+impl From<Arc<dyn Store>> for StoreSource {
+    fn from(store: Arc<dyn Store>) -> Self {
+        Self::Open(store)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +186,8 @@ type CycleResult = Result<PublishReport, CycleError>;
 struct CycleError {
     kind: ErrorKind,
     message: String,
+    /// The store did not answer (down, unreachable, timed out), as opposed to refusing something.
+    unreachable: bool,
 }
 
 enum JobDone {
@@ -168,6 +196,8 @@ enum JobDone {
         worker: Worker,
         // Boxed: a report is much larger than a rescan's result.
         result: Box<CycleResult>,
+        /// The store this cycle connected to, when the watcher had none yet.
+        connected: Option<Arc<dyn Store>>,
     },
     Rescan {
         listings: Vec<Result<ContentHash, String>>,
@@ -183,7 +213,9 @@ struct Gate {
 }
 
 struct Loop {
-    store: Arc<dyn Store>,
+    /// `None` until `connect` first succeeds (`StoreSource::Connect`).
+    store: Option<Arc<dyn Store>>,
+    connect: Option<Connect>,
     layout: KeyLayout,
     opts: WatchOptions,
     slots: Vec<Slot>,
@@ -197,7 +229,7 @@ struct Loop {
 /// Runs the watcher until a message arrives on `stop` (the CLI sends one per SIGTERM/SIGINT),
 /// then publishes once more within the grace period and returns.
 pub async fn run(
-    store: Arc<dyn Store>,
+    store: impl Into<StoreSource>,
     layout: KeyLayout,
     roots: Vec<WatchedRoot>,
     opts: WatchOptions,
@@ -208,7 +240,7 @@ pub async fn run(
 
 /// `run`, recording into `metrics` (tests read them).
 pub async fn run_with_metrics(
-    store: Arc<dyn Store>,
+    store: impl Into<StoreSource>,
     layout: KeyLayout,
     roots: Vec<WatchedRoot>,
     opts: WatchOptions,
@@ -254,9 +286,20 @@ pub async fn run_with_metrics(
         last: None,
     };
     metrics.set_ready(gate.open);
+    let (store, connect) = match store.into() {
+        StoreSource::Open(s) => {
+            metrics.set_store_unreachable(None);
+            (Some(s), None)
+        }
+        StoreSource::Connect { connect, why } => {
+            metrics.set_store_unreachable(Some(&why));
+            (None, Some(connect))
+        }
+    };
     let mut lp = Loop {
         rescan: Rescan::new(now.into_std(), &opts.timing),
         store,
+        connect,
         layout,
         opts,
         slots,
@@ -365,6 +408,12 @@ fn error_kind(e: &PublishError) -> ErrorKind {
         // caller that raises one gets here.
         PublishError::Interrupted(_) => ErrorKind::Interrupted,
     }
+}
+
+/// The store did not answer, as opposed to refusing (full, too large): the failures that pass
+/// by themselves, which `/healthz` reports as "store unreachable".
+fn store_unreachable(e: &PublishError) -> bool {
+    matches!(e, PublishError::Store(e) if e.is_transient())
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -501,6 +550,7 @@ impl Loop {
             .expect("earliest_due only picks roots whose worker is home");
         let root = slot.root.clone();
         let store = self.store.clone();
+        let connect = self.connect.clone();
         let layout = self.layout.clone();
         let mut opts = self.opts.publish.clone();
         if let Some(facts) = &slot.facts {
@@ -508,6 +558,25 @@ impl Loop {
         }
         tracing::debug!(cache = %slot.kind, root = %root.display(), "publish cycle");
         tokio::task::spawn_blocking(move || {
+            let (store, connected) = match (store, connect) {
+                (Some(store), _) => (store, None),
+                (None, Some(connect)) => match connect() {
+                    Ok(store) => (store.clone(), Some(store)),
+                    Err(message) => {
+                        return JobDone::Cycle {
+                            index,
+                            worker,
+                            result: Box::new(Err(CycleError {
+                                kind: ErrorKind::Store,
+                                message,
+                                unreachable: true,
+                            })),
+                            connected: None,
+                        };
+                    }
+                },
+                (None, None) => unreachable!("a watcher without a store has a way to connect"),
+            };
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 crate::publish::publish(
                     store.as_ref(),
@@ -523,16 +592,19 @@ impl Loop {
                 Ok(Err(e)) => Err(CycleError {
                     kind: error_kind(&e),
                     message: e.to_string(),
+                    unreachable: store_unreachable(&e),
                 }),
                 Err(p) => Err(CycleError {
                     kind: ErrorKind::Panic,
                     message: panic_message(p.as_ref()),
+                    unreachable: false,
                 }),
             };
             JobDone::Cycle {
                 index,
                 worker,
                 result: Box::new(result),
+                connected,
             }
         })
     }
@@ -552,7 +624,19 @@ impl Loop {
                 index,
                 worker,
                 result,
+                connected,
             }) => {
+                if let Some(store) = connected
+                    && self.store.is_none()
+                {
+                    tracing::info!(store = %store.describe(), "the store answers: publishing");
+                    self.store = Some(store);
+                }
+                match &*result {
+                    Ok(_) => self.metrics.set_store_unreachable(None),
+                    Err(e) if e.unreachable => self.metrics.set_store_unreachable(Some(&e.message)),
+                    Err(_) => {}
+                }
                 let slot = &mut self.slots[index];
                 slot.worker = Some(worker);
                 self.summary.cycles += 1;
@@ -567,8 +651,16 @@ impl Loop {
                         log_report(&report);
                         self.summary.generations += u64::from(published);
                     }
-                    Err(CycleError { kind, message }) => {
-                        slot.sched.cycle_failed(now);
+                    Err(CycleError {
+                        kind,
+                        message,
+                        unreachable,
+                    }) => {
+                        let max = match unreachable {
+                            true => schedule::STORE_MAX_BACKOFF,
+                            false => schedule::MAX_BACKOFF,
+                        };
+                        slot.sched.cycle_failed(now, schedule::jitter(), max);
                         self.summary.failed_cycles += 1;
                         self.metrics.record_cycle_error(&slot.kind, kind);
                         let retry = slot
@@ -579,6 +671,7 @@ impl Loop {
                             cache = %slot.kind,
                             root = %slot.root.display(),
                             error_kind = kind.as_str(),
+                            store_unreachable = unreachable,
                             error = %message,
                             retry_in_s = retry.map(|d| d.as_secs()),
                             "publish cycle failed"

@@ -18,6 +18,9 @@ pub struct Timing {
 
 /// Longest wait before retrying a root whose cycle failed.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Longest wait while the store does not answer: retrying costs one connection probe, and the
+/// first cycle after the store comes back should not wait minutes.
+pub const STORE_MAX_BACKOFF: Duration = Duration::from_secs(30);
 const FIRST_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Scheduling state of one root. Nothing here is persisted: after a restart every root starts
@@ -91,15 +94,25 @@ impl RootSchedule {
         self.retry_at = None;
     }
 
-    /// The cycle failed: pending again, retried after an exponential backoff (2 s, 4 s, ... 5 min)
-    /// so a store outage is not hammered, and never later than `MAX_BACKOFF`.
-    pub fn cycle_failed(&mut self, now: Instant) {
+    /// The cycle failed: pending again, retried after an exponential backoff (2 s, 4 s, ... up
+    /// to `max`) so a store outage is not hammered. `jitter` (in [0, 1), from [`jitter`]) takes
+    /// up to a quarter off, so sidecars that failed together do not all retry together.
+    pub fn cycle_failed(&mut self, now: Instant, jitter: f64, max: Duration) {
         self.pending = true;
         self.failures = self.failures.saturating_add(1);
         let exp = self.failures.saturating_sub(1).min(16);
-        let backoff = FIRST_BACKOFF.saturating_mul(1u32 << exp).min(MAX_BACKOFF);
-        self.retry_at = Some(now + backoff);
+        let backoff = FIRST_BACKOFF.saturating_mul(1u32 << exp).min(max);
+        let off = backoff.mul_f64(jitter.clamp(0.0, 1.0) / 4.0);
+        self.retry_at = Some(now + (backoff - off));
     }
+}
+
+/// A number in [0, 1) that differs between calls and processes (std's random hash keys: no
+/// dependency for a backoff's jitter).
+pub fn jitter() -> f64 {
+    use std::hash::{BuildHasher, RandomState};
+    let bits = RandomState::new().hash_one(Instant::now());
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The rescan timer: due every `rescan_interval` from the last rescan.
@@ -200,7 +213,7 @@ mod tests {
         let mut waits = Vec::new();
         for _ in 0..12 {
             s.cycle_started(t0);
-            s.cycle_failed(t0);
+            s.cycle_failed(t0, 0.0, MAX_BACKOFF);
             waits.push(s.due_at(&t).unwrap() - t0);
         }
         // The settle window (5 s) dominates the first backoffs.
@@ -212,6 +225,29 @@ mod tests {
         s.cycle_succeeded(false);
         assert_eq!(s.failures, 0);
         assert_eq!(s.retry_at, None);
+    }
+
+    #[test]
+    fn jitter_shortens_a_backoff_by_at_most_a_quarter_and_the_store_cap_holds() {
+        let t0 = Instant::now();
+        let t = Timing {
+            min_interval: Duration::ZERO,
+            settle: Duration::ZERO,
+            ..timing()
+        };
+        for _ in 0..100 {
+            let j = jitter();
+            assert!((0.0..1.0).contains(&j), "{j}");
+        }
+        let mut s = RootSchedule::new(t0);
+        for _ in 0..12 {
+            s.cycle_started(t0);
+            s.cycle_failed(t0, 0.999, STORE_MAX_BACKOFF);
+            let wait = s.due_at(&t).unwrap() - t0;
+            assert!(wait <= STORE_MAX_BACKOFF, "{wait:?}");
+            assert!(wait >= Duration::from_millis(1500), "{wait:?}");
+        }
+        assert!(s.due_at(&t).unwrap() - t0 > STORE_MAX_BACKOFF * 3 / 4 - Duration::from_millis(1));
     }
 
     #[test]

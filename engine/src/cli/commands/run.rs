@@ -104,7 +104,8 @@ pub(crate) fn run_server(args: RunArgs) -> Result<i32> {
     let publish_on_exit = args.publish_on_exit;
     let settings = install.settings;
     let opening = rt.spawn_blocking(move || {
-        let session = CacheSession::open(&settings)?.into_session()?;
+        // A store that does not answer yet is waited for, as by `watch`.
+        let (session, source) = CacheSession::open(&settings)?.into_watch_session()?;
         let default_url = match publish_on_exit {
             true => None,
             false => session
@@ -113,6 +114,7 @@ pub(crate) fn run_server(args: RunArgs) -> Result<i32> {
                 .map(|e| crate::engines::default_ready_url(e, &args.server)),
         };
         let mut watcher = Watcher::new(&session, &flags, default_url)?;
+        watcher.store = source;
         if publish_on_exit {
             watcher.opts.ready_url = None;
         }

@@ -229,8 +229,11 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
             signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
         )
     };
-    let session = CacheSession::open(&args.settings)?.into_session()?;
-    let watcher = Watcher::new(&session, &args.flags, None)?;
+    // A store that does not answer yet (its master starts after this sidecar) is waited for,
+    // not a reason to exit and crash-loop.
+    let (session, source) = CacheSession::open(&args.settings)?.into_watch_session()?;
+    let mut watcher = Watcher::new(&session, &args.flags, None)?;
+    watcher.store = source;
     let result = rt.block_on(async move {
         let (tx, rx) = tokio::sync::mpsc::channel::<&'static str>(4);
         tokio::spawn(async move {
@@ -256,7 +259,7 @@ pub(crate) fn run_watch(args: WatchArgs) -> Result<i32> {
 /// What `watch` (and `run` beside its server) hands the watch loop: built from an open session
 /// and the watch flags, with the settings of the config's [watch] below the flags.
 pub(crate) struct Watcher {
-    store: std::sync::Arc<dyn crate::store::Store>,
+    pub(crate) store: crate::watch::StoreSource,
     layout: crate::catalog::KeyLayout,
     roots: Vec<crate::watch::WatchedRoot>,
     pub(crate) opts: crate::watch::WatchOptions,
@@ -336,7 +339,7 @@ impl Watcher {
         let policies = session.policies.clone();
         metrics.watch_policies(std::sync::Arc::new(move || policies.status()));
         Ok(Self {
-            store: session.store.clone(),
+            store: session.store.clone().into(),
             layout: session.layout.clone(),
             roots,
             opts,
