@@ -119,6 +119,8 @@ logged vllm-plugin env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/v
 
 step "Mooncake test cluster: Debian packages, pinned wheels, CUDA driver stub where no driver exists"
 ./tests/cluster/cluster.sh install
+# The other C-ABI release, for the compatibility matrix below.
+JITSHIP_CLUSTER_CABI_VERSION=0.3.13.post20261026 ./tests/cluster/cluster.sh install
 
 step "every test that needs the Mooncake cluster (ignored in the fast loop): store conformance, publish/install, fault drills, interop with the official client, concurrent publishers, gc, operator commands, signed generations, a hostile store"
 # Built outside the namespace: nothing can be downloaded from inside it. `--workspace` (not
@@ -137,3 +139,9 @@ logged mooncake-fleet env JITSHIP_CLUSTER_STORE_NODES=2 ./tests/cluster/cluster.
     cargo test --offline --workspace --no-fail-fast --test e2e -- --ignored final_publishes_at_once_lose_nothing_on_mooncake mooncake_fan_out
 logged mooncake ./tests/cluster/cluster.sh run -- \
     cargo test --offline --workspace --no-fail-fast --test e2e -- --ignored mooncake_drills::
+
+step "Mooncake compatibility matrix: the store conformance suite and publish -> install with each tokenspeed-mooncake release that ships the C ABI (the oldest and the newest), master and store node from the official 0.3.13.post1 (docs/mooncake.md#versions-tested)"
+for cabi in 0.3.13.post20261026 0.3.13.post20261027; do
+    logged "mooncake-cabi-$cabi" env JITSHIP_CLUSTER_CABI_VERSION=$cabi ./tests/cluster/cluster.sh run -- \
+        cargo test --offline --workspace --no-fail-fast --test e2e -- --ignored mooncake_conformance:: mooncake_roundtrip::publish_then_install
+done

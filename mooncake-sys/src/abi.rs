@@ -75,7 +75,7 @@ impl fmt::Display for ReplicateLayout {
 pub const SUPPORTED: &str = "jitship supports the with_soft_pin layout of store_c.h (mooncake_replicate_config \
      `{ size_t replica_num; int with_soft_pin; int with_hard_pin; const char **preferred_segments; \
      size_t preferred_segments_count; }`), tested with tokenspeed-mooncake 0.3.13.post20261026 and \
-     0.3.13.post20261027 (docs/mooncake.md, \"Versions\")";
+     0.3.13.post20261027 (docs/mooncake.md#versions-tested)";
 
 /// The ABI a library was found to implement.
 #[derive(Debug, Clone, PartialEq, Eq)]

