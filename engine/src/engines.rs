@@ -22,6 +22,7 @@
 //! header. Its caches are keyed with `pkg.sglang` besides their policies' own facts
 //! ([`EngineKeyed`]).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -148,9 +149,16 @@ pub fn engine_env(engine: Option<Engine>, mut env: ProcessEnv) -> ProcessEnv {
 /// worker published are installed by SGLang workers of that version only, and a worker whose
 /// `pkg.sglang` cannot be gathered gets a missing fact, not another engine's generation.
 /// Everything else is the policy's.
+///
+/// It also turns a policy's refusal for a fact that could not be gathered for want of a Python
+/// interpreter into [`PolicyError::Ungathered`], whose words name where the interpreter is looked
+/// for (`--python`, `JITSHIP_PYTHON`, `VIRTUAL_ENV`, PATH) instead of advising a `--fact` that
+/// would have to be given for every `python.*` and `pkg.*` fact.
 pub struct EngineKeyed {
     inner: Arc<dyn CachePolicy>,
     facts: &'static [&'static str],
+    /// Facts missing for want of an interpreter, and why (`Gathered::no_interpreter`).
+    ungathered: BTreeMap<String, String>,
 }
 
 /// The facts an engine adds to the key of every cache it reads.
@@ -170,15 +178,30 @@ pub fn keyed(
     kind: &str,
     policy: Arc<dyn CachePolicy>,
 ) -> Arc<dyn CachePolicy> {
-    match engine {
-        Some(e) if !key_facts(e).is_empty() && e.candidate_kinds().contains(&kind) => {
-            Arc::new(EngineKeyed {
-                inner: policy,
-                facts: key_facts(e),
-            })
-        }
-        _ => policy,
+    keyed_explained(engine, kind, policy, &BTreeMap::new())
+}
+
+/// [`keyed`], and a refusal for a fact of `ungathered` (missing for want of an interpreter, and
+/// why: `Gathered::ungathered`) says so.
+pub fn keyed_explained(
+    engine: Option<Engine>,
+    kind: &str,
+    policy: Arc<dyn CachePolicy>,
+    ungathered: &BTreeMap<String, String>,
+) -> Arc<dyn CachePolicy> {
+    let facts = match engine {
+        Some(e) if e.candidate_kinds().contains(&kind) => key_facts(e),
+        _ => &[],
+    };
+    let ungathered = ungathered.clone();
+    if facts.is_empty() && ungathered.is_empty() {
+        return policy;
     }
+    Arc::new(EngineKeyed {
+        inner: policy,
+        facts,
+        ungathered,
+    })
 }
 
 impl CachePolicy for EngineKeyed {
@@ -192,14 +215,23 @@ impl CachePolicy for EngineKeyed {
         self.inner.module()
     }
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
-        let mut key = self.inner.compat_key(facts)?;
+        let explain = |e: PolicyError| match e {
+            PolicyError::MissingFact(fact) if self.ungathered.contains_key(&fact) => {
+                PolicyError::Ungathered {
+                    why: self.ungathered[&fact].clone(),
+                    fact,
+                }
+            }
+            e => e,
+        };
+        let mut key = self.inner.compat_key(facts).map_err(explain)?;
         for name in self.facts {
             if key.split(';').any(|f| f.starts_with(&format!("{name}="))) {
                 continue;
             }
             let value = facts
                 .get(name)
-                .ok_or_else(|| PolicyError::MissingFact((*name).to_owned()))?;
+                .ok_or_else(|| explain(PolicyError::MissingFact((*name).to_owned())))?;
             key.push(';');
             key.push_str(name);
             key.push('=');

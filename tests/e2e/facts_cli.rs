@@ -70,7 +70,7 @@ fn facts_command_prints_gathered_and_overridden_facts() {
         v["missing"]["python.version"]
             .as_str()
             .unwrap()
-            .contains("no python3 on PATH")
+            .contains("no python3 is on PATH")
     );
 
     // A flag beats both; the human table lists missing facts with their reasons.
@@ -184,6 +184,84 @@ fn jitship_python_gives_publish_and_facts_the_same_python_facts() {
     let without = published(&dir.path().join("s2"), &[]);
     assert!(without["python.executable"].is_null(), "{without}");
     assert!(without["pkg.torch"].is_null(), "{without}");
+}
+
+/// A worker image that sets `VIRTUAL_ENV` without putting the venv on PATH (and has no python3
+/// on PATH): `install --engine vllm` asks the venv's interpreter (a miss on an empty store, not a
+/// failure); without `VIRTUAL_ENV` the failure names where the interpreter is looked for, not a
+/// `--fact`.
+#[test]
+fn the_worker_python_is_found_through_virtual_env_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join("venv");
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .expect("python3 on the test's PATH");
+    assert!(made.success());
+    let site = std::fs::read_dir(venv.join("lib"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("site-packages");
+    for (name, version) in [("torch", "2.13.0"), ("vllm", "0.32.0")] {
+        let d = site.join(format!("{name}-{version}.dist-info"));
+        std::fs::create_dir_all(&d).unwrap();
+        let metadata = format!("Name: {name}\nVersion: {version}\n");
+        std::fs::write(d.join("METADATA"), metadata).unwrap();
+    }
+    // PATH holds the compiler the CPU facts ask, and no python3.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let gxx = ["/usr/bin/g++", "/usr/local/bin/g++"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("g++ on this machine");
+    std::os::unix::fs::symlink(gxx, bin.join("g++")).unwrap();
+    let path = bin.display().to_string();
+    let store = format!("local:{}", dir.path().join("store").display());
+    let cache_root = dir.path().join("vllm").display().to_string();
+    let tmp = dir.path().join("tmp").display().to_string();
+    let install = ["install", "--store", &store, "--engine", "vllm", "--json"];
+    let base = [
+        ("VLLM_CACHE_ROOT", cache_root.as_str()),
+        ("TMPDIR", tmp.as_str()),
+        ("USER", "worker"),
+        ("HOME", "/nonexistent"),
+        ("PATH", path.as_str()),
+    ];
+
+    let venv_env = venv.display().to_string();
+    let with: Vec<(&str, &str)> = base
+        .iter()
+        .copied()
+        .chain([("VIRTUAL_ENV", venv_env.as_str())])
+        .collect();
+    let (code, out, err) = jitship(&["facts", "--json"], &with);
+    assert_eq!(code, 0, "{err}");
+    let facts: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(facts["facts"]["pkg.torch"], "2.13.0", "{out}");
+    assert_eq!(
+        facts["facts"]["python.executable"],
+        venv.join("bin/python3").display().to_string(),
+        "{out}"
+    );
+    let (code, out, err) = jitship(&install, &with);
+    assert_eq!(code, 11, "a miss on an empty store: {out}{err}");
+
+    let (code, out, err) = jitship(&install, &base);
+    assert_eq!(code, 12, "{out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for r in report["results"].as_array().unwrap() {
+        let detail = r["detail"].as_str().unwrap();
+        for option in ["--python", "JITSHIP_PYTHON", "VIRTUAL_ENV", "PATH"] {
+            assert!(detail.contains(option), "{option} not named: {detail}");
+        }
+        assert!(!detail.contains("--fact"), "{detail}");
+    }
 }
 
 /// `jitship facts` shows each cache's root as publish resolves it, and where it came from; an

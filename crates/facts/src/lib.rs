@@ -49,7 +49,7 @@
 //!
 //! Gathering reads nothing from the process environment by itself: `FactsConfig` carries the
 //! search path, the variables it consults (`CUDA_HOME`, `CUDA_PATH`, `CXX`, `ATEN_CPU_CAPABILITY`,
-//! `OMP_NUM_THREADS`, `TORCHINDUCTOR_*`, `TORCH_COMPILE_*`), the cpuinfo file and the affinity mask's
+//! `OMP_NUM_THREADS`, `VIRTUAL_ENV`, `TORCHINDUCTOR_*`, `TORCH_COMPILE_*`), the cpuinfo file and the affinity mask's
 //! CPU count, so tests and callers decide them explicitly.
 
 mod command;
@@ -320,7 +320,8 @@ impl FactOverrides {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatherConfig {
-    /// The inference engine's interpreter (e.g. a venv's `bin/python3`); default `python3` on PATH.
+    /// The inference engine's interpreter (e.g. a venv's `bin/python3`); default
+    /// `$VIRTUAL_ENV/bin/python3`, then `python3` on PATH.
     pub python: Option<PathBuf>,
     /// Site-packages directories to read package versions from, instead of asking the interpreter.
     pub site_packages: Vec<PathBuf>,
@@ -397,7 +398,12 @@ impl FactsConfig {
 pub fn consulted_env(name: &str) -> bool {
     matches!(
         name,
-        "CUDA_HOME" | "CUDA_PATH" | "CXX" | "ATEN_CPU_CAPABILITY" | "OMP_NUM_THREADS"
+        "CUDA_HOME"
+            | "CUDA_PATH"
+            | "CXX"
+            | "ATEN_CPU_CAPABILITY"
+            | "OMP_NUM_THREADS"
+            | sources::VIRTUAL_ENV
     ) || is_inductor_env(name)
 }
 
@@ -516,6 +522,25 @@ impl Gathered {
         let mut g = self.clone();
         g.apply_overrides_and_derive(layers);
         g
+    }
+
+    /// Why `name` is missing when the reason is that no Python interpreter was found to ask: then
+    /// a `--fact` is the wrong advice (every `python.*` and `pkg.*` fact is missing alike), and
+    /// the reason names where the interpreter is looked for.
+    pub fn no_interpreter(&self, name: &str) -> Option<&str> {
+        self.missing
+            .get(name)
+            .map(String::as_str)
+            .filter(|why| why.contains(sources::NO_INTERPRETER))
+    }
+
+    /// Every fact missing for want of an interpreter ([`no_interpreter`](Self::no_interpreter)),
+    /// with why.
+    pub fn ungathered(&self) -> BTreeMap<String, String> {
+        self.missing
+            .keys()
+            .filter_map(|name| Some((name.clone(), self.no_interpreter(name)?.to_owned())))
+            .collect()
     }
 
     /// What differs in `self` from `base`: the facts whose value or source differ, and the facts

@@ -69,18 +69,46 @@ pub(super) fn complete(r: &gpu::GpuReport) -> bool {
         || r.count == Some(0) && r.driver.is_some()
 }
 
+/// The engine's interpreter, in this order: `settings.python` (`--python`, `JITSHIP_PYTHON`,
+/// `[gather] python`), the active venv's `$VIRTUAL_ENV/bin/python3` (a worker image that sets
+/// `VIRTUAL_ENV` without putting the venv on PATH), then `python3` on PATH. A `VIRTUAL_ENV`
+/// without an interpreter is an error, not a reason to ask another Python about the packages.
+fn interpreter(cfg: &FactsConfig) -> Result<PathBuf, String> {
+    const OPTIONS: &str = "give the engine's interpreter with --python PATH or JITSHIP_PYTHON \
+        ([gather] python in the config), set VIRTUAL_ENV to its venv, or put python3 on PATH";
+    if let Some(p) = &cfg.settings.python {
+        return match command::is_executable(p) {
+            true => Ok(p.clone()),
+            false => Err(format!(
+                "{} is not an executable file (given by --python, JITSHIP_PYTHON or [gather] python)",
+                p.display()
+            )),
+        };
+    }
+    if let Some(venv) = cfg.env.get(VIRTUAL_ENV) {
+        let p = Path::new(venv).join("bin/python3");
+        return match command::is_executable(&p) {
+            true => Ok(p),
+            false => Err(format!(
+                "{VIRTUAL_ENV}={venv} has no executable bin/python3; {OPTIONS}"
+            )),
+        };
+    }
+    command::find_in(&cfg.search_path, "python3")
+        .ok_or_else(|| format!("VIRTUAL_ENV is unset and no python3 is on PATH; {OPTIONS}"))
+}
+
+/// The active virtual environment, as `activate` and `uv` set it.
+pub(crate) const VIRTUAL_ENV: &str = "VIRTUAL_ENV";
+
+/// How the reason of every Python fact begins when no interpreter could be found (see
+/// [`Gathered::no_interpreter`](crate::Gathered::no_interpreter)).
+pub(crate) const NO_INTERPRETER: &str = "no Python interpreter found";
+
 /// `python.*` facts and `pkg.*` versions; returns the site-packages directories it read.
 pub(super) fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf> {
     let settings = &cfg.settings;
-    let interpreter = match &settings.python {
-        Some(p) if command::is_executable(p) => Ok(p.clone()),
-        Some(p) => Err(format!(
-            "[gather] python {} is not an executable file",
-            p.display()
-        )),
-        None => command::find_in(&cfg.search_path, "python3")
-            .ok_or_else(|| "no python3 on PATH; set [gather] python".to_string()),
-    };
+    let interpreter = interpreter(cfg).map_err(|why| format!("{NO_INTERPRETER}: {why}"));
     let probed = interpreter.and_then(|p| python::probe(&p, settings.timeout).map(|i| (p, i)));
     let asked = match probed {
         Ok((path, info)) => {
@@ -112,7 +140,7 @@ pub(super) fn gather_python(cfg: &FactsConfig, g: &mut Gathered) -> Vec<PathBuf>
             g.lack(fact::PYTHON_VERSION, reason.clone());
             g.lack(fact::PYTHON_EXECUTABLE, reason.clone());
             g.lack(fact::PYTHON_INCLUDE, reason.clone());
-            Err(format!("no interpreter to ask: {reason}"))
+            Err(reason)
         }
     };
     let site_dirs = if settings.site_packages.is_empty() {

@@ -306,7 +306,7 @@ fn no_gpu_gives_explicit_missing_facts_with_every_sources_reason() {
         g.missing["gpu.arch"]
     );
     assert!(g.missing["driver.major"].starts_with("driver.version is missing"));
-    assert!(g.missing["python.version"].contains("no python3 on PATH"));
+    assert!(g.missing["python.version"].contains("no python3 is on PATH"));
     assert!(g.missing["pkg.torch"].contains("no site-packages"));
     assert!(g.missing["cuda.home"].contains("CUDA_HOME and CUDA_PATH unset"));
     assert!(g.missing["cuda.runtime"].contains("no torch/version.py"));
@@ -471,6 +471,55 @@ fn configured_site_packages_work_without_an_interpreter() {
     assert_eq!(g.facts.get("pkg.sglang"), Some("0.5.2"));
     assert_eq!(g.sources["python.site_packages"].source, Source::Config);
     assert!(g.missing["python.version"].contains("missing-python is not an executable file"));
+}
+
+#[test]
+fn the_interpreter_is_the_given_one_then_the_venvs_then_paths() {
+    // A venv whose bin/ is not on PATH (an image that sets VIRTUAL_ENV only), PATH without python3.
+    let m = FakeMachine::new();
+    std::fs::create_dir_all(m.path("venv/bin")).unwrap();
+    m.python();
+    std::fs::rename(m.path("bin/python3"), m.path("venv/bin/python3")).unwrap();
+    m.dist("torch-2.13.0.dist-info", "torch", "2.13.0");
+    let mut cfg = m.config();
+    let g = gather(&cfg);
+    let why = g.no_interpreter("pkg.torch").expect("no interpreter");
+    for option in ["--python", "JITSHIP_PYTHON", "VIRTUAL_ENV", "PATH"] {
+        assert!(why.contains(option), "{why}");
+    }
+    assert!(!why.contains("--fact"), "{why}");
+    assert!(g.no_interpreter("python.version").is_some());
+
+    cfg.env
+        .insert("VIRTUAL_ENV".into(), m.path("venv").display().to_string());
+    let g = gather(&cfg);
+    assert_eq!(g.facts.get("pkg.torch"), Some("2.13.0"));
+    assert_eq!(
+        g.sources["python.version"].detail,
+        format!("{} -I -S", m.path("venv/bin/python3").display())
+    );
+    assert_eq!(g.no_interpreter("cuda.home"), None, "not a Python fact");
+
+    // A venv without an interpreter is an error, not a reason to ask PATH's python3.
+    m.python();
+    cfg.env.insert(
+        "VIRTUAL_ENV".into(),
+        m.path("no-venv").display().to_string(),
+    );
+    let g = gather(&cfg);
+    let why = g.no_interpreter("pkg.torch").expect("no interpreter");
+    assert!(
+        why.contains("no-venv has no executable bin/python3"),
+        "{why}"
+    );
+
+    // The given interpreter wins over the venv.
+    cfg.settings.python = Some(m.path("bin/python3"));
+    let g = gather(&cfg);
+    assert_eq!(
+        g.sources["python.version"].detail,
+        format!("{} -I -S", m.path("bin/python3").display())
+    );
 }
 
 #[test]

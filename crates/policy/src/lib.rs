@@ -233,6 +233,10 @@ pub enum PolicyError {
         "fact {0:?} is missing; set it with --fact {0}=VALUE (refusing to publish under a weak key)"
     )]
     MissingFact(String),
+    /// Jitship's reading of a [`MissingFact`](Self::MissingFact) that no `--fact` should fill:
+    /// the fact could not be gathered, and `why` says what to do (no Python interpreter found).
+    #[error("fact {fact:?} is missing: {why}")]
+    Ungathered { fact: String, why: String },
     #[error("policy rejected its input: {0}")]
     InvalidInput(String),
     /// Jitship, not the policy, refused what it was about to hand the policy (a root that is not
@@ -283,7 +287,10 @@ impl PolicyError {
     pub fn is_policy_answer(&self) -> bool {
         matches!(
             self,
-            Self::MissingFact(_) | Self::InvalidInput(_) | Self::HostRefusedInput(_)
+            Self::MissingFact(_)
+                | Self::Ungathered { .. }
+                | Self::InvalidInput(_)
+                | Self::HostRefusedInput(_)
         )
     }
 

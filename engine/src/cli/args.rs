@@ -641,7 +641,8 @@ pub struct SettingsArgs {
     pub fact_list: Option<String>,
 
     /// The inference engine's Python interpreter, which python.* and pkg.* facts are gathered
-    /// from (default: [gather] python, then python3 on PATH). The same for every command.
+    /// from (default: [gather] python, then $VIRTUAL_ENV/bin/python3, then python3 on PATH). The
+    /// same for every command.
     #[arg(
         long,
         env = "JITSHIP_PYTHON",
@@ -803,7 +804,8 @@ pub struct FactsArgs {
     #[arg(long = "fact-list", env = "JITSHIP_FACTS", hide = true)]
     pub fact_list: Option<String>,
 
-    /// The inference engine's Python interpreter (default: [gather] python, then python3 on PATH).
+    /// The inference engine's Python interpreter (default: [gather] python, then
+    /// $VIRTUAL_ENV/bin/python3, then python3 on PATH).
     #[arg(long, env = "JITSHIP_PYTHON", value_name = "PATH")]
     pub python: Option<PathBuf>,
 

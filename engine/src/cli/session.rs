@@ -26,6 +26,8 @@ use crate::trust::{PublishTrust, PublisherKey, TrustPolicy};
 pub(crate) struct CacheFacts {
     pub(crate) facts: Facts,
     pub(crate) own_overrides: BTreeMap<String, AppliedOverride>,
+    /// Facts missing for want of a Python interpreter, and why (`Gathered::ungathered`).
+    pub(crate) ungathered: BTreeMap<String, String>,
 }
 
 /// What working on one cache needs: the store and the kind's policy.
@@ -270,7 +272,12 @@ impl CacheSession {
         let policy = policies.policy(&cache.kind);
         Ok((
             store,
-            crate::engines::keyed(self.config.engine, &cache.kind, policy),
+            crate::engines::keyed_explained(
+                self.config.engine,
+                &cache.kind,
+                policy,
+                &self.facts_of(cache).ungathered,
+            ),
         ))
     }
 
@@ -442,8 +449,10 @@ fn cache_facts(config: &Config, probed: &crate::facts::Gathered) -> BTreeMap<Str
         .iter()
         .map(|cache| {
             let kind = Some(cache.kind.as_str());
+            let gathered = probed.with_overrides(&overrides.layers(kind));
             let facts = CacheFacts {
-                facts: probed.with_overrides(&overrides.layers(kind)).facts,
+                ungathered: gathered.ungathered(),
+                facts: gathered.facts,
                 own_overrides: overrides.own(&cache.kind),
             };
             (cache.kind.clone(), facts)
