@@ -30,6 +30,16 @@ const FAIL_FAST: Duration = Duration::from_secs(25);
 const PACK: u64 = 4 * 1024 * 1024;
 const INSTALL_DEADLINE: Duration = Duration::from_secs(60);
 
+/// The drills break the one cluster of a run: the tests here take this first, so they run one
+/// after the other even when the harness runs tests side by side.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 struct Restore<'a>(&'a Cluster);
 
 impl Drop for Restore<'_> {
@@ -216,6 +226,7 @@ fn expect_install_leaves_root_alone(
 #[test]
 #[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
 fn mooncake_fault_drills() {
+    let _serial = serial();
     let c = cluster("mooncake_fault_drills");
     let _restore = Restore(&c);
     let tmp = tempfile::tempdir().unwrap();
@@ -588,4 +599,76 @@ fn eviction_drill(c: &Cluster, dir: &Path, registry: &Arc<jitship::oci::Registry
         "read-repair never held: every cache the registry put back was evicted again"
     );
     assert!(installs >= 1, "even the newest cache was lost");
+}
+
+/// `jitship watch` started while the master is down does not exit (it used to exit 1, "store
+/// master unavailable", and crash-loop): it watches, says on its log that the store does not
+/// answer, and publishes once the master is up.
+#[test]
+#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+fn mooncake_watch_started_before_the_master_publishes_once_it_is_up() {
+    use std::process::Stdio;
+    let _serial = serial();
+    let c = cluster("mooncake_watch_started_before_the_master_publishes_once_it_is_up");
+    let _restore = Restore(&c);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("jitship.toml");
+    c.write_cli_config(&config);
+    let src = tmp.path().join("src");
+    triton_tree(&src, 10, 41);
+    c.ctl(&["kill-master"]);
+    let log = tmp.path().join("watch.log");
+    let mut child = jitship_tests::cli::jitship()
+        .env_remove("RUST_LOG")
+        .arg("watch")
+        .arg("--config")
+        .arg(&config)
+        .args(["--namespace", &unique_prefix("watch-waits")])
+        .args(["--fact", "model.id=watch-waits", "--cache"])
+        .arg(format!("kernels:native={}", src.display()))
+        .args([
+            "--settle",
+            "200ms",
+            "--min-interval",
+            "0s",
+            "--rescan-interval",
+            "60s",
+            "-v",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut wait_log = |needle: &str, within: Duration| -> Duration {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(needle) {
+                return t.elapsed();
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("watch exited ({status}) before {needle:?}:\n{text}");
+            }
+            assert!(
+                t.elapsed() < within,
+                "{needle:?} not logged within {within:?}:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_log("the store does not answer: watching the caches", FAIL_FAST);
+    wait_log("store_unreachable=true", FAIL_FAST);
+    c.ctl(&["start-master"]);
+    c.ctl(&["wait-node"]);
+    // The retry backoff is capped at 30 s while the store does not answer.
+    let took = wait_log("published a new generation", Duration::from_secs(90));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("the store answers: publishing"), "{text}");
+    eprintln!("DRILL watch-before-master: published {took:.1?} after the master and node were up");
+    // SAFETY: kill(2) on our own child, still running (wait_log checked).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "watch:\n{text}");
 }
