@@ -8,7 +8,7 @@
 # The root filesystem, one layer:
 #   /opt/jitship/bin/jitship        the stripped release binary (glibc 2.28 baseline);
 #   /usr/local/bin/jitship          a link to it
-#   /opt/jitship/mooncake/          libmooncake_store.so and its private libraries from the pinned
+#   /opt/jitship/mooncake/          libmooncake_store.so, its store_c.h and its private libraries from the pinned
 #                                   tokenspeed-mooncake wheel, libcudart from nvidia-cuda-runtime
 #                                   (pip's layout), and system/: the build machine's (Debian 12)
 #                                   libraries it needs beyond glibc and libstdc++ (libibverbs,
