@@ -8,6 +8,8 @@
 //! Survey, show, verify and repair share their readers (the index walk, the tolerant
 //! manifest fetch, the per-pack check), which is why they live in one module.
 
+pub mod tiers;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
@@ -519,6 +521,24 @@ pub struct Verification {
     pub checked_packs: Vec<ContentHash>,
 }
 
+impl Verification {
+    /// A verification of `id` that found nothing yet.
+    pub fn empty(id: GenerationId) -> Self {
+        Self {
+            generation: id,
+            ok: false,
+            files_checked: 0,
+            packs_fetched: 0,
+            bytes_fetched: 0,
+            problems: vec![],
+            signatures: vec![],
+            repaired: vec![],
+            repair_refused: vec![],
+            checked_packs: vec![],
+        }
+    }
+}
+
 /// Fetches every pack of `id` (one at a time: memory stays at one pack plus the hashers) and
 /// checks every pack size and every file's blake3. Problems are reported, not returned as errors;
 /// errors are for a store that cannot be asked.
@@ -552,6 +572,30 @@ pub fn verify(
             return Ok(v);
         }
     };
+    check_packs(store, layout, &manifest, &mut v)?;
+    Ok(v)
+}
+
+/// [`verify`] of a manifest already read (`id` names it in the result), or of part of one (a
+/// publish checking only the packs it copied between tiers).
+pub fn verify_manifest(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    id: &GenerationId,
+    manifest: &Manifest,
+) -> Result<Verification, InspectError> {
+    let mut v = Verification::empty(*id);
+    check_packs(store, layout, manifest, &mut v)?;
+    Ok(v)
+}
+
+/// Fetches every pack of `manifest` and checks sizes and file hashes into `v`.
+fn check_packs(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    manifest: &Manifest,
+    v: &mut Verification,
+) -> Result<(), InspectError> {
     v.checked_packs = manifest.packs.iter().map(|p| p.id).collect();
     // Per file: a hasher fed in chunk order. Chunks are visited pack by pack, so a file whose
     // chunks go back to an earlier pack is re-checked on its own afterwards.
@@ -564,7 +608,7 @@ pub fn verify(
     let mut broken = vec![false; manifest.files.len()];
     let mut out_of_order: Vec<usize> = Vec::new();
     for (pi, pack) in manifest.packs.iter().enumerate() {
-        let Some(bytes) = fetch_pack(store, layout, pack, &mut v)? else {
+        let Some(bytes) = fetch_pack(store, layout, pack, v)? else {
             for s in by_pack.get(&(pi as u32)).into_iter().flatten() {
                 broken[s.file] = true;
             }
@@ -589,7 +633,7 @@ pub fn verify(
         let mut hasher = ContentHasher::new();
         for c in &manifest.files[fi].chunks {
             let pack = &manifest.packs[c.pack as usize];
-            match fetch_pack(store, layout, pack, &mut v)? {
+            match fetch_pack(store, layout, pack, v)? {
                 Some(bytes) => {
                     hasher.update(&bytes[c.offset as usize..(c.offset + c.len) as usize]);
                 }
@@ -623,7 +667,7 @@ pub fn verify(
         }
     }
     v.ok = v.problems.is_empty();
-    Ok(v)
+    Ok(())
 }
 
 /// A pack's bytes if present and of the manifest's size; otherwise records the problem. Read

@@ -64,7 +64,7 @@ pub use report::{
 
 use hashing::{RootFiles, RootReader, Stored, hash_selected};
 use head::commit_head;
-use packs::{KeptContents, check_parent_packs, upload_packs};
+use packs::{KeptContents, check_parent_packs, fill_durable_parent, upload_packs};
 
 /// For a one-off publish: the root must exist (`watch` instead waits for a missing root to
 /// appear, so `publish` itself treats a missing root as empty).
@@ -187,8 +187,10 @@ fn publish_to_store(
     }
 
     // Only now that a generation will be written: its parent's packs are read back and checked
-    // before it inherits them; files in one that fails are uploaded again from here.
-    if check_parent_packs(store, layout, &mut base, hashes.as_deref())? {
+    // before it inherits them, and copied into a durable tier that lacks them; files in one that
+    // fails are uploaded again from here.
+    let dropped = check_parent_packs(store, layout, &mut base, hashes.as_deref())?;
+    if fill_durable_parent(store, layout, &mut base)? || dropped {
         new_files = self::new_files(&local, base.parent.as_ref());
         report.files_new = new_files.len() as u64;
     }
@@ -406,6 +408,10 @@ struct Base {
     /// A head above the base (refused by the trust, corrupt, another place's) that this publish
     /// must write above, so readers find this publisher's head first.
     covers_refused_head: bool,
+    /// A durable tier does not hold the base's head (added to a store that already held the
+    /// chain, or it lost data): a generation is written over the base, so the durable tier
+    /// announces one with every pack (`packs::fill_durable_parent`). False without tiers.
+    unannounced_in_durable: bool,
     first_seq: u64,
 }
 
@@ -455,7 +461,15 @@ fn find_base(
             .map_or(1, |s| s + 1);
         covers_refused_head = !kept.is_empty();
     }
+    let unannounced_in_durable = match (store.tiers(), &head) {
+        (Some((_, durable)), Some(h)) => !matches!(
+            catalog::read_head_at(durable, layout, compat_id, h.seq)?,
+            Some(Ok(d)) if d.generation == h.generation
+        ),
+        _ => false,
+    };
     Ok(Base {
+        unannounced_in_durable,
         signer: head
             .as_ref()
             .map(|h| trust.policy.judge(layout.namespace(), h)),
@@ -476,6 +490,7 @@ impl Base {
             root_complete && self.parent.as_ref().is_some_and(|p| p.incomplete.is_some());
         !nothing_new
             || self.parent_damaged
+            || (self.unannounced_in_durable && self.parent.is_some())
             || completes_parent
             || (self.covers_refused_head && self.parent.is_some())
     }

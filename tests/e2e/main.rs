@@ -13,6 +13,7 @@ mod cli_contract;
 mod concurrent_publish;
 mod confinement;
 mod durable_registry;
+mod durable_tier;
 mod facts_cli;
 mod foundation;
 mod fuzz_decoders;

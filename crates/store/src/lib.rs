@@ -215,6 +215,13 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn tier_stats(&self) -> Option<TierStats> {
         None
     }
+
+    /// `(fast, durable)` for a store of two tiers (`TieredStore`), so publish can make the
+    /// durable tier hold every pack a head names and `verify` can check each tier on its own;
+    /// `None` for one.
+    fn tiers(&self) -> Option<(&dyn Store, &dyn Store)> {
+        None
+    }
 }
 
 /// A value read by `Store::get_sized_batch`: an owned vector, or a slice of the backend's

@@ -4,7 +4,9 @@
 //! - Writes go to the durable tier first, so a generation is announced (its head record, written
 //!   last by publish) in the durable tier only once its packs and manifest are there. A write the
 //!   durable tier refuses fails; one the fast tier refuses is logged and counted (the durable tier
-//!   holds it, and the next read repairs it).
+//!   holds it, and the next read repairs it). A pack publish finds in the fast tier alone (a
+//!   durable tier added later, or one that lost data) is not rewritten by this store: publish asks
+//!   each tier ([`Store::tiers`]) and copies what it checked into the durable one.
 //! - Put-if-absent is decided by the durable tier: for a record, the value the fast tier gets is
 //!   the one the durable tier kept, so two publishers racing for one head slot see the same
 //!   winner in both tiers.
@@ -12,9 +14,12 @@
 //!   only in the durable tier is put back in the fast tier (read-repair), so the next reader hits
 //!   the fast tier again. Records are read through `get_capped` (the contract's rule for records
 //!   from a store others can write), so that is what is repaired as a record; the rest as bulk.
-//! - `list` and `modified` answer for the durable tier (the fast one holds a subset); `exists`
-//!   asks the durable tier only when the fast one says no; `remove` removes from both, durable
-//!   first.
+//! - `list` answers for both tiers, and only when both can list: a durable tier added to a
+//!   store that already holds heads does not hold a subset of it, and a reader that listed the
+//!   durable tier alone would write a head into a seq the fast tier already holds (without
+//!   listing, heads are found by probing `exists`, which asks both). `modified` answers for the
+//!   durable tier, else the fast one; `exists` asks the durable tier only when the fast one says
+//!   no; `remove` removes from both, durable first.
 //!
 //! [`TierStats`] counts what each tier served, so reports can say where a generation came from.
 
@@ -158,10 +163,11 @@ impl Store for TieredStore {
 
     fn capabilities(&self) -> Capabilities {
         let durable = self.durable.capabilities();
+        let fast = self.fast.capabilities();
         Capabilities {
-            listing: durable.listing,
+            listing: durable.listing && fast.listing,
             write_times: durable.write_times,
-            sizes: durable.sizes || self.fast.capabilities().sizes,
+            sizes: durable.sizes || fast.sizes,
         }
     }
 
@@ -223,11 +229,23 @@ impl Store for TieredStore {
     }
 
     fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        self.durable.list(prefix)
+        let mut keys = self.durable.list(prefix)?;
+        let held: std::collections::HashSet<String> = keys.iter().cloned().collect();
+        keys.extend(
+            self.fast
+                .list(prefix)?
+                .into_iter()
+                .filter(|k| !held.contains(k)),
+        );
+        Ok(keys)
     }
 
     fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
-        self.durable.modified(key)
+        match self.durable.modified(key)? {
+            Some(t) => Ok(Some(t)),
+            None if self.fast.capabilities().write_times => self.fast.modified(key),
+            None => Ok(None),
+        }
     }
 
     fn size(&self, key: &str) -> StoreResult<Option<u64>> {
@@ -308,6 +326,10 @@ impl Store for TieredStore {
             repaired: c.repaired.load(Ordering::Relaxed),
             fast_put_failures: c.fast_put_failures.load(Ordering::Relaxed),
         })
+    }
+
+    fn tiers(&self) -> Option<(&dyn Store, &dyn Store)> {
+        Some((self.fast.as_ref(), self.durable.as_ref()))
     }
 }
 
@@ -410,6 +432,23 @@ mod tests {
         // What only the durable tier could answer fails, and says so.
         assert!(tiered.get("ns/pack/missing").is_err());
         assert!(tiered.put("ns/pack/d", b"x", ValueClass::Bulk).is_err());
+    }
+
+    #[test]
+    fn a_durable_tier_added_later_lists_what_the_fast_tier_already_held() {
+        let (dir, fast, durable, tiered) = tiers();
+        fast.put("ns/head/1", b"old", ValueClass::Record).unwrap();
+        durable
+            .put("ns/head/2", b"new", ValueClass::Record)
+            .unwrap();
+        let mut heads = tiered.list("ns/head/").unwrap();
+        heads.sort();
+        assert_eq!(heads, ["ns/head/1", "ns/head/2"]);
+        assert!(tiered.modified("ns/head/1").unwrap().is_some());
+        // A fast tier that cannot list (Mooncake): neither can the pair, so heads are probed.
+        let unlisted = LocalStore::open(dir.path().join("unlisted")).unwrap();
+        let fast: Arc<dyn Store> = Arc::new(crate::testing::WithoutListing(unlisted));
+        assert!(!TieredStore::new(fast, durable).capabilities().listing);
     }
 
     #[test]

@@ -775,6 +775,9 @@ impl Store for RegistryTee<'_> {
     fn tier_stats(&self) -> Option<TierStats> {
         self.inner.tier_stats()
     }
+    fn tiers(&self) -> Option<(&dyn Store, &dyn Store)> {
+        self.inner.tiers()
+    }
 }
 
 /// Blobs pushed to the registry as `write_artifact` produces them (each only if missing).

@@ -34,10 +34,8 @@ pub(super) fn upload_packs(
     let interrupt = reader.interrupt;
     let keys: Vec<String> = plans.iter().map(|p| layout.pack(&p.id)).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let present = store
-        .exists_batch(&key_refs)
-        .into_iter()
-        .collect::<Result<Vec<bool>, _>>()?;
+    let sizes: Vec<u64> = plans.iter().map(|p| p.size).collect();
+    let present = presence(store, &key_refs, &sizes)?;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let shared: &[PackPlan] = plans;
@@ -89,6 +87,79 @@ pub(super) fn upload_packs(
     Ok(())
 }
 
+/// Where a pack key stands before a publish names it.
+#[derive(Debug, Clone, Copy)]
+struct Presence {
+    /// Some tier holds a value under the key (the fast tier is asked first).
+    any: bool,
+    /// What the durable tier holds, for a store of two tiers (`Whole` for one).
+    durable: DurableCopy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DurableCopy {
+    /// A value of the pack's size (or no durable tier to ask).
+    Whole,
+    Missing,
+    /// A value of another size: not this pack.
+    Other(u64),
+}
+
+/// Where each of `keys` (packs of `sizes`) stands: one batched call to the store, or, for a store
+/// of two tiers, one to the fast tier and one look per key at the durable tier (a size where it
+/// answers sizes, a stat for a directory). A generation is announced in the durable tier only once
+/// every pack it names is there, so a pack the fast tier alone holds (a durable tier added later,
+/// or one that lost data) must be seen as missing from it, not skipped as stored.
+fn presence(
+    store: &dyn Store,
+    keys: &[&str],
+    sizes: &[u64],
+) -> Result<Vec<Presence>, PublishError> {
+    let Some((fast, durable)) = store.tiers() else {
+        return Ok(store
+            .exists_batch(keys)
+            .into_iter()
+            .map(|r| {
+                r.map(|any| Presence {
+                    any,
+                    durable: DurableCopy::Whole,
+                })
+            })
+            .collect::<Result<_, _>>()?);
+    };
+    let copies = keys
+        .iter()
+        .zip(sizes)
+        .map(|(key, size)| durable_copy(durable, key, *size))
+        .collect::<Result<Vec<_>, _>>()?;
+    // A fast tier that cannot answer (a restarting master) counts as not holding the key: the
+    // durable tier decides, as `TieredStore::exists_batch` does.
+    Ok(fast
+        .exists_batch(keys)
+        .into_iter()
+        .zip(copies)
+        .map(|(fast, durable)| Presence {
+            any: matches!(fast, Ok(true)) || durable != DurableCopy::Missing,
+            durable,
+        })
+        .collect())
+}
+
+/// What the durable tier `durable` holds under `key`, for a pack of `size` bytes.
+fn durable_copy(durable: &dyn Store, key: &str, size: u64) -> Result<DurableCopy, PublishError> {
+    if durable.capabilities().sizes {
+        return Ok(match durable.size(key)? {
+            None => DurableCopy::Missing,
+            Some(s) if s == size => DurableCopy::Whole,
+            Some(s) => DurableCopy::Other(s),
+        });
+    }
+    Ok(match durable.exists(key)? {
+        true => DurableCopy::Whole,
+        false => DurableCopy::Missing,
+    })
+}
+
 /// Salts tried, in order, after the plain id held bytes that are not the pack's, before a random
 /// one: honest publishers that met the same planted key move to the same next key and still
 /// share one copy; an attacker who plants all of these too only costs them the sharing.
@@ -111,13 +182,23 @@ struct Placing<'a, 's> {
 impl Placing<'_, '_> {
     /// Puts `plan` under its id, or reuses the value there once it checked to be this pack; a
     /// value that is not moves the pack to the next salted id, then to a random one.
-    fn pack(&self, plan: &PackPlan, mut present: bool) -> Result<Placed, PublishError> {
+    fn pack(&self, plan: &PackPlan, mut present: Presence) -> Result<Placed, PublishError> {
         let mut id = plan.id;
         for attempt in 0..=SHARED_SALTS.len() + 1 {
             let key = self.layout.pack(&id);
-            if present {
-                match self.check_stored(&key, plan)? {
+            if present.any {
+                let checked = match present.durable {
+                    DurableCopy::Other(size) => Checked::Other(format!(
+                        "{size} bytes in the durable tier, not {}",
+                        plan.size
+                    )),
+                    _ => self.check_stored(&key, plan)?,
+                };
+                match checked {
                     Checked::Same(bytes) => {
+                        if present.durable == DurableCopy::Missing {
+                            self.fill_durable(&key, &bytes)?;
+                        }
                         self.replicate(&id, &bytes);
                         return Ok(Placed {
                             id,
@@ -135,7 +216,7 @@ impl Placing<'_, '_> {
                             Some(salt) => plan.salted_id(salt),
                             None => plan.salted_id(&random_salt()?),
                         };
-                        present = self.store.exists(&self.layout.pack(&id))?;
+                        present = self.presence(&self.layout.pack(&id), plan.size)?;
                         continue;
                     }
                 }
@@ -149,6 +230,25 @@ impl Placing<'_, '_> {
              does not keep what is put; check it",
             plan.id
         ))))
+    }
+
+    /// [`presence`] of one key.
+    fn presence(&self, key: &str, size: u64) -> Result<Presence, PublishError> {
+        Ok(presence(self.store, &[key], &[size])?.remove(0))
+    }
+
+    /// Puts a pack the fast tier alone held (`bytes`, checked to be it) into the durable tier, so
+    /// the generation about to name it is whole there (a refusal fails the publish, as any
+    /// durable write does).
+    fn fill_durable(&self, key: &str, bytes: &[u8]) -> Result<(), PublishError> {
+        if let Some((_, durable)) = self.store.tiers() {
+            durable.put(key, bytes, ValueClass::Bulk)?;
+            tracing::info!(
+                key,
+                "copied a pack the fast tier alone held into the durable tier"
+            );
+        }
+        Ok(())
     }
 
     /// Puts the pack under its key, and under its replicas' keys where `pack_replicas` asks for
@@ -336,6 +436,104 @@ pub(super) fn check_parent_packs(
         files_dropped = before - parent.files.len(),
         "the head generation's packs hold bytes that are not its files (planted or replaced): not \
          inheriting them; uploading those files again from this root"
+    );
+    base.parent_damaged = true;
+    Ok(true)
+}
+
+/// With a durable tier: copies the packs of the base's generation that the durable tier lacks
+/// (or holds at another size) from the fast tier, then checks the copies where they now are, so
+/// the generation this publish writes, which names the parent's packs, is whole in the durable
+/// tier before its head is (a durable tier added to a store that already held the chain, or one
+/// that lost data). A pack that cannot be copied, or whose copy does not check, is removed from
+/// the durable tier and its files are dropped from the parent, to be uploaded again from this root
+/// like those of an evicted pack (true: files were dropped). Costs one stat per parent pack when
+/// the durable tier is whole; never memoized (the durable tier can lose data between publishes).
+pub(super) fn fill_durable_parent(
+    store: &dyn Store,
+    layout: &KeyLayout,
+    base: &mut super::Base,
+) -> Result<bool, PublishError> {
+    let (Some((fast, durable)), Some(head), Some(parent)) =
+        (store.tiers(), &base.head, &mut base.parent)
+    else {
+        return Ok(false);
+    };
+    let mut gaps = std::collections::HashSet::new();
+    for p in &parent.packs {
+        if durable_copy(durable, &layout.pack(&p.id), p.size)? != DurableCopy::Whole {
+            gaps.insert(p.id);
+        }
+    }
+    if gaps.is_empty() {
+        return Ok(false);
+    }
+    let mut bad = std::collections::HashSet::new();
+    for p in parent.packs.iter().filter(|p| gaps.contains(&p.id)) {
+        let key = layout.pack(&p.id);
+        // A value of another size is not this pack: it goes before the copy is put.
+        durable.remove(&key)?;
+        match fast.get_capped(&key, p.size) {
+            Ok(Some(bytes)) if bytes.len() as u64 == p.size => {
+                durable.put(&key, &bytes, ValueClass::Bulk)?;
+            }
+            Ok(_) | Err(StoreError::TooLarge { .. }) => {
+                bad.insert(p.id);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // The copies are checked in the durable tier itself: the files they hold must hash to the
+    // parent's manifest (a file spanning packs reads its other packs there too).
+    let mut touched = parent.clone();
+    touched.files.retain(|f| {
+        f.chunks
+            .iter()
+            .any(|c| gaps.contains(&parent.packs[c.pack as usize].id))
+    });
+    crate::generation::prune_packs(&mut touched);
+    let v = crate::inspect::verify_manifest(durable, layout, &head.generation, &touched)
+        .map_err(|e| PublishError::Store(StoreError::Other(e.to_string())))?;
+    for problem in &v.problems {
+        use crate::inspect::Problem;
+        match problem {
+            Problem::PackMissing { pack } | Problem::PackSize { pack, .. } => {
+                bad.insert(*pack);
+            }
+            Problem::FileCorrupt { packs, .. } => {
+                bad.extend(packs.iter().filter(|p| gaps.contains(p)))
+            }
+            _ => {}
+        }
+    }
+    tracing::info!(
+        generation = %head.generation,
+        copied = gaps.len() - bad.len(),
+        failed = bad.len(),
+        "the durable tier lacked packs of the generation this publish builds on: copied from the \
+         fast tier and checked there"
+    );
+    if bad.is_empty() {
+        return Ok(false);
+    }
+    for pack in &bad {
+        durable.remove(&layout.pack(pack))?;
+    }
+    let before = parent.files.len();
+    let packs = &parent.packs;
+    parent.files.retain(|f| {
+        f.chunks
+            .iter()
+            .all(|c| !bad.contains(&packs[c.pack as usize].id))
+    });
+    crate::generation::prune_packs(parent);
+    tracing::warn!(
+        generation = %head.generation,
+        packs_bad = bad.len(),
+        files_dropped = before - parent.files.len(),
+        "packs of the generation this publish builds on could not be made whole in the durable \
+         tier (the fast tier lacks them or holds other bytes): uploading those files again from \
+         this root"
     );
     base.parent_damaged = true;
     Ok(true)

@@ -344,6 +344,9 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         Session::open_store_read_only(&args.common.store)?
     };
     let store = session.store.as_ref();
+    if let Some((fast, durable)) = store.tiers() {
+        return run_verify_tiers(&args, &session, fast, durable);
+    }
     let survey = inspect::survey(store, &session.layout, &session.trust)?;
     let ids: Vec<GenerationId> = match &args.generation {
         Some(g) => vec![resolve_generation(&session, g)?],
@@ -423,6 +426,190 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         say!("no generations to verify");
     }
     Ok(code)
+}
+
+/// One generation's `verify` on a store of two tiers: what the tiers hold together (the signers
+/// of its heads, and whether both are whole), then each tier on its own.
+#[derive(serde::Serialize)]
+struct TieredVerification {
+    #[serde(flatten)]
+    whole: inspect::Verification,
+    tiers: Vec<inspect::tiers::TierCheck>,
+}
+
+/// `verify` of a store of two tiers (`--durable-store`, `[store.durable] path`): every generation
+/// either tier's heads name, each tier checked on its own (inspect::tiers), so a tier that lacks
+/// what the other holds is named instead of hidden by reads that fall through. `--repair` fills
+/// each tier from the other, for generations the trust admits, then removes what both hold
+/// damaged (as on one store).
+fn run_verify_tiers(
+    args: &VerifyArgs,
+    session: &Session,
+    fast: &dyn crate::store::Store,
+    durable: &dyn crate::store::Store,
+) -> Result<i32> {
+    use inspect::tiers::{FillContext, Tier, check_tier, fill, heads_of};
+    let layout = &session.layout;
+    let trust = session.trust.as_ref();
+    let read = |tier: Tier, store: &dyn crate::store::Store| {
+        inspect::survey(store, layout, trust)
+            .with_context(|| format!("reading the {tier} ({})", store.describe()))
+    };
+    let surveys = [read(Tier::Fast, fast)?, read(Tier::Durable, durable)?];
+    let ids: Vec<GenerationId> = match &args.generation {
+        Some(g) => vec![resolve_generation(session, g)?],
+        None => {
+            let mut ids: Vec<GenerationId> = Vec::new();
+            for (_, g) in surveys[1].generations().chain(surveys[0].generations()) {
+                if !ids.contains(&g.id) {
+                    ids.push(g.id);
+                }
+            }
+            ids
+        }
+    };
+    let mut results = Vec::new();
+    let mut repairer = inspect::Repairer::new(session.store.as_ref(), layout, &surveys[1], trust);
+    for id in &ids {
+        let heads = [heads_of(&surveys[0], id), heads_of(&surveys[1], id)];
+        let seqs = |i: usize| heads[i].iter().map(|(_, s)| *s).collect::<Vec<u64>>();
+        let bar = spinner(format!("verifying {} in each tier", short(id)));
+        let checked = check_tier(Tier::Fast, fast, layout, id, &seqs(0))
+            .and_then(|f| Ok((f, check_tier(Tier::Durable, durable, layout, id, &seqs(1))?)));
+        bar.finish_and_clear();
+        let (mut f, mut d) = checked.with_context(|| format!("verifying {id}"))?;
+        let mut whole = inspect::Verification::empty(*id);
+        // Who signed it, as each tier's heads say (a seq once).
+        for (_, g) in surveys
+            .iter()
+            .flat_map(|s| s.generations())
+            .filter(|(_, g)| g.id == *id)
+        {
+            for s in &g.signatures {
+                if !whole.signatures.iter().any(|w| w.seq == s.seq) {
+                    whole.signatures.push(s.clone());
+                }
+            }
+            for p in inspect::signature_problems(g, trust) {
+                if !whole.problems.contains(&p) {
+                    whole.problems.push(p);
+                }
+            }
+        }
+        whole.files_checked = f.files_checked.max(d.files_checked);
+        whole.packs_fetched = f.packs_fetched + d.packs_fetched;
+        whole.bytes_fetched = f.bytes_fetched + d.bytes_fetched;
+        whole.ok = whole.problems.is_empty() && f.sound() && d.sound();
+        // Only what the trust admits is copied: an untrusted generation's manifest vouches for
+        // nothing.
+        let both_whole = f.ok && d.ok && f.announces() && d.announces();
+        if args.repair && whole.problems.is_empty() && !both_whole {
+            let fill_from = |from_heads| FillContext {
+                layout,
+                trust,
+                id: *id,
+                from_heads,
+            };
+            fill(&fill_from(heads[0].clone()), fast, &f, durable, &mut d)
+                .with_context(|| format!("filling the durable tier with {id}"))?;
+            fill(&fill_from(heads[1].clone()), durable, &d, fast, &mut f)
+                .with_context(|| format!("filling the fast tier with {id}"))?;
+            // What both tiers hold damaged: removed from both, as on one store.
+            let both = inspect::tiers::damaged_in_both(&f, &d);
+            let repair = repairer
+                .repair(&both)
+                .with_context(|| format!("repairing {id}"))?;
+            whole.repaired = repair.removed;
+            whole.repair_refused = repair.refused;
+        }
+        if !args.common.json {
+            print_tiered(&whole, [&f, &d]);
+        }
+        results.push(TieredVerification {
+            whole,
+            tiers: vec![f, d],
+        });
+    }
+    let code = if results.iter().all(|v| v.whole.ok) {
+        exit::OK
+    } else {
+        exit::PROBLEM_FOUND
+    };
+    if args.common.json {
+        emit_json("verify", &results, code);
+    } else if ids.is_empty() {
+        say!("no generations to verify in either tier");
+    }
+    Ok(code)
+}
+
+/// The person's lines for one generation verified in each tier.
+fn print_tiered(whole: &inspect::Verification, tiers: [&inspect::tiers::TierCheck; 2]) {
+    let signed = whole
+        .signatures
+        .iter()
+        .map(|s| format!("head {}: {}", s.seq, s.signer))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let quiet = |t: &inspect::tiers::TierCheck| {
+        t.ok && t.announces() && t.filled.is_empty() && t.fill_refused.is_empty()
+    };
+    if whole.ok && tiers.iter().all(|&t| quiet(t)) {
+        say!(
+            "{}: ok in both tiers ({} files, {} packs, {}; {signed})",
+            whole.generation,
+            whole.files_checked,
+            whole.packs_fetched,
+            bytesize::ByteSize(whole.bytes_fetched)
+        );
+        return;
+    }
+    let count: usize = whole.problems.len()
+        + tiers
+            .iter()
+            .filter(|t| t.announces())
+            .map(|t| t.problems.len())
+            .sum::<usize>();
+    if whole.ok {
+        say!("{}: ok where it is announced ({signed})", whole.generation);
+    } else {
+        say!("{}: {count} problem(s) ({signed})", whole.generation);
+    }
+    for p in &whole.problems {
+        say!("  {p}");
+    }
+    for t in tiers {
+        let place = format!("{} ({})", t.tier, t.store);
+        match (t.announces(), t.ok) {
+            (true, true) => say!("  {place}: ok"),
+            (true, false) => {
+                for p in &t.problems {
+                    say!("  {place}: {p}");
+                }
+            }
+            (false, true) => say!("  {place}: whole, but no head here names it"),
+            (false, false) => {
+                say!("  {place}: no head here names it, and it lacks:");
+                for p in &t.problems {
+                    say!("    {p}");
+                }
+            }
+        }
+        for key in &t.filled {
+            say!("  repaired: copied {key} into the {}", t.tier);
+        }
+        for why in &t.fill_refused {
+            say!("  not repaired in the {}: {why}", t.tier);
+        }
+    }
+    for pack in &whole.repaired {
+        say!(
+            "  removed damaged pack {pack} from both tiers: the next publish of a root holding its files uploads it again"
+        );
+    }
+    for why in &whole.repair_refused {
+        say!("  not repaired: {why}");
+    }
 }
 
 pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
