@@ -157,6 +157,8 @@ pub fn engine_env(engine: Option<Engine>, mut env: ProcessEnv) -> ProcessEnv {
 pub struct EngineKeyed {
     inner: Arc<dyn CachePolicy>,
     facts: &'static [&'static str],
+    /// Facts the engine's kernels do not depend on, given the policy as this value instead.
+    dropped: &'static [(&'static str, &'static str)],
     /// Facts missing for want of an interpreter, and why (`Gathered::no_interpreter`).
     ungathered: BTreeMap<String, String>,
 }
@@ -171,8 +173,24 @@ fn key_facts(engine: Engine) -> &'static [&'static str] {
     }
 }
 
+/// Facts an engine's kernels do not depend on, on a CPU machine: the policy is given each as the
+/// value here instead of the gathered one, so workers that differ only in it share a key.
+///
+/// vLLM on CPU (0.32, `vllm/platforms/cpu.py`, `check_and_update_config`) compiles with Inductor's
+/// `cpp.dynamic_threads` on: its C++ kernels read the thread count at run time (`max_threads`,
+/// `torch/_inductor/codegen/cpp.py`), and torch leaves the thread count out of its own FX-graph
+/// key when it is on (`cpp_runtime_thread_count`, `torch/_inductor/codecache.py`). A worker with
+/// `OMP_NUM_THREADS=1` started from a copy of a 2-thread producer's cache with 0 new `.so`
+/// (docs/vllm.md, "Keys"). Bare torch.compile bakes the count into its kernels and keeps it.
+fn dropped_facts(engine: Engine) -> &'static [(&'static str, &'static str)] {
+    match engine {
+        Engine::Vllm => &[(jitship_policy_contract::facts::CPU_THREADS, "dynamic")],
+        Engine::Sglang => &[],
+    }
+}
+
 /// `policy` for a cache of kind `kind`: wrapped in [`EngineKeyed`] when `engine` reads that kind
-/// and adds facts to its keys.
+/// and adds facts to its keys or drops some.
 pub fn keyed(
     engine: Option<Engine>,
     kind: &str,
@@ -189,17 +207,18 @@ pub fn keyed_explained(
     policy: Arc<dyn CachePolicy>,
     ungathered: &BTreeMap<String, String>,
 ) -> Arc<dyn CachePolicy> {
-    let facts = match engine {
-        Some(e) if e.candidate_kinds().contains(&kind) => key_facts(e),
-        _ => &[],
+    let (facts, dropped) = match engine {
+        Some(e) if e.candidate_kinds().contains(&kind) => (key_facts(e), dropped_facts(e)),
+        _ => (&[][..], &[][..]),
     };
     let ungathered = ungathered.clone();
-    if facts.is_empty() && ungathered.is_empty() {
+    if facts.is_empty() && dropped.is_empty() && ungathered.is_empty() {
         return policy;
     }
     Arc::new(EngineKeyed {
         inner: policy,
         facts,
+        dropped,
         ungathered,
     })
 }
@@ -214,6 +233,21 @@ impl CachePolicy for EngineKeyed {
     fn module(&self) -> Option<Arc<[u8]>> {
         self.inner.module()
     }
+    /// The inner policy with the recorded settings, keyed as this one is (publish compares keys).
+    fn with_recorded_settings(
+        &self,
+        recorded: &PolicyRef,
+    ) -> Option<Result<Box<dyn CachePolicy>, PolicyError>> {
+        let configured = self.inner.with_recorded_settings(recorded)?;
+        Some(configured.map(|inner| {
+            Box::new(EngineKeyed {
+                inner: Arc::from(inner),
+                facts: self.facts,
+                dropped: self.dropped,
+                ungathered: self.ungathered.clone(),
+            }) as Box<dyn CachePolicy>
+        }))
+    }
     fn compat_key(&self, facts: &Facts) -> Result<String, PolicyError> {
         let explain = |e: PolicyError| match e {
             PolicyError::MissingFact(fact) if self.ungathered.contains_key(&fact) => {
@@ -223,6 +257,16 @@ impl CachePolicy for EngineKeyed {
                 }
             }
             e => e,
+        };
+        let mut given;
+        let facts = if self.dropped.is_empty() || has_gpu(facts) {
+            facts
+        } else {
+            given = facts.clone();
+            for (name, value) in self.dropped {
+                given.set(*name, *value);
+            }
+            &given
         };
         let mut key = self.inner.compat_key(facts).map_err(explain)?;
         for name in self.facts {
@@ -643,12 +687,15 @@ mod tests {
         );
         assert_eq!(wrapped.module().as_deref(), Some(&b"\0asm"[..]));
         assert_eq!(wrapped.info().cache_kind, "inductor");
-        // vLLM adds nothing; a kind SGLang does not read is left alone.
+        // vLLM adds no fact (its thread count: vllm_keys_drop_the_thread_count_on_a_cpu); a
+        // kind SGLang does not read is left alone.
         assert_eq!(
             keyed(Some(Engine::Vllm), "inductor", native.clone())
-                .compat_key(&facts(&[("a", "1")]))
+                .compat_key(&facts(&[("a", "1"), ("gpu.name", "H200")]))
                 .unwrap(),
-            plain
+            native
+                .compat_key(&facts(&[("a", "1"), ("gpu.name", "H200")]))
+                .unwrap()
         );
         assert_eq!(
             keyed(Some(Engine::Sglang), "vllm-compile", native)
@@ -656,6 +703,42 @@ mod tests {
                 .unwrap(),
             plain
         );
+    }
+
+    #[test]
+    fn vllm_keys_drop_the_thread_count_on_a_cpu() {
+        use crate::policy::native::NativeRules;
+        let cpu = |threads: &str| facts(&[("cpu.threads", threads), ("gpu.count", "0")]);
+        let gpu = |threads: &str| facts(&[("cpu.threads", threads), ("gpu.name", "H200")]);
+        for kind in ["vllm-compile", "inductor", "inductor-pch"] {
+            let vllm = keyed(Some(Engine::Vllm), kind, Arc::new(NativeRules::new(kind)));
+            let key = vllm.compat_key(&cpu("2")).unwrap();
+            // vLLM compiles with cpp.dynamic_threads on: one key whatever the thread count.
+            assert_eq!(vllm.compat_key(&cpu("1")).unwrap(), key, "{kind}");
+            assert!(key.contains("cpu.threads=dynamic"), "{key}");
+            // On a GPU machine vLLM does not turn it on: the count stays.
+            assert_ne!(
+                vllm.compat_key(&gpu("1")).unwrap(),
+                vllm.compat_key(&gpu("2")).unwrap(),
+                "{kind}"
+            );
+        }
+        // Bare torch.compile bakes the count into its kernels: another count, another key.
+        let plain: Arc<dyn CachePolicy> = Arc::new(NativeRules::new("inductor"));
+        for bare in [
+            keyed(None, "inductor", plain.clone()),
+            keyed(Some(Engine::Sglang), "inductor", plain),
+        ] {
+            let with = |t: &str| {
+                let mut f = cpu(t);
+                f.set("pkg.sglang", "0.5.23");
+                f
+            };
+            assert_ne!(
+                bare.compat_key(&with("1")).unwrap(),
+                bare.compat_key(&with("2")).unwrap()
+            );
+        }
     }
 
     #[test]
