@@ -427,7 +427,13 @@ fn find_base(
     trust: &PublishTrust,
 ) -> Result<Base, PublishError> {
     let mut walk = catalog::HeadWalk::new(store, layout, compat_id)?;
-    let occupied = walk.newest_seq();
+    let mut occupied = walk.newest_seq();
+    // A store of two tiers walks its durable tier's heads; the fast tier may hold newer ones (a
+    // durable tier added to a store that already held the chain): this publish writes above them
+    // too, so its head never lands in a seq one tier already holds for another generation.
+    if let Some((fast, _)) = store.tiers() {
+        occupied = occupied.max(catalog::HeadWalk::new(fast, layout, compat_id)?.newest_seq());
+    }
     // Seqs pushed towards the ceiling: under `required` a signing publisher clears what it
     // refuses above its base and writes just above the base (`reach`), walking as far as it
     // removes.

@@ -259,6 +259,10 @@ fn mooncake_fault_drills() {
         PACK,
     )
     .unwrap_or_else(|e| panic!("publish through the durable tier: {e}"));
+    // A durable tier added to a Mooncake store that already holds the generation: nothing is
+    // uploaded (Mooncake has every pack), and still every pack lands in the durable tier before
+    // a head there names it.
+    let late = late_durable_tier(&store, tmp.path(), &facts);
     // And through the durable registry tier, under a prefix of its own.
     let test_registry = TestRegistry::start();
     let registry = test_registry.client();
@@ -346,6 +350,19 @@ fn mooncake_fault_drills() {
         (0, true),
         "read-repair: the next install is served by Mooncake alone: {served:?}"
     );
+    // The durable tier added late serves the generation the restart lost.
+    let served = install_tiered(
+        "master-restarted, durable tier added to a store that held the generation",
+        &late.store,
+        &late.layout,
+        &tmp.path().join("late-durable-root"),
+        &facts,
+        &late.digest,
+    );
+    assert!(
+        served.durable_hits > 0,
+        "served by the durable tier added late: {served:?}"
+    );
     // The registry tier: the generation the restart lost is pulled, verified and put back.
     assert!(
         install_from_registry(
@@ -408,6 +425,56 @@ fn mooncake_fault_drills() {
     c.ctl(&["start-node", "160"]);
     c.ctl(&["wait-node"]);
     eviction_drill(&c, tmp.path(), &registry);
+}
+
+/// A cache published to Mooncake alone, then through a durable tier added afterwards.
+struct LateDurable {
+    store: Arc<dyn Store>,
+    layout: KeyLayout,
+    digest: TreeDigest,
+}
+
+/// Publishes a tree to `store` (Mooncake alone), then again through a durable tier added in
+/// `dir`: no pack is uploaded (Mooncake holds them all), and the durable tier gets every pack of
+/// the generation its head names (the hole of issue 44: before, it got the head and manifest
+/// only, and the install after a master restart missed).
+fn late_durable_tier(
+    store: &Arc<dyn Store>,
+    dir: &Path,
+    facts: &jitship::facts::Facts,
+) -> LateDurable {
+    let layout = KeyLayout::new(&unique_prefix("late-durable")).unwrap();
+    let src = dir.join("late-src");
+    triton_tree(&src, 20, 41);
+    let first = flow::publish(store.as_ref(), &layout, &src, facts, PACK)
+        .unwrap_or_else(|e| panic!("publish to Mooncake alone: {e}"));
+    let tiered = tiered(store, &dir.join("late-durable"));
+    let again = flow::publish(tiered.as_ref(), &layout, &src, facts, PACK)
+        .unwrap_or_else(|e| panic!("publish with the durable tier added: {e}"));
+    eprintln!(
+        "DRILL durable tier added late: {} packs on Mooncake; with the durable tier -> {:?}, {} \
+         uploaded, {} reused",
+        first.packs_uploaded, again.outcome, again.packs_uploaded, again.packs_reused
+    );
+    assert!(
+        matches!(again.outcome, PublishOutcome::Published { seq: 2, .. }),
+        "a generation over the one the durable tier lacks: {:?}",
+        again.outcome
+    );
+    assert_eq!(again.packs_uploaded, 0, "Mooncake held every pack");
+    let packs = jitship_tests::fixtures::files_under(&dir.join("late-durable"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/pack/"))
+        .count();
+    assert_eq!(
+        packs as u64, first.packs_uploaded,
+        "every pack is in the durable tier"
+    );
+    LateDurable {
+        store: tiered,
+        layout,
+        digest: digest(&src),
+    }
 }
 
 /// Publishes several caches of ~30 MB each into a 160 MB segment, each pushed to the durable

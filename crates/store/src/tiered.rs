@@ -14,12 +14,11 @@
 //!   only in the durable tier is put back in the fast tier (read-repair), so the next reader hits
 //!   the fast tier again. Records are read through `get_capped` (the contract's rule for records
 //!   from a store others can write), so that is what is repaired as a record; the rest as bulk.
-//! - `list` answers for both tiers, and only when both can list: a durable tier added to a
-//!   store that already holds heads does not hold a subset of it, and a reader that listed the
-//!   durable tier alone would write a head into a seq the fast tier already holds (without
-//!   listing, heads are found by probing `exists`, which asks both). `modified` answers for the
-//!   durable tier, else the fast one; `exists` asks the durable tier only when the fast one says
-//!   no; `remove` removes from both, durable first.
+//! - `list` and `modified` answer for the durable tier; `exists` asks the durable tier only when
+//!   the fast one says no; `remove` removes from both, durable first. The fast tier need not hold
+//!   a subset of the durable one (a durable tier added to a store that already held heads):
+//!   publish walks the fast tier's heads too, so it never writes a head into a seq the fast tier
+//!   already holds.
 //!
 //! [`TierStats`] counts what each tier served, so reports can say where a generation came from.
 
@@ -163,11 +162,10 @@ impl Store for TieredStore {
 
     fn capabilities(&self) -> Capabilities {
         let durable = self.durable.capabilities();
-        let fast = self.fast.capabilities();
         Capabilities {
-            listing: durable.listing && fast.listing,
+            listing: durable.listing,
             write_times: durable.write_times,
-            sizes: durable.sizes || fast.sizes,
+            sizes: durable.sizes || self.fast.capabilities().sizes,
         }
     }
 
@@ -229,23 +227,11 @@ impl Store for TieredStore {
     }
 
     fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
-        let mut keys = self.durable.list(prefix)?;
-        let held: std::collections::HashSet<String> = keys.iter().cloned().collect();
-        keys.extend(
-            self.fast
-                .list(prefix)?
-                .into_iter()
-                .filter(|k| !held.contains(k)),
-        );
-        Ok(keys)
+        self.durable.list(prefix)
     }
 
     fn modified(&self, key: &str) -> StoreResult<Option<std::time::SystemTime>> {
-        match self.durable.modified(key)? {
-            Some(t) => Ok(Some(t)),
-            None if self.fast.capabilities().write_times => self.fast.modified(key),
-            None => Ok(None),
-        }
+        self.durable.modified(key)
     }
 
     fn size(&self, key: &str) -> StoreResult<Option<u64>> {
@@ -432,23 +418,6 @@ mod tests {
         // What only the durable tier could answer fails, and says so.
         assert!(tiered.get("ns/pack/missing").is_err());
         assert!(tiered.put("ns/pack/d", b"x", ValueClass::Bulk).is_err());
-    }
-
-    #[test]
-    fn a_durable_tier_added_later_lists_what_the_fast_tier_already_held() {
-        let (dir, fast, durable, tiered) = tiers();
-        fast.put("ns/head/1", b"old", ValueClass::Record).unwrap();
-        durable
-            .put("ns/head/2", b"new", ValueClass::Record)
-            .unwrap();
-        let mut heads = tiered.list("ns/head/").unwrap();
-        heads.sort();
-        assert_eq!(heads, ["ns/head/1", "ns/head/2"]);
-        assert!(tiered.modified("ns/head/1").unwrap().is_some());
-        // A fast tier that cannot list (Mooncake): neither can the pair, so heads are probed.
-        let unlisted = LocalStore::open(dir.path().join("unlisted")).unwrap();
-        let fast: Arc<dyn Store> = Arc::new(crate::testing::WithoutListing(unlisted));
-        assert!(!TieredStore::new(fast, durable).capabilities().listing);
     }
 
     #[test]
