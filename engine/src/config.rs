@@ -195,7 +195,7 @@ impl Engine {
     /// loaded, roots resolved) before the facts are known; `crate::engines` keeps those it reads.
     pub fn candidate_kinds(self) -> &'static [&'static str] {
         match self {
-            Engine::Vllm => &["vllm-compile", "inductor", "inductor-pch"],
+            Engine::Vllm => &["vllm-compile", "inductor", "inductor-pch", "vllm-modelinfos"],
             Engine::Sglang => &[
                 "inductor",
                 "inductor-pch",
@@ -322,6 +322,12 @@ pub struct WatchConfig {
     pub grace: Duration,
     /// Serve Prometheus metrics (/metrics) and /healthz on this address, e.g. "0.0.0.0:9464".
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Scrub this often (a sample of the kept generations' packs re-read, checked, and put back
+    /// from the durable tier when the fast tier lost them); 0s, the default, never.
+    #[serde(with = "humantime_serde")]
+    pub scrub_interval: Duration,
+    /// Packs one scrub reads.
+    pub scrub_sample: usize,
 }
 
 impl Default for WatchConfig {
@@ -334,6 +340,8 @@ impl Default for WatchConfig {
             // Kubernetes gives 30 s between SIGTERM and SIGKILL by default.
             grace: Duration::from_secs(20),
             metrics_addr: None,
+            scrub_interval: Duration::ZERO,
+            scrub_sample: 16,
         }
     }
 }
@@ -361,6 +369,20 @@ impl WatchConfig {
                 &self.grace,
                 "must be at most 1h (and below the pod's terminationGracePeriodSeconds)",
             ));
+        }
+        if !self.scrub_interval.is_zero() && self.scrub_interval < Duration::from_secs(60) {
+            return Err(invalid(
+                "watch.scrub_interval",
+                &self.scrub_interval,
+                "must be 0s (off) or at least 1m: a scrub reads packs from the store",
+            ));
+        }
+        if self.scrub_sample == 0 || self.scrub_sample > 10_000 {
+            return Err(ConfigError::Invalid {
+                what: "watch.scrub_sample",
+                value: self.scrub_sample.to_string(),
+                hint: "must be 1 to 10000 packs".into(),
+            });
         }
         if let Some(url) = &self.ready_url {
             crate::ready::ReadyUrl::parse(url).map_err(|e| ConfigError::Invalid {

@@ -18,6 +18,7 @@ pub mod publish;
 pub mod ready;
 pub mod roots;
 pub mod scan;
+pub mod scrub;
 pub mod server;
 pub mod trust;
 pub mod watch;

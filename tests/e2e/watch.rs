@@ -1017,3 +1017,110 @@ fn a_watcher_started_before_its_store_answers_publishes_once_it_does() {
     let (status, log) = w.terminate();
     assert!(status.success(), "exit {status}; log:\n{log}");
 }
+
+/// The watcher's periodic scrub (`--scrub-interval`) over a store with a durable tier: a pack
+/// removed from the fast tier behind jitship's back is found, put back from the durable tier
+/// byte for byte, and counted in the `jitship_store_scrub_*` metrics.
+#[test]
+fn the_periodic_scrub_finds_and_repairs_a_pack_removed_behind_its_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let fast = dir.path().join("store");
+    let durable = dir.path().join("durable");
+    let durable_flag = format!("local:{}", durable.display());
+    let root = dir.path().join("triton");
+    std::fs::create_dir_all(&root).unwrap();
+    triton_kernel(&root, 1, || {});
+    triton_kernel(&root, 2, || {});
+    let out = jitship_tests::cli::jitship()
+        .arg("publish")
+        .arg("--store")
+        .arg(format!("local:{}", fast.display()))
+        .args(["--durable-store", &durable_flag])
+        .args(WORKER_FACTS.iter().flat_map(|f| ["--fact", f]))
+        .arg("--cache")
+        .arg(format!("triton={}", root.display()))
+        .env_remove("JITSHIP_CONFIG")
+        .env_remove("JITSHIP_CACHES")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let packs: Vec<PathBuf> = std::fs::read_dir(fast.join("jitship/pack"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!packs.is_empty());
+    let lost = &packs[0];
+    let name = lost.file_name().unwrap();
+    std::fs::remove_file(lost).unwrap();
+    // `verify --sample` finds it; without --repair it writes nothing.
+    let out = jitship_tests::cli::jitship()
+        .arg("verify")
+        .arg("--store")
+        .arg(format!("local:{}", fast.display()))
+        .args(["--durable-store", &durable_flag, "--sample", "1000"])
+        .env_remove("JITSHIP_CONFIG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("1 missing, 0 corrupt, 0 repaired"), "{text}");
+    assert!(!lost.exists());
+    // The watcher's own root has nothing to publish: what it scrubs is the store's.
+    let idle = dir.path().join("idle");
+    std::fs::create_dir_all(&idle).unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = Watcher::start(
+        &fast,
+        &[("triton", &idle)],
+        SETTLE,
+        &[
+            "--durable-store",
+            &durable_flag,
+            "--scrub-interval",
+            "1h",
+            "--scrub-sample",
+            "1000",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    w.wait_metrics(
+        port,
+        &[
+            "\njitship_store_scrub_runs_total 1\n",
+            "\njitship_store_scrub_missing_total 1\n",
+            "\njitship_store_scrub_repaired_total 1\n",
+            "\njitship_store_scrub_corrupt_total 0\n",
+            "\njitship_store_scrub_last_unrepaired 0\n",
+        ],
+    );
+    let (_, body) = http_get(port, "/metrics");
+    assert!(
+        body.contains(&format!(
+            "\njitship_store_scrub_checked_total {}\n",
+            packs.len()
+        )),
+        "{body}"
+    );
+    assert_eq!(
+        std::fs::read(lost).unwrap(),
+        std::fs::read(durable.join("jitship/pack").join(name)).unwrap(),
+        "put back as the durable tier holds it"
+    );
+    let (status, log) = w.terminate();
+    assert!(status.success(), "exit {status}; log:\n{log}");
+    assert!(
+        log.contains("scrub: a pack a kept generation needs is missing"),
+        "{log}"
+    );
+}

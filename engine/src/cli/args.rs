@@ -423,8 +423,16 @@ pub struct VerifyArgs {
 
     /// Remove the packs found damaged (wrong size, or bytes that do not hash to the manifest's),
     /// so the next publish uploads them again; installs fall back to older generations meanwhile.
+    /// With a durable tier, first fill each tier from the other with what checks (packs, manifest,
+    /// then heads; generations the trust admits only); what both hold damaged is removed.
     #[arg(long)]
     pub repair: bool,
+
+    /// Scrub instead: read N packs picked at random among those the kept generations name, check
+    /// them against their manifests and (with --repair) put back from the durable tier what the
+    /// fast tier lost or damaged; exit 3 when something is still wrong.
+    #[arg(long, value_name = "N", conflicts_with = "generation")]
+    pub sample: Option<usize>,
 
     #[command(flatten)]
     pub common: OperatorArgs,
@@ -742,6 +750,15 @@ pub struct WatchFlags {
     /// Serve Prometheus metrics (/metrics) and /healthz here, e.g. 0.0.0.0:9464.
     #[arg(long, env = "JITSHIP_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Scrub the store this often (sampled packs re-read, checked, repaired from the durable
+    /// tier), e.g. 1h; 0s never [default: 0s].
+    #[arg(long, env = "JITSHIP_SCRUB_INTERVAL", value_parser = humantime::parse_duration)]
+    pub scrub_interval: Option<Duration>,
+
+    /// Packs one scrub reads [default: 16].
+    #[arg(long, env = "JITSHIP_SCRUB_SAMPLE", value_name = "N")]
+    pub scrub_sample: Option<usize>,
 
     /// Largest pack object, e.g. "64 MiB".
     #[arg(long, env = "JITSHIP_PACK_SIZE")]

@@ -14,6 +14,11 @@
 //! until its pause passes), which `/healthz` also lists with the reason, and `store_reachable`
 //! (0 while the last cycle found the store not answering; `/healthz` says why, still 200: a
 //! restarted sidecar would find the store no sooner).
+//!
+//! The periodic scrub's (`crate::scrub`), prefix `jitship_store_scrub_`: `runs_total`,
+//! `failures_total` (scrubs that could not ask the store), `checked_total`, `missing_total`,
+//! `corrupt_total`, `repaired_total` (packs), `last_run_timestamp_seconds` and `last_unrepaired`
+//! (packs the last scrub found lost or damaged and could not put back: "the store lost N").
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -119,6 +124,14 @@ pub struct Metrics {
     policy_disabled: Family<Labels, Gauge>,
     policy_status: Mutex<Option<PolicyStatusSource>>,
     store_reachable: Gauge,
+    scrub_runs: Counter,
+    scrub_failures: Counter,
+    scrub_checked: Counter,
+    scrub_missing: Counter,
+    scrub_corrupt: Counter,
+    scrub_repaired: Counter,
+    scrub_last_run: Gauge,
+    scrub_last_unrepaired: Gauge,
     /// Why the store did not answer the last cycle, while it does not.
     store_down: Mutex<Option<String>>,
 }
@@ -131,7 +144,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("jitship_watch");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("jitship_watch");
         let m = Self {
             cycles: Family::default(),
             generations: Family::default(),
@@ -151,6 +165,14 @@ impl Metrics {
             policy_disabled: Family::default(),
             policy_status: Mutex::new(None),
             store_reachable: Gauge::default(),
+            scrub_runs: Counter::default(),
+            scrub_failures: Counter::default(),
+            scrub_checked: Counter::default(),
+            scrub_missing: Counter::default(),
+            scrub_corrupt: Counter::default(),
+            scrub_repaired: Counter::default(),
+            scrub_last_run: Gauge::default(),
+            scrub_last_unrepaired: Gauge::default(),
             store_down: Mutex::new(None),
             registry: Registry::default(),
         };
@@ -241,7 +263,63 @@ impl Metrics {
             m.store_reachable.clone(),
         );
         m.store_reachable.set(1);
-        Self { registry, ..m }
+        let scrub = root.sub_registry_with_prefix("jitship_store_scrub");
+        for (name, help, c) in [
+            ("runs", "Scrubs run", &m.scrub_runs),
+            (
+                "failures",
+                "Scrubs that could not ask the store",
+                &m.scrub_failures,
+            ),
+            ("checked", "Packs scrubs read and checked", &m.scrub_checked),
+            (
+                "missing",
+                "Packs scrubs found missing from the (fast) store",
+                &m.scrub_missing,
+            ),
+            (
+                "corrupt",
+                "Packs scrubs found damaged in the (fast) store",
+                &m.scrub_corrupt,
+            ),
+            (
+                "repaired",
+                "Missing or damaged packs put back from the durable tier",
+                &m.scrub_repaired,
+            ),
+        ] {
+            scrub.register(name, help, c.clone());
+        }
+        scrub.register(
+            "last_run_timestamp_seconds",
+            "Unix time of the last scrub that read the store",
+            m.scrub_last_run.clone(),
+        );
+        scrub.register(
+            "last_unrepaired",
+            "Packs the last scrub found missing or damaged and could not put back",
+            m.scrub_last_unrepaired.clone(),
+        );
+        Self {
+            registry: root,
+            ..m
+        }
+    }
+
+    pub fn record_scrub(&self, r: &crate::scrub::ScrubReport) {
+        self.scrub_runs.inc();
+        self.scrub_checked.inc_by(r.checked);
+        self.scrub_missing.inc_by(r.missing);
+        self.scrub_corrupt.inc_by(r.corrupt);
+        self.scrub_repaired.inc_by(r.repaired);
+        self.scrub_last_run.set(crate::catalog::now_secs() as i64);
+        self.scrub_last_unrepaired
+            .set(r.findings.iter().filter(|f| !f.repaired).count() as i64);
+    }
+
+    pub fn record_scrub_failure(&self) {
+        self.scrub_runs.inc();
+        self.scrub_failures.inc();
     }
 
     /// `Some(why)` while the store does not answer; `None` once it does.

@@ -13,6 +13,9 @@
 //!   it walks each root (stat only) and marks a root changed when its listing differs from the
 //!   previous rescan;
 //! - while the readiness gate is closed and something is pending, a probe every `READY_POLL`;
+//! - the scrub timer (`ScrubSchedule`, off by default): a sample of the kept generations' packs
+//!   re-read and checked, what the fast tier lost put back from the durable tier
+//!   (`crate::scrub`); the first once a cycle found the store answering, then every interval;
 //! - SIGTERM/SIGINT (a message on the `stop` channel): one final publish of every root within the
 //!   grace period, then return. A second signal abandons the final publish.
 //!
@@ -84,6 +87,18 @@ pub struct WatchOptions {
     /// Test hook: the number of publish cycles finished so far, sent after each one, so a test
     /// waits for a cycle instead of sleeping past it. `None` in production.
     pub cycles_finished: Option<tokio::sync::watch::Sender<u64>>,
+    /// Scrub the store periodically; `None`: never.
+    pub scrub: Option<ScrubSchedule>,
+}
+
+/// The periodic scrub (`[watch] scrub_interval`, `scrub_sample`).
+#[derive(Clone)]
+pub struct ScrubSchedule {
+    pub interval: Duration,
+    /// Packs one scrub reads.
+    pub sample: usize,
+    /// Whose heads keep generations (as `ls` judges them).
+    pub trust: Arc<crate::trust::TrustPolicy>,
 }
 
 /// Connects to the store; the error says why it cannot be reached now.
@@ -202,6 +217,9 @@ enum JobDone {
     Rescan {
         listings: Vec<Result<ContentHash, String>>,
     },
+    Scrub {
+        result: Result<crate::scrub::ScrubReport, String>,
+    },
 }
 
 struct Gate {
@@ -224,6 +242,11 @@ struct Loop {
     rescan: Rescan,
     gate: Gate,
     summary: WatchSummary,
+    /// When the next scrub is due: `None` until a cycle found the store answering (or never,
+    /// without `opts.scrub`).
+    scrub_next: Option<std::time::Instant>,
+    /// The first scrub was scheduled.
+    scrub_started: bool,
 }
 
 /// Runs the watcher until a message arrives on `stop` (the CLI sends one per SIGTERM/SIGINT),
@@ -306,6 +329,8 @@ pub async fn run_with_metrics(
         fs,
         metrics,
         gate,
+        scrub_next: None,
+        scrub_started: false,
         summary: WatchSummary {
             stopped_by: "",
             cycles: 0,
@@ -465,6 +490,12 @@ impl Loop {
                 } else if let Some(i) = self.earliest_due(now) {
                     job = Some(self.spawn_cycle(i));
                 }
+                if job.is_none()
+                    && let Some(at) = self.scrub_next
+                    && at <= now.into_std()
+                {
+                    job = self.spawn_scrub();
+                }
             }
             let wake = self.next_wake();
             tokio::select! {
@@ -505,6 +536,9 @@ impl Loop {
     /// When the loop must wake up by itself if no event comes.
     fn next_wake(&self) -> Instant {
         let mut wake = self.rescan.next;
+        if let Some(at) = self.scrub_next {
+            wake = wake.min(at);
+        }
         if self.gate.open {
             let t = &self.opts.timing;
             if let Some(due) = self
@@ -609,6 +643,29 @@ impl Loop {
         })
     }
 
+    /// The scrub, on a blocking thread; `None` (and no more scrubs) without a schedule or store.
+    fn spawn_scrub(&mut self) -> Option<JoinHandle<JobDone>> {
+        let (Some(sched), Some(store)) = (self.opts.scrub.clone(), self.store.clone()) else {
+            self.scrub_next = None;
+            return None;
+        };
+        // Not again until this one is done (`finish` sets the next).
+        self.scrub_next = None;
+        let layout = self.layout.clone();
+        Some(tokio::task::spawn_blocking(move || {
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                crate::scrub::scrub(store.as_ref(), &layout, &sched.trust, sched.sample, true)
+            }));
+            JobDone::Scrub {
+                result: match result {
+                    Ok(Ok(report)) => Ok(report),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(p) => Err(panic_message(p.as_ref())),
+                },
+            }
+        }))
+    }
+
     fn spawn_rescan(&mut self) -> JoinHandle<JobDone> {
         self.metrics.rescan();
         let roots: Vec<PathBuf> = self.slots.iter().map(|s| s.root.clone()).collect();
@@ -643,6 +700,15 @@ impl Loop {
                 if let Some(cycles) = &self.opts.cycles_finished {
                     cycles.send_replace(self.summary.cycles);
                 }
+                if result.is_ok()
+                    && self.scrub_next.is_none()
+                    && !self.scrub_started
+                    && self.opts.scrub.is_some()
+                {
+                    // The first scrub once the store answered; then every interval.
+                    self.scrub_started = true;
+                    self.scrub_next = Some(now);
+                }
                 match *result {
                     Ok(report) => {
                         let published = matches!(report.outcome, PublishOutcome::Published { .. });
@@ -676,6 +742,45 @@ impl Loop {
                             retry_in_s = retry.map(|d| d.as_secs()),
                             "publish cycle failed"
                         );
+                    }
+                }
+            }
+            Ok(JobDone::Scrub { result }) => {
+                if let Some(sched) = &self.opts.scrub {
+                    self.scrub_next = Some(now + sched.interval);
+                }
+                match result {
+                    Ok(r) => {
+                        self.metrics.record_scrub(&r);
+                        let log = |unrepaired: usize| {
+                            if unrepaired > 0 {
+                                tracing::warn!(
+                                    checked = r.checked,
+                                    packs = r.packs,
+                                    missing = r.missing,
+                                    corrupt = r.corrupt,
+                                    repaired = r.repaired,
+                                    unrepaired,
+                                    duration_ms = r.duration_ms,
+                                    "scrub: the store lost packs kept generations need"
+                                )
+                            } else {
+                                tracing::info!(
+                                    checked = r.checked,
+                                    packs = r.packs,
+                                    missing = r.missing,
+                                    corrupt = r.corrupt,
+                                    repaired = r.repaired,
+                                    duration_ms = r.duration_ms,
+                                    "scrub done"
+                                )
+                            }
+                        };
+                        log(r.findings.iter().filter(|f| !f.repaired).count());
+                    }
+                    Err(e) => {
+                        self.metrics.record_scrub_failure();
+                        tracing::warn!(error = %e, "scrub failed");
                     }
                 }
             }

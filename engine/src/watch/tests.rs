@@ -25,6 +25,7 @@ fn options() -> WatchOptions {
         metrics_addr: None,
         notify: true,
         cycles_finished: None,
+        scrub: None,
         publish: PublishOptions {
             pack_size: 1 << 20,
             producer: Producer {

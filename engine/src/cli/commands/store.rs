@@ -344,6 +344,9 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         Session::open_store_read_only(&args.common.store)?
     };
     let store = session.store.as_ref();
+    if let Some(n) = args.sample {
+        return run_scrub(&args, &session, n);
+    }
     if let Some((fast, durable)) = store.tiers() {
         return run_verify_tiers(&args, &session, fast, durable);
     }
@@ -424,6 +427,57 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
         emit_json("verify", &results, code);
     } else if ids.is_empty() {
         say!("no generations to verify");
+    }
+    Ok(code)
+}
+
+/// `verify --sample N`: a scrub (crate::scrub) of N packs.
+fn run_scrub(args: &VerifyArgs, session: &Session, n: usize) -> Result<i32> {
+    let bar = spinner(format!("scrubbing {n} packs"));
+    let report = crate::scrub::scrub(
+        session.store.as_ref(),
+        &session.layout,
+        session.trust.as_ref(),
+        n,
+        args.repair,
+    );
+    bar.finish_and_clear();
+    let report = report.context("scrubbing the store")?;
+    let code = if report.clean() {
+        exit::OK
+    } else {
+        exit::PROBLEM_FOUND
+    };
+    if args.common.json {
+        emit_json("verify", &report, code);
+        return Ok(code);
+    }
+    say!(
+        "scrubbed {} of {} packs ({} generations): {} missing, {} corrupt, {} repaired{}",
+        report.checked,
+        report.packs,
+        report.generations,
+        report.missing,
+        report.corrupt,
+        report.repaired,
+        match report.manifests_unreadable {
+            0 => String::new(),
+            n => format!("; {n} generation(s) with a manifest missing or corrupt (run verify)"),
+        }
+    );
+    for f in &report.findings {
+        let how = match (&f.not_repaired, f.repaired) {
+            (_, true) => "repaired from the durable tier".to_owned(),
+            (Some(why), false) => format!("not repaired: {why}"),
+            (None, false) => "not repaired".to_owned(),
+        };
+        say!(
+            "  pack {} of {}: {} ({}); {how}",
+            f.pack,
+            short(&f.generation),
+            f.problem,
+            f.detail
+        );
     }
     Ok(code)
 }

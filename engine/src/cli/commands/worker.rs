@@ -297,6 +297,12 @@ impl Watcher {
         if let Some(v) = flags.metrics_addr {
             wc.metrics_addr = Some(v);
         }
+        if let Some(v) = flags.scrub_interval {
+            wc.scrub_interval = v;
+        }
+        if let Some(v) = flags.scrub_sample {
+            wc.scrub_sample = v;
+        }
         wc.validate()?;
         let ready_url = wc
             .ready_url
@@ -314,6 +320,11 @@ impl Watcher {
             metrics_addr: wc.metrics_addr,
             notify: true,
             cycles_finished: None,
+            scrub: (!wc.scrub_interval.is_zero()).then(|| watch::ScrubSchedule {
+                interval: wc.scrub_interval,
+                sample: wc.scrub_sample,
+                trust: session.trust.clone(),
+            }),
             publish: session.publish_options(flags.pack_size, flags.pod.as_ref())?,
         };
         let roots: Vec<WatchedRoot> = session
