@@ -245,6 +245,7 @@ mod tests {
             generation: "g".into(),
             installed_at: 1,
             files: files.iter().map(|(p, s)| (p.to_string(), *s)).collect(),
+            whole: false,
         }
     }
 

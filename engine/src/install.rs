@@ -78,6 +78,7 @@ mod diff;
 mod gate;
 mod pick;
 pub mod record;
+pub mod recorded;
 mod report;
 mod stage;
 mod target;
@@ -87,7 +88,8 @@ use commit::commit;
 use diff::diff_with_disk;
 pub use gate::{CLEANUP_GRACE, mark_process_start, process_start};
 use gate::{CommitGate, Cutoff, bounded_cleanup};
-use pick::{Candidates, PickContext, Picked};
+use pick::{Candidates, Choice, PickContext, Picked, Recorded};
+use recorded::{AsRecorded, RecordedChecks};
 pub use report::{
     InstallError, InstallOptions, InstallOutcome, InstallReport, PassReason, PassedOver,
     RefusedHead,
@@ -113,12 +115,7 @@ pub fn install(
     facts: &Facts,
     opts: &InstallOptions,
 ) -> InstallReport {
-    let before = store.tier_stats();
-    let mut report = install_from(store.clone(), layout, policy, root, facts, opts);
-    if let (Some(before), Some(after)) = (before, store.tier_stats()) {
-        report.tiers = Some(after.since(&before));
-    }
-    report
+    install_from(store, layout, policy, root, facts, opts)
 }
 
 fn install_from(
@@ -152,6 +149,9 @@ fn install_from(
     let gate = Arc::new(CommitGate::default());
     let (tx, rx) = mpsc::channel();
     let job = Job {
+        tiers_before: store.tier_stats(),
+        checks: opts.recorded.clone(),
+        recorded: None,
         store: Some(store),
         layout: layout.clone(),
         root: root.to_owned(),
@@ -178,6 +178,7 @@ fn install_from(
         let answer = {
             let mut job = job;
             let result = job.run();
+            job.release_store();
             // Read through the registry's scratch store: what each tier served.
             if let Some((_, through)) = &job.registry_scratch {
                 job.report.tiers = through.tier_stats();
@@ -260,6 +261,12 @@ pub fn wait_for_job<T>(
 struct Job {
     /// `None` once the job has read all it needs from the store (`release_store`).
     store: Option<Arc<dyn Store>>,
+    /// What each tier had served when the job began (a tiered store), for the report's `tiers`.
+    tiers_before: Option<crate::store::TierStats>,
+    /// Where to take the already-current check of the root from (`recorded::check`).
+    checks: RecordedChecks,
+    /// The root as its install record says, if it is (`recorded::check`).
+    recorded: Option<AsRecorded>,
     layout: KeyLayout,
     root: PathBuf,
     materializer: Materializer,
@@ -291,7 +298,11 @@ impl Job {
     /// reference (the CLI hands each cache's install its own and keeps none), the Mooncake
     /// client's teardown starts now, beside the rest of the install, instead of after it.
     fn release_store(&mut self) {
-        self.store = None;
+        if let Some(store) = self.store.take()
+            && let (Some(before), Some(after)) = (&self.tiers_before, store.tier_stats())
+        {
+            self.report.tiers = Some(after.since(before));
+        }
     }
 
     fn run(&mut self) -> Result<(InstallOutcome, String), InstallError> {
@@ -299,6 +310,7 @@ impl Job {
         // The lock (taken once, before the root is opened: a concurrent installer may be renaming
         // a whole tree into place) and where the root lives.
         let mut locked: Option<(File, PathBuf, String)> = None;
+        self.recorded = self.checks.take(&self.root, &self.report.cache_kind);
         loop {
             let t = Instant::now();
             let picked = self.pick(&mut heads)?;
@@ -306,6 +318,11 @@ impl Job {
                 ms = t.elapsed().as_millis() as u64,
                 "manifest fetched and packs checked"
             );
+            let picked = match picked {
+                Some(Choice::Recorded(recorded)) => return Ok(self.as_recorded(recorded)),
+                Some(Choice::Fetched(picked)) => Some(*picked),
+                None => None,
+            };
             let Some(picked) = picked else {
                 if self.repair_from_registry()? {
                     // The store has it now: walk its heads again, from the newest.
@@ -318,15 +335,7 @@ impl Job {
             };
             let id = picked.id;
             let manifest = self.take_picked(picked);
-            self.cutoff.check()?;
-            if locked.is_none() {
-                let t = resolve_root(&self.root)?;
-                let lock = lock_root(&t, &self.cutoff)?;
-                locked = Some((lock, t.parent.path().to_owned(), t.name));
-                self.cutoff.check()?;
-            }
-            let (_, parent_path, name) = locked.as_ref().expect("locked above");
-            let target = resolve_root(&parent_path.join(name))?;
+            let target = self.lock_target(&mut locked)?;
             match self.install_generation(id, &manifest, &target) {
                 // Found in staging, before anything entered the root: an older generation may
                 // not need that pack (a poisoned pack is never overwritten by a later put).
@@ -350,8 +359,42 @@ impl Job {
         }
     }
 
+    /// The root locked (once: `locked` keeps the lock for the rest of the job) and resolved
+    /// again beneath the lock.
+    fn lock_target(
+        &self,
+        locked: &mut Option<(File, PathBuf, String)>,
+    ) -> Result<Target, InstallError> {
+        self.cutoff.check()?;
+        if locked.is_none() {
+            let t = resolve_root(&self.root)?;
+            let lock = lock_root(&t, &self.cutoff)?;
+            *locked = Some((lock, t.parent.path().to_owned(), t.name));
+            self.cutoff.check()?;
+        }
+        let (_, parent_path, name) = locked.as_ref().expect("locked above");
+        resolve_root(&parent_path.join(name))
+    }
+
+    /// The outcome when the pick reached the generation the root holds exactly as its record
+    /// says (`recorded::check`): already current, its manifest never read.
+    fn as_recorded(&mut self, recorded: Recorded) -> (InstallOutcome, String) {
+        let files = self.recorded.map_or(0, |r| r.files);
+        self.release_store();
+        let report = &mut self.report;
+        report.generation = Some(recorded.id);
+        report.taken_seq = Some(recorded.seq);
+        report.signer = Some(recorded.signer);
+        report.newer_incomplete = recorded.newer_incomplete;
+        report.complete = Some(true);
+        report.incomplete = None;
+        report.files_in_generation = files;
+        report.files_already_present = files;
+        self.described(recorded.id, None)
+    }
+
     /// The next generation to try (`pick`).
-    fn pick(&mut self, heads: &mut Candidates) -> Result<Option<Picked>, InstallError> {
+    fn pick(&mut self, heads: &mut Candidates) -> Result<Option<Choice>, InstallError> {
         let store = self.store()?;
         let cx = PickContext {
             store: store.as_ref(),
@@ -361,6 +404,7 @@ impl Job {
             trust: &self.trust,
             fallback_depth: self.fallback_depth,
             cutoff: &self.cutoff,
+            recorded: self.recorded.map(|r| r.generation),
         };
         heads.pick(&cx, &mut self.report)
     }
@@ -414,8 +458,14 @@ impl Job {
             written,
             "install record"
         );
+        Ok(self.described(id, manifest.incomplete.as_deref()))
+    }
+
+    /// The outcome of installing generation `id` (`incomplete`: why its policy said it is not
+    /// whole), with its detail in words.
+    fn described(&self, id: GenerationId, incomplete: Option<&str>) -> (InstallOutcome, String) {
         let (outcome, mut detail) = self.outcome(id);
-        match &manifest.incomplete {
+        match incomplete {
             None if self.report.newer_incomplete.is_empty() => {}
             None => detail.push_str(&format!(
                 " (the newest complete cache; {} newer generation(s) are incomplete)",
@@ -436,7 +486,7 @@ impl Job {
                 self.report.passed_over_in_words()
             ));
         }
-        Ok((outcome, detail))
+        (outcome, detail)
     }
 
     /// What the install achieved: conflicts mean the generation is not fully on disk, whatever
@@ -489,6 +539,7 @@ impl Job {
         for c in &self.report.conflicts {
             record.files.remove(c);
         }
+        record.whole = self.report.conflicts.is_empty() && manifest.incomplete.is_none();
         // After a commit: the files as they are now, looked up a directory at a time as the diff
         // does (one look-up from the root per file doubled the cost of 20,000 files).
         let on_disk = looked_up.unwrap_or_else(|| {

@@ -82,3 +82,62 @@ fn an_already_current_install_writes_the_record_only_when_the_root_changed() {
     assert_eq!(s.install(&root).outcome, InstallOutcome::AlreadyCurrent);
     assert_eq!(record_of(&root), restamped);
 }
+
+/// A restart whose root is as the record stamped it takes the recorded generation without
+/// reading its manifest (a 20,000-file cache's is 5 MB); one whose root changed reads it again.
+/// Shown by damaging the manifest in the store after the install: the restart with the root
+/// untouched is still already-current, and the one after a file was rewritten finds the damage.
+#[test]
+fn a_restart_with_the_root_as_recorded_does_not_read_the_manifest() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    triton_tree(&src, 3, 7);
+    let store = t.path().join("store");
+    let s = Scenario::new(Arc::new(LocalStore::open(&store).unwrap()), "triton");
+    let (id, _) = jitship_tests::harness::published(&s.publish(&src).unwrap());
+    let root = t.path().join("root");
+    assert_eq!(s.install(&root).outcome, InstallOutcome::Installed);
+
+    let manifest = s.layout.generation(&id);
+    let on_disk = store.join(&manifest);
+    assert!(
+        on_disk.is_file(),
+        "{} is not the manifest",
+        on_disk.display()
+    );
+    fs::write(&on_disk, b"not a manifest").unwrap();
+
+    let restart = s.install(&root);
+    assert_eq!(
+        (restart.outcome, restart.generation),
+        (InstallOutcome::AlreadyCurrent, Some(id)),
+        "{}",
+        restart.detail
+    );
+    assert_eq!(restart.files_already_present, 3 * 8, "{restart:?}");
+    assert_eq!(restart.complete, Some(true));
+
+    // One file rewritten in place with the same bytes: its stamp no longer matches, so the
+    // install reads the manifest, which is damaged now.
+    let kernel = fs::read_dir(&root)
+        .unwrap()
+        .flat_map(|d| fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "cubin"))
+        .expect("a kernel in the root");
+    let tmp = kernel.with_extension("tmp");
+    fs::copy(&kernel, &tmp).unwrap();
+    fs::rename(&tmp, &kernel).unwrap();
+    let changed = s.install(&root);
+    assert_ne!(
+        changed.outcome,
+        InstallOutcome::AlreadyCurrent,
+        "{}",
+        changed.detail
+    );
+    assert!(
+        changed.detail.contains("manifest unreadable"),
+        "{}",
+        changed.detail
+    );
+}

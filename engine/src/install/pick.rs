@@ -25,6 +25,9 @@ pub(super) struct PickContext<'a> {
     pub(super) trust: &'a TrustPolicy,
     pub(super) fallback_depth: usize,
     pub(super) cutoff: &'a Cutoff,
+    /// The generation the record beside the root says is whole there (`StoredRecord::whole`):
+    /// reached among the admitted heads, it is picked without reading its manifest.
+    pub(super) recorded: Option<GenerationId>,
 }
 
 /// The generation picked, with what the report says of it.
@@ -32,6 +35,22 @@ pub(super) struct Picked {
     pub(super) seq: u64,
     pub(super) id: GenerationId,
     pub(super) manifest: Manifest,
+    pub(super) signer: Signer,
+    /// Newer generations passed over because their policy recorded them incomplete.
+    pub(super) newer_incomplete: Vec<GenerationId>,
+}
+
+/// What a pick chose: a generation whose manifest it read and checked, or the one the root's
+/// record says is already whole there, whose manifest it did not read.
+pub(super) enum Choice {
+    Fetched(Box<Picked>),
+    Recorded(Recorded),
+}
+
+/// The recorded generation reached among the admitted heads, with what the report says of it.
+pub(super) struct Recorded {
+    pub(super) seq: u64,
+    pub(super) id: GenerationId,
     pub(super) signer: Signer,
     /// Newer generations passed over because their policy recorded them incomplete.
     pub(super) newer_incomplete: Vec<GenerationId>,
@@ -73,10 +92,20 @@ impl Candidates {
         &mut self,
         cx: &PickContext,
         report: &mut InstallReport,
-    ) -> Result<Option<Picked>, InstallError> {
+    ) -> Result<Option<Choice>, InstallError> {
         let mut newest_incomplete: Option<Incomplete> = None;
         let mut passed_incomplete = Vec::new();
         while let Some(head) = self.next_admitted(cx, report)? {
+            // Complete (the record is whole only for a complete generation), so the pick would
+            // take it; whether it is still on disk as recorded is the caller's to check.
+            if cx.recorded == Some(head.record.generation) {
+                return Ok(Some(Choice::Recorded(Recorded {
+                    seq: head.seq,
+                    id: head.record.generation,
+                    signer: head.signer,
+                    newer_incomplete: passed_incomplete,
+                })));
+            }
             let Some(manifest) = usable_manifest(cx, &head, report)? else {
                 continue;
             };
@@ -88,10 +117,10 @@ impl Candidates {
                 newer_incomplete: Vec::new(),
             };
             if picked.manifest.incomplete.is_none() {
-                return Ok(Some(Picked {
+                return Ok(Some(Choice::Fetched(Box::new(Picked {
                     newer_incomplete: passed_incomplete,
                     ..picked
-                }));
+                }))));
             }
             tracing::info!(generation = %picked.id, "generation is an incomplete cache; looking for an older complete one");
             passed_incomplete.push(picked.id);
@@ -107,10 +136,10 @@ impl Candidates {
         };
         passed_incomplete.retain(|g| *g != picked.id);
         self.next = resume_at;
-        Ok(Some(Picked {
+        Ok(Some(Choice::Fetched(Box::new(Picked {
             newer_incomplete: passed_incomplete,
             ..picked
-        }))
+        }))))
     }
 
     /// The next head the trust admits, reading more heads as needed; `None` when there is none

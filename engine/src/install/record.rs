@@ -22,6 +22,9 @@ pub struct InstallRecord {
     /// Every file of the generation the install put or found in place (not the conflicts it left
     /// alone), by path, with its size on disk.
     pub files: BTreeMap<String, u64>,
+    /// The generation is complete and every one of its files is in the root as the manifest has
+    /// it (no conflict left alone): see [`StoredRecord::whole`].
+    pub whole: bool,
 }
 
 impl InstallRecord {
@@ -36,6 +39,7 @@ impl InstallRecord {
                 .iter()
                 .map(|f| (f.path.to_string(), f.size))
                 .collect(),
+            whole: false,
         }
     }
 
@@ -50,7 +54,7 @@ impl InstallRecord {
     /// [`stamped`](Self::stamped) with each file's entry in the root from `on_disk` (an install
     /// that moved nothing in has just looked every file up, under the lock).
     pub fn stamped_by(&self, on_disk: impl Fn(&str) -> Option<Entry>) -> StoredRecord {
-        let files = self
+        let files: BTreeMap<String, Installed> = self
             .files
             .iter()
             .map(|(path, &size)| {
@@ -68,11 +72,14 @@ impl InstallRecord {
                 (path.clone(), installed)
             })
             .collect();
+        // Whole only if every file could be stamped: the next install trusts the stamps alone.
+        let whole = self.whole && files.values().all(|f| matches!(f, Installed::Stamped(_)));
         StoredRecord {
             cache_kind: self.cache_kind.clone(),
             generation: self.generation.clone(),
             installed_at: self.installed_at,
             files,
+            whole,
         }
     }
 }
@@ -95,16 +102,60 @@ pub struct StoredRecord {
     /// already saying all of this leaves it as it is).
     pub installed_at: u64,
     pub files: BTreeMap<String, Installed>,
+    /// The generation is complete, and right after the install every one of its files was in
+    /// the root as the manifest has it, each stamped. The next install of the same generation
+    /// then compares the stamps with the disk instead of fetching and reading the manifest: an
+    /// already-current install (every pod restart) of a 20,000-file cache costs a look-up per
+    /// file, not a 5 MB manifest read and parsed. The record is as trusted as the files beside
+    /// it: whoever can rewrite it can rewrite them (and stamps catch any other change).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole: bool,
+}
+
+impl StoredRecord {
+    /// The record beside `root` if it parses and says its generation was whole.
+    pub fn read_whole(root: &Path) -> Option<StoredRecord> {
+        let bytes = read_record(root).ok()?;
+        serde_json::from_slice::<StoredRecord>(&bytes)
+            .ok()
+            .filter(|r| r.whole)
+    }
 }
 
 /// One installed file in a [`StoredRecord`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Installed {
     /// Its size, inode and mtime right after the install.
     Stamped(Stamp),
     /// Its size only (a record of an older version, or a file that could not be looked at).
     Size(u64),
+}
+
+/// Read by the JSON type it has, a number or a map. Written by hand because serde's derived
+/// untagged enum buffers every value and tries each variant in turn: a 20,000-file record read
+/// at every restart (`StoredRecord::read_whole`) took several times as long that way.
+impl<'de> Deserialize<'de> for Installed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = Installed;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a size, or a stamp {size, ino, mtime_ns}")
+            }
+            fn visit_u64<E: serde::de::Error>(self, size: u64) -> Result<Installed, E> {
+                Ok(Installed::Size(size))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Installed, A::Error> {
+                Stamp::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(Installed::Stamped)
+            }
+        }
+        d.deserialize_any(Either)
+    }
 }
 
 impl Installed {

@@ -39,6 +39,9 @@ pub struct InstallOptions {
     /// waiting for it (deadline, interrupt), so a test waits for an abandoned job instead of
     /// sleeping. `None` otherwise.
     pub job_ended: Option<std::sync::mpsc::Sender<()>>,
+    /// Already-current checks of roots started early (`RecordedChecks::start`); a root with none
+    /// is checked when its install begins.
+    pub recorded: super::RecordedChecks,
 }
 
 impl Default for InstallOptions {
@@ -52,6 +55,7 @@ impl Default for InstallOptions {
             interrupt: Interrupt::default(),
             registry: None,
             job_ended: None,
+            recorded: super::RecordedChecks::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::cli::render::{self, Progress};
 use crate::cli::session::CacheSession;
 use crate::config::{self, Config};
 use crate::facts::{AppliedOverride, FactsConfig, Gathered};
+use crate::install::recorded::RecordedChecks;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::interrupt::Interrupt;
 use crate::policies::PolicySet;
@@ -415,8 +416,17 @@ pub(crate) fn install_caches(args: &InstallArgs, interrupt: &Interrupt) -> Resul
     // The deadline counts from the process's start: opening the session (connecting to the
     // store, gathering facts) spends it too.
     let started = crate::install::process_start();
+    let mut recorded = RecordedChecks::default();
     let opened = args.settings.resolve().and_then(|config| {
         let deadline = args.deadline.unwrap_or(config.install.deadline);
+        // Whether each root is already as its last install left it: looked at on the disk while
+        // the store is being opened and facts gathered (every pod restart's whole cost).
+        recorded = RecordedChecks::start(
+            config
+                .caches
+                .iter()
+                .map(|c| (c.kind.as_str(), c.root.as_path())),
+        );
         open_within(config, started + deadline, deadline, interrupt)
     });
     match opened {
@@ -452,6 +462,7 @@ pub(crate) fn install_caches(args: &InstallArgs, interrupt: &Interrupt) -> Resul
                 trust: session.trust.clone(),
                 registry: session.registry.clone(),
                 interrupt: interrupt.clone(),
+                recorded,
                 ..InstallOptions::default()
             };
             let ready = session.ready_each();
