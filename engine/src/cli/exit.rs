@@ -99,7 +99,8 @@ Exit codes:
   0   every checked generation is intact (and, under trust mode warn or required, trusted)
   1   error (configuration, store unreachable)
   2   usage error
-  3   a problem was found (named on the output): a damaged pack or file, an untrusted head";
+  3   a problem was found (named on the output): a damaged pack or file, an untrusted head, a
+      tier (with --durable-store) that announces a generation it does not hold whole";
 
 pub const AUDIT_HELP: &str = "\
 Exit codes:
