@@ -161,15 +161,32 @@ fn failures(f: &BTreeMap<i32, usize>) -> String {
         .join(", ")
 }
 
-/// The last line a child wrote to `path` (its stderr), for a failure's reason.
-fn last_line(path: &Path) -> String {
+/// A failed child's reason: the first lines of its report (stdout) and the last line jitship
+/// wrote to `path` (its stderr), skipping the Mooncake library's own log lines (`E1206 ...`,
+/// `W1206 ...`, `WARNING: Logging before InitGoogleLogging()`), which said nothing of why.
+fn last_line(stdout: &str, path: &Path) -> String {
+    let glog = |l: &str| {
+        let b = l.as_bytes();
+        l.starts_with("WARNING: Logging before")
+            || (b.len() > 5
+                && matches!(b[0], b'E' | b'W' | b'I' | b'F')
+                && b[1..5].iter().all(u8::is_ascii_digit))
+    };
+    let report: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(2)
+        .collect();
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let line = text
         .lines()
         .rev()
-        .find(|l| !l.trim().is_empty())
+        .find(|l| !l.trim().is_empty() && !glog(l))
         .unwrap_or("");
-    line.chars().take(400).collect()
+    format!("{} | {line}", report.join(" / "))
+        .chars()
+        .take(600)
+        .collect()
 }
 
 fn stderr_to(path: &Path) -> std::fs::File {
@@ -218,7 +235,7 @@ fn install_herd(
             eprintln!(
                 "  install {i} of {n} exited {}: {}",
                 r.code,
-                last_line(&dir.join(format!("install-{n}-{i}.err")))
+                last_line(&r.stdout, &dir.join(format!("install-{n}-{i}.err")))
             );
         }
         let _ = std::fs::remove_dir_all(&roots[i]);
@@ -325,7 +342,7 @@ fn bench_publishers(t: &Target, n: usize, dir: &Path) -> PublishRow {
     let mut reasons = BTreeMap::new();
     for (i, r) in runs.iter().enumerate() {
         if r.code != 0 {
-            let why = last_line(&dir.join(format!("publish-{n}-{i}.err")));
+            let why = last_line(&r.stdout, &dir.join(format!("publish-{n}-{i}.err")));
             // The reason's last clause (after the key it names), so alike failures count together.
             let key = why.rsplit(": ").next().unwrap_or_default().to_owned();
             *reasons.entry(key).or_default() += 1;
