@@ -195,7 +195,12 @@ impl Engine {
     /// loaded, roots resolved) before the facts are known; `crate::engines` keeps those it reads.
     pub fn candidate_kinds(self) -> &'static [&'static str] {
         match self {
-            Engine::Vllm => &["vllm-compile", "inductor", "inductor-pch", "vllm-modelinfos"],
+            Engine::Vllm => &[
+                "vllm-compile",
+                "inductor",
+                "inductor-pch",
+                "vllm-modelinfos",
+            ],
             Engine::Sglang => &[
                 "inductor",
                 "inductor-pch",

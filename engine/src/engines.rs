@@ -8,6 +8,9 @@
 //! | off | CPU | `inductor` (vLLM's CPU backend is plain Inductor), and `inductor-pch` when `TORCHINDUCTOR_CACHE_DIR` moves the Inductor cache away from the header |
 //! | on or off | GPU | `vllm-compile` (everything vLLM compiles lives under its `torch_compile_cache`) |
 //!
+//! and in every mode `vllm-modelinfos`, vLLM's model-inspection cache (`$VLLM_CACHE_ROOT/modelinfos`,
+//! 8-25 s rebuilt on a fresh pod; docs/vllm.md).
+//!
 //! AOT compile is on when `VLLM_USE_AOT_COMPILE` is `1`, off when it is anything else; unset,
 //! vLLM turns it on with torch >= 2.10 unless `VLLM_DISABLE_COMPILE_CACHE` is set to a non-zero
 //! number. The roots themselves resolve from each kind's policy like any `--cache KIND`
@@ -315,12 +318,14 @@ impl CachePolicy for EngineKeyed {
 fn vllm(env: &ProcessEnv, facts: &Facts, pch_inside_inductor: bool) -> EngineCaches {
     let (aot, aot_why) = vllm_aot(env, facts);
     let gpu = has_gpu(facts);
-    let kinds = match (aot, gpu) {
+    let mut kinds = match (aot, gpu) {
         (_, true) => vec!["vllm-compile"],
         (true, false) => vec!["vllm-compile", "inductor-pch"],
         (false, false) if pch_inside_inductor => vec!["inductor"],
         (false, false) => vec!["inductor", "inductor-pch"],
     };
+    // What a warm start reads besides compiled code, in every mode (docs/vllm.md).
+    kinds.push(MODELINFOS);
     let machine = if gpu {
         "a GPU machine"
     } else {
@@ -335,6 +340,9 @@ fn vllm(env: &ProcessEnv, facts: &Facts, pch_inside_inductor: bool) -> EngineCac
         kinds,
     }
 }
+
+/// vLLM's model-inspection cache.
+const MODELINFOS: &str = "vllm-modelinfos";
 
 /// Drops the engine's candidate caches (`Config::engine_candidates`) it does not read, from
 /// `config.caches` and from `origins` (their roots' origins, same order; empty when the roots
@@ -477,8 +485,19 @@ mod tests {
         };
         config.add_engine_candidates();
         let kinds: Vec<&str> = config.caches.iter().map(|c| c.kind.as_str()).collect();
-        assert_eq!(kinds, ["inductor", "vllm-compile", "inductor-pch"]);
-        assert_eq!(config.engine_candidates, ["vllm-compile", "inductor-pch"]);
+        assert_eq!(
+            kinds,
+            [
+                "inductor",
+                "vllm-compile",
+                "inductor-pch",
+                "vllm-modelinfos"
+            ]
+        );
+        assert_eq!(
+            config.engine_candidates,
+            ["vllm-compile", "inductor-pch", "vllm-modelinfos"]
+        );
         assert_eq!(config.caches[0].root, std::path::Path::new("/given"));
     }
 
@@ -501,33 +520,36 @@ mod tests {
     fn vllm_on_a_cpu_machine_follows_its_compile_mode() {
         let cpu = facts(&[("pkg.torch", "2.13.0"), ("gpu.count", "0")]);
         let on = EngineCaches::choose(Engine::Vllm, &env(&[]), &cpu, true);
-        assert_eq!(on.kinds, ["vllm-compile", "inductor-pch"]);
+        assert_eq!(
+            on.kinds,
+            ["vllm-compile", "inductor-pch", "vllm-modelinfos"]
+        );
         assert!(on.why.contains("torch 2.13.0 >= 2.10"), "{}", on.why);
         let off = env(&[("VLLM_USE_AOT_COMPILE", "0")]);
         assert_eq!(
             EngineCaches::choose(Engine::Vllm, &off, &cpu, true).kinds,
-            ["inductor"]
+            ["inductor", "vllm-modelinfos"]
         );
         assert_eq!(
             EngineCaches::choose(Engine::Vllm, &off, &cpu, false).kinds,
-            ["inductor", "inductor-pch"]
+            ["inductor", "inductor-pch", "vllm-modelinfos"]
         );
         // vLLM's default: off before torch 2.10, and whenever the compile cache is disabled.
         let old = facts(&[("pkg.torch", "2.9.1+cpu"), ("gpu.count", "0")]);
         assert_eq!(
             EngineCaches::choose(Engine::Vllm, &env(&[]), &old, true).kinds,
-            ["inductor"]
+            ["inductor", "vllm-modelinfos"]
         );
         let disabled = env(&[("VLLM_DISABLE_COMPILE_CACHE", "1")]);
         assert_eq!(
             EngineCaches::choose(Engine::Vllm, &disabled, &cpu, true).kinds,
-            ["inductor"]
+            ["inductor", "vllm-modelinfos"]
         );
         // Only "1" turns it on, as in vLLM.
         let yes = env(&[("VLLM_USE_AOT_COMPILE", "true")]);
         assert_eq!(
             EngineCaches::choose(Engine::Vllm, &yes, &cpu, true).kinds,
-            ["inductor"]
+            ["inductor", "vllm-modelinfos"]
         );
     }
 
@@ -746,7 +768,7 @@ mod tests {
         let gpu = facts(&[("pkg.torch", "2.13.0"), ("gpu.name", "NVIDIA H200")]);
         for e in [env(&[]), env(&[("VLLM_USE_AOT_COMPILE", "0")])] {
             let c = EngineCaches::choose(Engine::Vllm, &e, &gpu, true);
-            assert_eq!(c.kinds, ["vllm-compile"]);
+            assert_eq!(c.kinds, ["vllm-compile", "vllm-modelinfos"]);
             assert!(c.why.contains("GPU"), "{}", c.why);
         }
     }

@@ -411,6 +411,15 @@ pub fn build(kind: &str, root: &Path) {
             file(root, "cccc2222/kernel_lib.so", &elf(64)[..40]);
             file(root, ".tmp_5f1c2d3e/kernel_lib.so", elf(64));
         }
+        "vllm-modelinfos" => {
+            file(
+                root,
+                "vllm-model_executor-models-llama-LlamaForCausalLM.json",
+                b"{\"hash\": \"d032877f\", \"modelinfo\": {\"architecture\": \"LlamaForCausalLM\"}}",
+            );
+            file(root, "tmpk2j4x9ab", b"{\"hash\"");
+            file(root, "nested/x.json", b"{}");
+        }
         "cute-dsl" => {
             file(root, "0a1b2c3d/kernel.o", b"obj");
             file(root, "0a1b2c3d/kernel.o.tmp", b"partial");

@@ -41,6 +41,8 @@ pub const BUILTINS: &[Builtin] = &[
     builtin!("inductor-pch"),
     // vLLM torch.compile cache (AOT and per-graph)
     builtin!("vllm-compile"),
+    // vLLM model-inspection cache ($VLLM_CACHE_ROOT/modelinfos)
+    builtin!("vllm-modelinfos"),
     // FlashInfer JIT modules
     builtin!("flashinfer-jit"),
     // FlashInfer autotune tables (vLLM)
