@@ -569,5 +569,8 @@ pub mod testing {
         fn tier_stats(&self) -> Option<super::TierStats> {
             (**self).tier_stats()
         }
+        fn tiers(&self) -> Option<(&dyn Store, &dyn Store)> {
+            (**self).tiers()
+        }
     }
 }
