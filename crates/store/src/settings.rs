@@ -102,6 +102,12 @@ pub struct MooncakeConfig {
     pub soft_pin_catalog: bool,
     /// Hard-pinned objects are never evicted; puts then fail with "store is full".
     pub hard_pin: bool,
+    /// Hard-pin the catalog records (as `soft_pin_catalog` names them): never evicted, removed
+    /// only by gc, so a generation whose packs were evicted is still known and its packs come
+    /// back from the durable tier (read-repair, scrub). A soft pin lasts a fixed time from the
+    /// write (Mooncake #2909), so without this an old catalog is evicted with its packs. The
+    /// records are small beside packs (most are kilobytes; a manifest is capped at 256 MiB).
+    pub hard_pin_catalog: bool,
     /// Largest registered staging buffer (buffers are made as calls need them, sized to the
     /// values moved: a power of two from 8 MiB up to this); also the largest value jitship can
     /// put or get, so `publish.pack_size` must not exceed it.
@@ -137,6 +143,7 @@ impl Default for MooncakeConfig {
             soft_pin: false,
             soft_pin_catalog: true,
             hard_pin: false,
+            hard_pin_catalog: true,
             staging_buffer_size: ByteSize::mib(64),
             staging_buffers: 4,
             local_buffer_size: ByteSize::mib(16),

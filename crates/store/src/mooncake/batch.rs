@@ -100,7 +100,6 @@ impl MooncakeStore {
             self.check_size(value.len())?;
             Ok(Some((k, *value)))
         }));
-        let soft_pin = self.inner.soft_pinned(class);
         let mut rest = &valid[..];
         while !rest.is_empty() {
             let sizes = rest.iter().map(|(_, (_, v))| v.len());
@@ -108,7 +107,7 @@ impl MooncakeStore {
             let (group, next) = rest.split_at(offsets.len());
             match self.lease(Need::AtLeast(used)) {
                 Ok(lease) => {
-                    let outcome = self.put_group(lease, group, &offsets, soft_pin);
+                    let outcome = self.put_group(lease, group, &offsets, class);
                     results.scatter(group.iter().map(|(i, _)| *i), outcome);
                 }
                 Err(e) => {
@@ -128,7 +127,7 @@ impl MooncakeStore {
         mut lease: Lease,
         group: &[(usize, (CString, &[u8]))],
         offsets: &[usize],
-        soft_pin: bool,
+        class: ValueClass,
     ) -> Answers<()> {
         let buf = lease.buf_mut().bytes_mut();
         for (&at, (_, (_, v))) in offsets.iter().zip(group) {
@@ -138,7 +137,7 @@ impl MooncakeStore {
         let sizes: Vec<usize> = group.iter().map(|(_, (_, v))| v.len()).collect();
         let offsets = offsets.to_vec();
         self.call(move |inner| {
-            let (rc, out) = batch_put_from(inner, &mut lease, &keys, &offsets, &sizes, soft_pin);
+            let (rc, out) = batch_put_from(inner, &mut lease, &keys, &offsets, &sizes, class);
             drop(lease);
             keys.iter()
                 .enumerate()
@@ -347,13 +346,13 @@ fn batch_put_from(
     keys: &[CString],
     offsets: &[usize],
     sizes: &[usize],
-    soft_pin: bool,
+    class: ValueClass,
 ) -> (c_int, Vec<c_int>) {
     assert!(keys.len() == offsets.len());
     let mut bufs = slots(lease.buf_mut(), offsets, sizes);
     let key_ptrs = key_ptrs(keys);
     let mut out: Vec<c_int> = vec![0; keys.len()];
-    let cfg = inner.replicate_config(soft_pin);
+    let cfg = inner.replicate_config(class);
     // SAFETY: all arrays have `keys.len()` entries; the registered buffer is held by the lease
     // for the call and every slot fits in it; keys are NUL-terminated.
     let rc = unsafe {

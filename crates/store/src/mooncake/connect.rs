@@ -37,6 +37,7 @@ impl MooncakeStore {
             soft_pin: config.soft_pin,
             soft_pin_catalog: config.soft_pin_catalog,
             hard_pin: config.hard_pin,
+            hard_pin_catalog: config.hard_pin_catalog,
             master: config.master.clone(),
             segments_url: config.segments_url.clone(),
             probe_timeout: config.probe_timeout,

@@ -80,6 +80,7 @@ struct Inner {
     soft_pin: bool,
     soft_pin_catalog: bool,
     hard_pin: bool,
+    hard_pin_catalog: bool,
     master: String,
     /// `segments_url`, read on the first `put_copy`.
     segments_url: Option<String>,
@@ -99,11 +100,17 @@ impl Inner {
         self.soft_pin || (self.soft_pin_catalog && class == ValueClass::Record)
     }
 
-    fn replicate_config(&self, soft_pin: bool) -> sys::mooncake_replicate_config {
+    /// Whether a value of `class` is hard-pinned: everything with `hard_pin`, records with
+    /// `hard_pin_catalog` (the catalog then outlives eviction; only gc removes it).
+    fn hard_pinned(&self, class: ValueClass) -> bool {
+        self.hard_pin || (self.hard_pin_catalog && class == ValueClass::Record)
+    }
+
+    fn replicate_config(&self, class: ValueClass) -> sys::mooncake_replicate_config {
         sys::mooncake_replicate_config {
             replica_num: self.replica_num,
-            with_soft_pin: c_int::from(soft_pin),
-            with_hard_pin: c_int::from(self.hard_pin),
+            with_soft_pin: c_int::from(self.soft_pinned(class)),
+            with_hard_pin: c_int::from(self.hard_pinned(class)),
             preferred_segments: std::ptr::null(),
             preferred_segments_count: 0,
         }
@@ -140,7 +147,7 @@ impl MooncakeStore {
             return Ok(false);
         }
         self.call(move |inner| {
-            let mut cfg = inner.replicate_config(inner.soft_pinned(class));
+            let mut cfg = inner.replicate_config(class);
             let preferred = copy
                 .and_then(|c| inner.segment_for(c))
                 .map(|s| [s.as_ptr()]);
