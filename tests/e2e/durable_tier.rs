@@ -123,7 +123,11 @@ fn verify_names_the_tier_that_lacks_a_pack_and_repair_and_publish_fill_it() {
     assert_eq!(code(&out), 0, "{}", show(&out));
     let out = env.run("verify", true, None, &[]);
     assert_eq!(code(&out), 0, "{}", show(&out));
-    assert!(text(&out.stdout).contains("ok in both tiers"), "{}", show(&out));
+    assert!(
+        text(&out.stdout).contains("ok in both tiers"),
+        "{}",
+        show(&out)
+    );
 
     // The durable tier loses a pack.
     let lost = env.packs("durable").remove(0);
@@ -135,7 +139,10 @@ fn verify_names_the_tier_that_lacks_a_pack_and_repair_and_publish_fill_it() {
     assert_eq!(doc["exit_code"], 3);
     let durable = tier_checks(&doc, "durable");
     assert_eq!(durable[0]["ok"], false, "{doc}");
-    assert_eq!(durable[0]["problems"][0]["problem"], "pack-missing", "{doc}");
+    assert_eq!(
+        durable[0]["problems"][0]["problem"], "pack-missing",
+        "{doc}"
+    );
     assert!(
         durable[0]["problems"][0]["pack"]
             .as_str()
@@ -173,11 +180,66 @@ fn verify_names_the_tier_that_lacks_a_pack_and_repair_and_publish_fill_it() {
     let out = env.run("publish", true, Some("src"), &["--json"]);
     assert_eq!(code(&out), 0, "{}", show(&out));
     assert_eq!(json(&out)["results"][0]["outcome"], "published");
-    assert!(lost.exists(), "the parent's pack is back in the durable tier");
+    assert!(
+        lost.exists(),
+        "the parent's pack is back in the durable tier"
+    );
     let out = env.run("verify", true, None, &[]);
     assert_eq!(code(&out), 0, "{}", show(&out));
 
     // And the fast tier gone: the newest generation installs from the durable tier alone.
+    std::fs::remove_dir_all(env.path("fast")).unwrap();
+    let out = env.run("install", true, Some("dst"), &[]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert_eq!(digest(&env.path("dst")), digest(&env.path("src")));
+}
+
+/// A durable tier added to a store that already holds a generation, filled by `verify --repair`
+/// alone (no publish): packs, manifest, then the head, so an install finds it there once the fast
+/// tier is gone.
+#[test]
+fn verify_repair_fills_a_durable_tier_added_later_with_the_whole_generation() {
+    let env = Env::new();
+    triton_tree(&env.path("src"), 2, 7);
+    let out = env.run("publish", false, Some("src"), &[]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+
+    // An empty directory mounted as the durable tier (a command that only reads never creates
+    // one). Announced by the fast tier alone: listed as what the durable tier lacks, not a failure.
+    std::fs::create_dir(env.path("durable")).unwrap();
+    let out = env.run("verify", true, None, &["--json"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let doc = json(&out);
+    let durable = tier_checks(&doc, "durable");
+    assert_eq!(durable.len(), 1, "{doc}");
+    assert_eq!(durable[0]["heads"], serde_json::json!([]), "{doc}");
+    assert_eq!(durable[0]["ok"], false, "{doc}");
+    let said = text(&env.run("verify", true, None, &[]).stdout);
+    assert!(said.contains("no head here names it"), "{said}");
+
+    let out = env.run("verify", true, None, &["--repair", "--json"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let doc = json(&out);
+    let filled: Vec<&str> = tier_checks(&doc, "durable")[0]["filled"]
+        .as_array()
+        .unwrap_or_else(|| panic!("nothing filled: {doc}"))
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    let at = |part: &str| filled.iter().position(|k| k.contains(part));
+    let (pack, head) = (at("/pack/"), at("/head/"));
+    assert!(
+        pack.is_some() && head.is_some() && pack < head,
+        "packs before the head: {filled:?}"
+    );
+    let out = env.run("verify", true, None, &["--json"]);
+    let doc = json(&out);
+    assert_eq!(tier_checks(&doc, "durable")[0]["ok"], true, "{doc}");
+    assert_eq!(
+        tier_checks(&doc, "durable")[0]["heads"],
+        serde_json::json!([1])
+    );
+
     std::fs::remove_dir_all(env.path("fast")).unwrap();
     let out = env.run("install", true, Some("dst"), &[]);
     assert_eq!(code(&out), 0, "{}", show(&out));
