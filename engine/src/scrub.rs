@@ -275,8 +275,19 @@ fn put_back(
         )));
     }
     if problem != "missing" {
-        // Mooncake keeps an existing value on put: the damaged one goes first.
-        fast.remove(&key)?;
+        // Mooncake keeps an existing value on put: the damaged one goes first. Reading it just
+        // now leased it (10 s by default), so on Mooncake this usually waits for the next scrub.
+        match fast.remove(&key) {
+            Ok(_) => {}
+            Err(StoreError::Leased(_)) => {
+                return Ok(Err(
+                    "the damaged copy is leased by a read (this scrub's own, for the master's \
+                     lease TTL); the next scrub replaces it"
+                        .into(),
+                ));
+            }
+            Err(e) => return Err(e),
+        }
     }
     if let Err(e) = fast.put(&key, &bytes, ValueClass::Bulk) {
         return Ok(Err(format!("the fast tier refused the copy: {e}")));
