@@ -700,12 +700,13 @@ impl Loop {
                 if let Some(cycles) = &self.opts.cycles_finished {
                     cycles.send_replace(self.summary.cycles);
                 }
-                if result.is_ok()
-                    && self.scrub_next.is_none()
+                if self.store.is_some()
                     && !self.scrub_started
                     && self.opts.scrub.is_some()
+                    && !matches!(&*result, Err(e) if e.unreachable)
                 {
-                    // The first scrub once the store answered; then every interval.
+                    // The first scrub after the first cycle that reached the store (whatever its
+                    // root's fate); then every interval.
                     self.scrub_started = true;
                     self.scrub_next = Some(now);
                 }
