@@ -318,6 +318,3 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
-
-#[cfg(test)]
-mod tests;

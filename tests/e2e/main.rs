@@ -42,6 +42,7 @@ mod policy_test_cli;
 mod relocation;
 mod relocation_pipeline;
 mod run_server;
+mod scrub;
 mod sglang_engine;
 mod signing;
 mod watch;

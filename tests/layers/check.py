@@ -40,7 +40,7 @@ LAYERS = [
     {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready", "owner", "server"},
     {"policy", "trust"},
     {"config", "inspect"},
-    {"scan", "policies", "oci"},
+    {"scan", "policies", "oci", "scrub"},
     {"publish", "install", "author", "roots"},
     {"gc", "audit", "watch", "engines"},
     {"cli"},

@@ -1,11 +1,19 @@
+//! The scrub (`jitship::scrub`) on local tiers: a pack removed or damaged in the fast tier is
+//! found and put back from the durable tier; without one it is reported, and a sample is bounded.
+//! (An integration test: building a generation needs `publish`, a layer above `scrub`.)
+
 use std::sync::Arc;
 
-use super::*;
-use crate::facts::Facts;
-use crate::generation::Producer;
-use crate::policy::native::NativeRules;
-use crate::publish::PublishOptions;
-use crate::store::{LocalStore, TieredStore};
+use jitship::catalog::KeyLayout;
+use jitship::facts::Facts;
+use jitship::generation::Manifest;
+use jitship::generation::Producer;
+use jitship::policy::native::NativeRules;
+use jitship::publish::PublishOptions;
+use jitship::scrub::scrub;
+use jitship::store::{LocalStore, TieredStore};
+use jitship::store::{Store, ValueClass};
+use jitship::trust::TrustPolicy;
 
 fn options() -> PublishOptions {
     PublishOptions {
@@ -50,7 +58,7 @@ fn published(dir: &std::path::Path) -> Published {
     let durable: Arc<dyn Store> = Arc::new(LocalStore::open(dir.join("durable")).unwrap());
     let tiered: Arc<dyn Store> = Arc::new(TieredStore::new(fast.clone(), durable.clone()));
     let layout = KeyLayout::new("t").unwrap();
-    let report = crate::publish::publish(
+    let report = jitship::publish::publish(
         tiered.as_ref(),
         &layout,
         &NativeRules::new("k"),
@@ -59,12 +67,15 @@ fn published(dir: &std::path::Path) -> Published {
         None,
     )
     .unwrap();
-    let crate::publish::PublishOutcome::Published { generation, .. } = report.outcome else {
+    let jitship::publish::PublishOutcome::Published { generation, .. } = report.outcome else {
         panic!("not published: {:?}", report.outcome);
     };
-    let m = manifest(tiered.as_ref(), &layout, &generation)
-        .unwrap()
-        .unwrap();
+    let jitship::catalog::ManifestRead::Present(m) =
+        jitship::catalog::read_manifest(tiered.as_ref(), &layout, &generation).unwrap()
+    else {
+        panic!("the manifest of {generation} is not readable");
+    };
+    let m = *m;
     assert!(m.packs.len() >= 6, "{} packs", m.packs.len());
     (fast, durable, tiered, layout, m)
 }
