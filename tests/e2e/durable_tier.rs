@@ -92,12 +92,17 @@ fn a_durable_tier_added_to_a_store_that_holds_the_generation_serves_it_once_the_
     );
 
     // Each tier on its own: the generation the durable tier announces is whole there; the first
-    // one, announced by the fast tier alone, is whole in the durable tier too (same packs).
+    // one, announced by the fast tier alone, is whole in the durable tier too (same packs). Both
+    // publishes may be one generation (manifests of the same tree written within the same second
+    // are identical): one or two generations, each whole in the durable tier.
     let out = env.run("verify", true, None, &["--json"]);
     assert_eq!(code(&out), 0, "{}", show(&out));
     let doc = json(&out);
     let durable = tier_checks(&doc, "durable");
-    assert_eq!(durable.len(), 2, "{doc}");
+    assert!(
+        !durable.is_empty() && durable.iter().all(|t| t["ok"] == true),
+        "{doc}"
+    );
     assert!(
         durable
             .iter()

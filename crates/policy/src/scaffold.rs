@@ -124,6 +124,10 @@ pub const BUILTIN_SOURCES: &[(&str, &str)] = &[
         "vllm-compile",
         include_str!("../../../policies/vllm-compile/src/lib.rs"),
     ),
+    (
+        "vllm-modelinfos",
+        include_str!("../../../policies/vllm-modelinfos/src/lib.rs"),
+    ),
 ];
 
 /// `jitship-policy-common` (`policies/common/`), the layout rules the built-ins share, written
