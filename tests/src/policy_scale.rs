@@ -188,6 +188,8 @@ pub fn tree(kind: &str, root: &Path, min_entries: usize) -> Vec<FileEntry> {
                 b.file(format!("{d}/kernel_lib.so"), elf(64));
             }
             "cute-dsl" => b.entry(format!("{}/kernel.o", &hash(i)[..16]), 30_000),
+            // vLLM's model-inspection cache: one JSON per model class and source hash, flat.
+            "vllm-modelinfos" => b.entry(format!("Model{i}-{}.json", &hash(i)[..32]), 1_500),
             "tvm-ffi" => {
                 let d = format!("ext_{i}");
                 b.entry(format!("{d}/build.ninja"), 2_000);
