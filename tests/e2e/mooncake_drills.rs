@@ -730,22 +730,27 @@ fn mooncake_watch_started_before_the_master_publishes_once_it_is_up() {
         .spawn()
         .unwrap();
     let pid = child.id() as i32;
+    let dir = log
+        .parent()
+        .expect("the log is in the test's directory")
+        .to_owned();
     let mut wait_log = |needle: &str, within: Duration| -> Duration {
         let t = Instant::now();
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.contains(needle) {
-                return t.elapsed();
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("watch exited ({status}) before {needle:?}:\n{text}");
-            }
-            assert!(
-                t.elapsed() < within,
-                "{needle:?} not logged within {within:?}:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+        let mut exited = None;
+        let seen = jitship_tests::child::wait_for_change(&dir, within, || {
+            exited = child.try_wait().unwrap();
+            logged().contains(needle) || exited.is_some()
+        });
+        if let Some(status) = exited.filter(|_| !logged().contains(needle)) {
+            panic!("watch exited ({status}) before {needle:?}:\n{}", logged());
         }
+        assert!(
+            seen,
+            "{needle:?} not logged within {within:?}:\n{}",
+            logged()
+        );
+        t.elapsed()
     };
     wait_log("the store does not answer: watching the caches", FAIL_FAST);
     wait_log("store_unreachable=true", FAIL_FAST);

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jitship::catalog::{self, KeyLayout};
 use jitship::generation::{HeadRecord, Manifest};
@@ -103,29 +103,15 @@ impl Running {
     /// Waits until `done()` holds, at most `WAIT`: checked again at each change under the test's
     /// directory (the log, the store, the files the server writes), as inotify reports it.
     fn wait_until(&self, what: &str, done: impl Fn() -> bool) {
-        use notify::Watcher;
-        let (tx, changes) = std::sync::mpsc::channel();
-        let mut watcher = notify::recommended_watcher(move |_| {
-            let _ = tx.send(());
-        })
-        .expect("an inotify watcher");
         let dir = self
             .log
             .parent()
             .expect("the log is in the test's directory");
-        watcher
-            .watch(dir, notify::RecursiveMode::Recursive)
-            .expect("watching the test's directory");
-        let deadline = Instant::now() + WAIT;
-        // Checked after the watch starts, so no change between the check and the wait is missed.
-        while !done() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(
-                changes.recv_timeout(left).is_ok(),
-                "{what}: not after {WAIT:?}; log:\n{}",
-                self.log()
-            );
-        }
+        assert!(
+            jitship_tests::child::wait_for_change(dir, WAIT, done),
+            "{what}: not after {WAIT:?}; log:\n{}",
+            self.log()
+        );
     }
 
     fn signal(&self, sig: i32) {

@@ -87,3 +87,27 @@ pub fn settle() {
     let status = Command::new("sync").status().expect("run sync");
     assert!(status.success(), "sync failed: {status}");
 }
+
+/// Waits until `done()` holds, checking it again at each change under `dir` (inotify: a write,
+/// a close, a rename), for at most `within`; whether it held. A child's log under `dir` changes
+/// as it writes and when it exits, so this waits on the child, never on a timer.
+pub fn wait_for_change(dir: &Path, within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    use notify::Watcher;
+    let (tx, changes) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |_| {
+        let _ = tx.send(());
+    })
+    .expect("an inotify watcher");
+    watcher
+        .watch(dir, notify::RecursiveMode::Recursive)
+        .expect("watching the test's directory");
+    let deadline = Instant::now() + within;
+    // Checked after the watch starts, so no change between the check and the wait is missed.
+    while !done() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if changes.recv_timeout(left).is_err() {
+            return done();
+        }
+    }
+    true
+}
