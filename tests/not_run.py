@@ -5,8 +5,9 @@ Reads the step logs run-all.sh keeps (one per test step) and lists:
 - every test the fast loop ignored (`test NAME ... ignored, REASON`) that no later step ran,
   with its reason;
 - every check an engine script reported as `SKIPPED ...` (a machine that cannot show it).
-A test ignored because it `needs` a tool must be run by the step that installs the tool: one that
-was not, although the suite reached its last step, makes this exit 1.
+A test ignored because it `needs` a tool must be run by the step that installs the tool, and one
+ignored as `slow` by the slow step: one that was not, although the suite reached its last step,
+makes this exit 1.
 
     python3 tests/not_run.py target/run-all
 """
@@ -41,10 +42,10 @@ def main(logs):
     for step, what in skipped:
         print(f"  [{step}] {what}")
     finished = (logs / f"{LAST_STEP}.log").exists()
-    missed = [n for n, (_, reason) in not_run.items() if reason.startswith("needs")]
+    missed = [n for n, (_, reason) in not_run.items() if reason.startswith(("needs", "slow"))]
     if finished and missed:
-        print(f"error: {len(missed)} tests that need a tool the suite installs were never run: "
-              "the step that has the tool must run them (-- --ignored <filter>)", file=sys.stderr)
+        print(f"error: {len(missed)} tests that need a tool the suite installs, or are slow, were "
+              "never run: the step that has the tool (or the slow step) must run them (-- --ignored <filter>)", file=sys.stderr)
         return 1
     if not finished:
         print("  (the suite stopped before its last step: later steps did not run)")
