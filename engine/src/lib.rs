@@ -20,7 +20,6 @@ pub mod roots;
 pub mod scan;
 pub mod scrub;
 pub mod server;
-pub mod trust;
 pub mod watch;
 
 pub use jitship_catalog as catalog;
@@ -29,3 +28,4 @@ pub use jitship_facts as facts;
 pub use jitship_generation as generation;
 pub use jitship_policy as policy;
 pub use jitship_store as store;
+pub use jitship_trust as trust;

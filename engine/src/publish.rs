@@ -111,7 +111,7 @@ pub fn publish(
         let pushed = registry.push_newest(
             store,
             layout,
-            &opts.trust.policy,
+            opts.trust.policy(),
             &report.compat_id,
             deadline,
             &tee.pushed(),
@@ -233,8 +233,7 @@ fn publish_to_store(
     report.outcome = PublishOutcome::Published { generation, seq };
     report.signed_by = opts
         .trust
-        .signing_key
-        .as_ref()
+        .signing_key()
         .map(|k| k.key_id().to_owned());
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
@@ -253,8 +252,8 @@ fn check_can_start(opts: &PublishOptions) -> Result<(), PublishError> {
     if let Some(signal) = opts.interrupt.signal_name() {
         return Err(PublishError::Interrupted(signal));
     }
-    if opts.trust.policy.mode() == crate::config::TrustMode::Required
-        && opts.trust.signing_key.is_none()
+    if opts.trust.policy().mode() == crate::config::TrustMode::Required
+        && opts.trust.signing_key().is_none()
     {
         return Err(PublishError::NoSigningKey);
     }
@@ -437,7 +436,7 @@ fn find_base(
     // Seqs pushed towards the ceiling: under `required` a signing publisher clears what it
     // refuses above its base and writes just above the base (`reach`), walking as far as it
     // removes.
-    let clears = trust.removes_untrusted && occupied.is_some_and(reach::is_high);
+    let clears = trust.removes_untrusted() && occupied.is_some_and(reach::is_high);
     let limit = if clears {
         reach::MAX_REMOVED_PER_PUBLISH
     } else {
@@ -478,7 +477,7 @@ fn find_base(
         unannounced_in_durable,
         signer: head
             .as_ref()
-            .map(|h| trust.policy.judge(layout.namespace(), h)),
+            .map(|h| trust.policy().judge(layout.namespace(), h)),
         covers_refused_head,
         first_seq,
         head,

@@ -32,11 +32,7 @@ fn publish_signed(
 ) -> Result<PublishReport, PublishError> {
     s.publish_trusting(
         root,
-        PublishTrust {
-            signing_key: Some(Arc::new(key.clone())),
-            policy: Arc::new(required(key)),
-            removes_untrusted: false,
-        },
+        PublishTrust::new(Some(Arc::new(key.clone())), Arc::new(required(key))),
     )
 }
 

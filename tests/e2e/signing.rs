@@ -42,11 +42,7 @@ fn publish(
 ) -> Result<PublishReport, PublishError> {
     s.publish_trusting(
         root,
-        PublishTrust {
-            signing_key: key.map(|k| Arc::new(k.clone())),
-            policy: Arc::new(trust),
-            removes_untrusted: false,
-        },
+        PublishTrust::new(key.map(|k| Arc::new(k.clone())), Arc::new(trust)),
     )
 }
 

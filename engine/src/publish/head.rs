@@ -190,7 +190,7 @@ impl HeadCommit<'_> {
             writer: self.writer.clone(),
             signature: None,
         };
-        if let Some(key) = &self.trust.signing_key {
+        if let Some(key) = self.trust.signing_key() {
             key.sign(domain, &mut record);
         }
         record

@@ -107,7 +107,7 @@ pub(super) fn check_reachable(
                 Some(_) | None => break,
             }
         }
-        if !cleared && trust.removes_untrusted && !passed.is_empty() {
+        if !cleared && trust.removes_untrusted() && !passed.is_empty() {
             remove_heads(store, layout, compat, &passed);
             cleared = true;
             continue;

@@ -336,11 +336,7 @@ fn under_required_a_lost_race_merges_only_a_trusted_winner_and_signs_the_merged_
     let key = PublisherKey::generate().unwrap();
     let policy = TrustPolicy::new(crate::config::TrustMode::Required, &[key.public_key()]);
     let mut o = opts();
-    o.trust = PublishTrust {
-        signing_key: Some(Arc::new(key.clone())),
-        policy: Arc::new(policy.clone()),
-        removes_untrusted: false,
-    };
+    o.trust = PublishTrust::new(Some(Arc::new(key.clone())), Arc::new(policy.clone()));
     for trusted_winner in [true, false] {
         let (dir, store, layout) = setup();
         let winner = other_publisher(&store, &layout, dir.path(), &[("w.bin", b"winner's")], true);

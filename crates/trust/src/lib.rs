@@ -29,7 +29,7 @@ use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
-use crate::generation::{HeadRecord, HeadSignature};
+use jitship_generation::{HeadRecord, HeadSignature};
 
 /// `[trust]`: which publishers' generations are installed and built on, and this publisher's key
 /// (see the module docs, docs/guide/security.md and docs/threat-model.md).
@@ -51,7 +51,8 @@ pub struct TrustConfig {
     pub signing_key_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum TrustMode {
     /// Signatures are shown but not checked before use.
@@ -170,7 +171,7 @@ impl fmt::Display for Signer {
 
 /// A key id: the first 16 hex digits of the blake3 of the 32-byte public key.
 pub fn key_id(key: &VerifyingKey) -> String {
-    crate::generation::ContentHash::of(key.as_bytes()).short_hex(16)
+    jitship_generation::ContentHash::of(key.as_bytes()).short_hex(16)
 }
 
 /// `ed25519:<64 hex digits>`.
@@ -326,13 +327,17 @@ pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TrustError>
 /// What a publisher needs: its key (to sign the heads it writes) and its trust (to choose the
 /// parent it builds on and the heads it merges: a publisher never folds files of a head its trust
 /// does not admit into a generation it signs).
+///
+/// The fields are private so the signing-publisher rule holds for every value: built only by
+/// `new` (or `Default`: no key, mode `off`), a publisher with a key always builds with the
+/// tightened policy (`TrustPolicy::for_signing_publisher`).
 #[derive(Debug, Clone, Default)]
 pub struct PublishTrust {
-    pub signing_key: Option<std::sync::Arc<PublisherKey>>,
-    pub policy: std::sync::Arc<TrustPolicy>,
+    signing_key: Option<std::sync::Arc<PublisherKey>>,
+    policy: std::sync::Arc<TrustPolicy>,
     /// A signing publisher whose configured mode is `required`: no install may use a head this
     /// trust refuses, so the publisher removes those above its base (`publish::reach`).
-    pub removes_untrusted: bool,
+    removes_untrusted: bool,
 }
 
 impl PublishTrust {
@@ -352,6 +357,22 @@ impl PublishTrust {
             policy,
             removes_untrusted,
         }
+    }
+
+    /// The key that signs the heads this publisher writes, if any.
+    pub fn signing_key(&self) -> Option<&PublisherKey> {
+        self.signing_key.as_deref()
+    }
+
+    /// The policy this publisher builds and merges with (tightened when it signs).
+    pub fn policy(&self) -> &TrustPolicy {
+        &self.policy
+    }
+
+    /// A signing publisher whose configured mode is `required`: no install may use a head this
+    /// trust refuses, so the publisher removes those above its base (`publish::reach`).
+    pub fn removes_untrusted(&self) -> bool {
+        self.removes_untrusted
     }
 
     /// Judges `head` and applies the mode (see `TrustPolicy::admits`).
@@ -478,7 +499,7 @@ fn decode_signature(hex: &str) -> Option<Signature> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generation::{CompatId, ContentHash, GenerationId};
+    use jitship_generation::{CompatId, ContentHash, GenerationId};
 
     fn head(kind: &str, seq: u64) -> HeadRecord {
         HeadRecord {
