@@ -324,14 +324,9 @@ fn golden_round_trip_on_a_real_component() {
 fn infinite_loop_runs_out_of_fuel() {
     let engine = engine_with(limits());
     let hostile = load(&engine, "hostile");
-    let started = Instant::now();
+    // Fuel is the bound (a count, not a time): the loop stops after exactly the budget.
     let err = hostile.compat_key(&facts(&[("evil", "loop")])).unwrap_err();
     assert_eq!(err, PolicyError::OutOfFuel { fuel: 200_000_000 });
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
     // The same policy still answers on a fresh instance: nothing of the trapped one survives.
     assert_eq!(hostile.compat_key(&Facts::new()).unwrap(), "hostile-key");
     host_still_works(&engine);
@@ -362,14 +357,21 @@ fn infinite_loop_hits_the_wall_clock_deadline_when_fuel_is_plentiful() {
         ..limits()
     });
     let hostile = load(&engine, "hostile");
+    // The deadline's own error is the signal that it fired; it cannot fire early (a lower bound a
+    // loaded machine cannot break). No upper bound: a deadline that never fires is caught as a
+    // hang (60 s, far past anything a loaded machine adds), not timed.
+    let (tx, rx) = std::sync::mpsc::channel();
     let started = Instant::now();
-    let err = hostile.compat_key(&facts(&[("evil", "loop")])).unwrap_err();
+    std::thread::spawn(move || {
+        let _ = tx.send(hostile.compat_key(&facts(&[("evil", "loop")])));
+    });
+    let err = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the wall-clock deadline never stopped the loop")
+        .unwrap_err();
     let took = started.elapsed();
     assert_eq!(err, PolicyError::WallTimeExceeded { deadline_ms: 300 });
-    assert!(
-        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_millis(250), "{took:?}");
     host_still_works(&engine);
 }
 
