@@ -710,26 +710,6 @@ pub fn parse_cache_arg(s: &str) -> Result<CacheConfig, ConfigError> {
     })
 }
 
-/// Applies `--cache` arguments on top of the config's `[[cache]]` entries: a kind already there
-/// takes the flag's root and policy (each only if the flag gives one), a new kind is added.
-pub fn apply_cache_args(config: &mut Config, args: &[String]) -> Result<(), ConfigError> {
-    for arg in args {
-        let cache = parse_cache_arg(arg)?;
-        match config.caches.iter_mut().find(|c| c.kind == cache.kind) {
-            Some(existing) => {
-                if !cache.root_is_default() {
-                    existing.root = cache.root;
-                }
-                if cache.policy.is_some() {
-                    existing.policy = cache.policy;
-                }
-            }
-            None => config.caches.push(cache),
-        }
-    }
-    Ok(())
-}
-
 /// `NAME=VALUE`, a fact for every cache (`jitship policy test --fact`): the value is everything
 /// after the first `=`.
 pub fn parse_fact_arg(s: &str) -> Result<(String, String), ConfigError> {
@@ -810,36 +790,6 @@ pub fn parse_setting_arg(s: &str) -> Result<(String, String), ConfigError> {
                     .into(),
         }),
     }
-}
-
-/// `KIND:NAME=VALUE` (the form of `--setting` on the commands that key caches): sets the
-/// setting of the cache of kind KIND, which the command must have.
-pub fn apply_setting_arg(config: &mut Config, s: &str) -> Result<(), ConfigError> {
-    let invalid = |hint: String| ConfigError::Invalid {
-        what: "--setting",
-        value: s.into(),
-        hint,
-    };
-    let Some((kind, rest)) = s.split_once(':') else {
-        return Err(invalid(
-            "expected KIND:NAME=VALUE, e.g. my-cache:keep=2 (settings belong to one cache's policy)"
-                .into(),
-        ));
-    };
-    let (name, value) = parse_setting_arg(rest).map_err(|_| {
-        invalid(
-            "expected KIND:NAME=VALUE with NAME of a-z, 0-9, _ and -, e.g. my-cache:keep=2".into(),
-        )
-    })?;
-    let kinds: Vec<&str> = config.caches.iter().map(|c| c.kind.as_str()).collect();
-    let known = kinds.join(", ");
-    let Some(cache) = config.caches.iter_mut().find(|c| c.kind == kind) else {
-        return Err(invalid(format!(
-            "this command has no cache of kind {kind:?} (it has: {known}); add it with --cache or [[cache]]"
-        )));
-    };
-    cache.settings.insert(name, SettingValue::Text(value));
-    Ok(())
 }
 
 /// `local:DIR`, `oci:HOST[:PORT]/REPOSITORY` or `oci+http:HOST[:PORT]/REPOSITORY` (plain HTTP),

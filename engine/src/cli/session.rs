@@ -386,11 +386,23 @@ impl Session {
         Self::open_store_with(args, open_existing_store)
     }
 
+    /// [`open_store`](Self::open_store) with the configuration already resolved (gc adds its
+    /// caches).
+    pub(crate) fn open_store_config(config: Config) -> Result<Self> {
+        Self::open_config_with(config, open_store)
+    }
+
     fn open_store_with(
         args: &StoreArgs,
         open: fn(&StoreConfig) -> Result<Arc<dyn Store>>,
     ) -> Result<Self> {
-        let config = args.resolve()?;
+        Self::open_config_with(args.resolve()?, open)
+    }
+
+    fn open_config_with(
+        config: Config,
+        open: fn(&StoreConfig) -> Result<Arc<dyn Store>>,
+    ) -> Result<Self> {
         let store = open(&config.store)?;
         let layout = KeyLayout::new(&config.store.namespace)?
             .with_pack_replicas(config.publish.pack_replicas);
@@ -511,7 +523,7 @@ fn publish_options(
 
 impl PolicySandboxArgs {
     pub(crate) fn engine(&self) -> Result<Arc<crate::policy::host::PolicyEngine>> {
-        let mut config = match &self.config {
+        let mut config = match &self.config.config {
             Some(path) => Config::load(path)?,
             // An author's one-shot run: compiling (~0.1 s) beats touching a system cache directory.
             None => Config {

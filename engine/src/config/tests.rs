@@ -599,10 +599,15 @@ fn the_readme_configuration_table_names_only_settings_the_parser_takes() {
 #[test]
 fn the_configuration_reference_names_every_environment_variable_the_cli_reads() {
     const PAGE: &str = include_str!("../../../docs/guide/configuration.md");
-    const ARGS: &str = include_str!("../cli/args.rs");
+    const ARGS: [&str; 4] = [
+        include_str!("../cli/args.rs"),
+        include_str!("../cli/args/worker.rs"),
+        include_str!("../cli/args/store.rs"),
+        include_str!("../cli/args/policy.rs"),
+    ];
     let mut vars: Vec<&str> = ARGS
-        .split("env = \"")
-        .skip(1)
+        .iter()
+        .flat_map(|args| args.split("env = \"").skip(1))
         .filter_map(|rest| rest.split_once('"').map(|(name, _)| name))
         .collect();
     vars.push(crate::config::MOONCAKE_LIBRARY_ENV);

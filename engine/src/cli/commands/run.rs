@@ -48,9 +48,13 @@ pub(crate) fn run_server(args: RunArgs) -> Result<i32> {
         forward_signals(interrupt.clone())?
     };
     let audit = args.audit.then(|| AuditArgs {
-        config: args.settings.store.config.clone(),
+        config: crate::cli::args::ConfigArg {
+            config: args.settings.store.config.config.clone(),
+        },
         engine: args.settings.engine,
-        caches: args.settings.caches.clone(),
+        caches: crate::cli::args::CacheArgs {
+            caches: args.settings.caches.caches.clone(),
+        },
         json: false,
     });
     let install = InstallArgs {

@@ -808,9 +808,7 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
              recorded ones, and `policy test --setting` tries others"
         );
     }
-    let mut session = Session::open_store(&args.common.store)?;
-    crate::config::apply_cache_args(&mut session.config, &args.caches)?;
-    session.config.validate()?;
+    let session = Session::open_store_config(args.resolve()?)?;
     let opts = gc_options(&args, &session)?;
     // Each compat id is decided by the policy it was published with (found by digest), never by
     // the rule this host configures for its kind.

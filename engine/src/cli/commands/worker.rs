@@ -12,7 +12,7 @@ use crate::cli::exit;
 use crate::cli::output::{self, Envelope, ErrorRecord, Stage};
 use crate::cli::render::{self, Progress};
 use crate::cli::session::CacheSession;
-use crate::config::{self, Config};
+use crate::config::Config;
 use crate::facts::{AppliedOverride, FactsConfig, Gathered};
 use crate::install::recorded::RecordedChecks;
 use crate::install::{InstallOptions, InstallOutcome, InstallReport};
@@ -607,20 +607,7 @@ fn write_report(path: &std::path::Path, text: &str) -> Result<()> {
 }
 
 pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    if let Some(python) = &args.python {
-        config.gather.python = Some(python.clone());
-    }
-    config.flag_facts = args.fact_overrides()?;
-    config::apply_cache_args(&mut config, &args.caches)?;
-    if args.engine.is_some() {
-        config.engine = args.engine;
-    }
-    config.add_engine_candidates();
-    config.validate()?;
+    let mut config = args.resolve()?;
     let overrides = config.fact_overrides();
     let facts_config = FactsConfig::from_process(&config.gather, &overrides);
     let probed = crate::facts::probe(&facts_config);
