@@ -2,7 +2,7 @@
 //! and errors (re-exported from `crate::publish`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -107,6 +107,49 @@ pub struct PublishReport {
     /// another key).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub settings_note: Option<String>,
+}
+
+impl PublishReport {
+    pub(super) fn new(
+        cache_kind: String,
+        root: &Path,
+        compat_key: String,
+        compat_id: CompatId,
+        selection: &super::select::Chosen,
+    ) -> Self {
+        Self {
+            cache_kind,
+            root: root.into(),
+            compat_key,
+            compat_id,
+            outcome: PublishOutcome::Empty,
+            files_selected: selection.files.len() as u64,
+            skipped: selection.skipped.clone(),
+            skip_details: selection.skip_details.clone(),
+            incomplete: selection.incomplete.clone(),
+            files_new: 0,
+            files_hashed: 0,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            packs_uploaded: 0,
+            packs_reused: 0,
+            conflicts: vec![],
+            merged: vec![],
+            head_attempts: 0,
+            contributions: 0,
+            carried: false,
+            signed_by: None,
+            parent_signer: None,
+            hash_ms: 0,
+            upload_ms: 0,
+            duration_ms: 0,
+            registry: None,
+            module_not_stored: None,
+            policy: None,
+            settings_kept_from: None,
+            settings_note: None,
+        }
+    }
 }
 
 /// A publish's push to the durable registry tier.

@@ -1,13 +1,17 @@
 use std::sync::Mutex;
 
+use super::manifest::manifest_limit;
 use super::packs::KEEP_FILE_LIMIT;
 use super::*;
 use crate::facts::Facts;
-use crate::generation::Producer;
+use crate::generation::{
+    ContentHash, GenerationId, HeadRecord, MAX_MANIFEST_BYTES, Manifest, Producer, merge_files,
+};
 use crate::policy::native::NativeRules;
 use crate::policy::testing::HookedPolicy;
 use crate::store::testing::Hooked;
 use crate::store::{LocalStore, ValueClass};
+use crate::trust::PublishTrust;
 
 #[test]
 fn kept_contents_stay_within_the_budget_and_go_once_fully_packed() {
