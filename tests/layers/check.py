@@ -26,18 +26,24 @@ CRATES = {
     "jitship-confined": set(),
     "jitship-facts": {"jitship-generation", "jitship-policy-contract"},
     "jitship-trust": {"jitship-generation"},
+    "jitship-oci": {
+        "jitship-generation", "jitship-store", "jitship-catalog", "jitship-confined",
+        "jitship-trust",
+    },
     "jitship-policy": {
         "jitship-generation", "jitship-confined", "jitship-facts", "jitship-policy-contract",
     },
     "jitship": {
         "jitship-generation", "jitship-store", "jitship-catalog", "jitship-confined",
         "jitship-facts", "jitship-policy", "jitship-policy-contract", "jitship-trust",
+        "jitship-oci",
     },
 }
 
 # Engine modules by layer: a module may use modules of lower layers only. `generation`,
-# `store`, `catalog`, `confined`, `facts`, `policy` and `trust` are crates, re-exported under those
-# names (kept here so an engine module's use of them is still checked against its layer).
+# `store`, `catalog`, `confined`, `facts`, `policy`, `trust` and `oci` are crates, re-exported
+# under those names (kept here so an engine module's use of them is still checked against its
+# layer).
 LAYERS = [
     {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready", "owner", "server"},
     {"policy", "trust"},

@@ -18,6 +18,7 @@
 //! manifest, then the head at its own seq (its signature binds the seq and the namespace), then
 //! a floor there so head walks find it, then the compat index.
 
+mod check;
 pub mod layout;
 pub mod registry;
 
@@ -30,11 +31,12 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 
-use crate::catalog::{self, CatalogError, KeyLayout};
-use crate::generation::{CompatId, ContentHash, ContentHasher, GenerationId, HeadRecord, Manifest};
-use crate::store::{Store, StoreError, ValueClass};
-use crate::trust::{Signer, TrustPolicy};
+use jitship_catalog::{self as catalog, CatalogError, KeyLayout};
+use jitship_generation::{CompatId, ContentHash, GenerationId, HeadRecord, Manifest};
+use jitship_store::{Store, StoreError, ValueClass};
+use jitship_trust::{Signer, TrustPolicy};
 
+pub use check::{check_files, check_spooled_files};
 pub use layout::{export, import};
 pub use registry::{Registry, RegistryError};
 
@@ -445,7 +447,7 @@ pub fn verify_artifact(
     };
     let ArtifactHead { oci, head } = a;
     let manifest_bytes =
-        source.read_blob(&oci.config, crate::generation::MAX_MANIFEST_BYTES as u64)?;
+        source.read_blob(&oci.config, jitship_generation::MAX_MANIFEST_BYTES as u64)?;
     let id = GenerationId(ContentHash::of(&manifest_bytes));
     let manifest = Manifest::decode(&manifest_bytes, id)
         .map_err(|e| refuse(format!("generation {id}: {e}")))?;
@@ -507,77 +509,6 @@ pub fn verify_artifact(
         pack_layers: pack_layers.to_vec(),
         packs,
     })
-}
-
-/// Every file of `manifest` read from `packs` (its packs' bytes, in order; `None` for a pack not
-/// read, whose files are not checked) hashes to its blake3: a pack's id names its layout, not
-/// its bytes, so the files are what prove them.
-pub fn check_files(manifest: &Manifest, packs: &[Option<&[u8]>]) -> Result<(), String> {
-    for (p, bytes) in manifest.packs.iter().zip(packs) {
-        let Some(bytes) = bytes else { continue };
-        if bytes.len() as u64 != p.size {
-            return Err(format!(
-                "pack {} is {} bytes, the manifest says {}",
-                p.id,
-                bytes.len(),
-                p.size
-            ));
-        }
-    }
-    'files: for f in &manifest.files {
-        let mut h = ContentHasher::new();
-        for c in &f.chunks {
-            let Some(pack) = packs[c.pack as usize] else {
-                continue 'files;
-            };
-            // In bounds: `Manifest::validate` checked every chunk against its pack's size.
-            let start = c.offset as usize;
-            h.update(&pack[start..start + c.len as usize]);
-        }
-        if h.finish() != f.blake3 {
-            return Err(format!("{} does not hash to its blake3 (altered)", f.path));
-        }
-    }
-    Ok(())
-}
-
-/// [`check_files`] of packs spooled to files (`None`: not read, its files not checked), each
-/// chunk read where it lies, so memory holds one buffer whatever the packs weigh.
-pub fn check_spooled_files(manifest: &Manifest, packs: &[Option<&File>]) -> Result<(), String> {
-    let unreadable =
-        |p: usize, e: std::io::Error| format!("reading back pack {}: {e}", manifest.packs[p].id);
-    for (i, (p, file)) in manifest.packs.iter().zip(packs).enumerate() {
-        let Some(file) = file else { continue };
-        let len = file.metadata().map_err(|e| unreadable(i, e))?.len();
-        if len != p.size {
-            return Err(format!(
-                "pack {} is {len} bytes, the manifest says {}",
-                p.id, p.size
-            ));
-        }
-    }
-    let mut buf = vec![0u8; 1 << 20];
-    'files: for f in &manifest.files {
-        let mut h = ContentHasher::new();
-        for c in &f.chunks {
-            let Some(pack) = packs[c.pack as usize] else {
-                continue 'files;
-            };
-            // In bounds: `Manifest::validate` checked every chunk against its pack's size.
-            let (mut at, end) = (c.offset, c.offset + c.len);
-            while at < end {
-                let n = ((end - at) as usize).min(buf.len());
-                pack.read_exact_at(&mut buf[..n], at)
-                    .map_err(|e| unreadable(c.pack as usize, e))?;
-                h.update(&buf[..n]);
-                at += n as u64;
-            }
-        }
-        if h.finish() != f.blake3 {
-            return Err(format!("{} does not hash to its blake3 (altered)", f.path));
-        }
-    }
-    Ok(())
 }
 
 /// Puts the verified generation `g` into `store` (see the module docs for the order).
@@ -656,7 +587,7 @@ pub fn put_generation(
     // The manifest's key is its blake3: any other bytes there are damage or planted.
     let manifest_key = layout.generation(&g.head.generation);
     let manifest_there =
-        match store.get_capped(&manifest_key, crate::generation::MAX_MANIFEST_BYTES as u64) {
+        match store.get_capped(&manifest_key, jitship_generation::MAX_MANIFEST_BYTES as u64) {
             Ok(Some(there)) if there == g.manifest_bytes => true,
             Ok(None) => false,
             Ok(Some(_)) | Err(StoreError::TooLarge { .. }) => {

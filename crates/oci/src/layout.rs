@@ -30,10 +30,10 @@ use super::{
     ARTIFACT_TYPE, BakedGeneration, BlobSink, BlobSource, Descriptor, OCI_INDEX, OciError,
     REF_NAME, sha256_digest, sha256_hex,
 };
-use crate::catalog::{self, KeyLayout};
-use crate::generation::{CompatId, GenerationId};
-use crate::store::Store;
-use crate::trust::{Signer, TrustPolicy};
+use jitship_catalog::{self as catalog, KeyLayout};
+use jitship_generation::{CompatId, GenerationId};
+use jitship_store::Store;
+use jitship_trust::{Signer, TrustPolicy};
 
 /// Bounds on what an import reads before it trusts anything.
 const MAX_INDEX_BYTES: u64 = 16 << 20;
