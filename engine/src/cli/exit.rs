@@ -5,8 +5,10 @@
 use std::io::Write;
 use std::time::Duration;
 
+use super::output::Stage;
 use crate::install::InstallOutcome;
 use crate::interrupt::Interrupt;
+use crate::publish::PublishError;
 
 /// Done (install: files installed).
 pub const OK: i32 = 0;
@@ -40,6 +42,27 @@ pub fn stopped(interrupt: &Interrupt) -> Option<i32> {
         libc::SIGINT => INTERRUPTED,
         _ => TERMINATED,
     })
+}
+
+/// The stage a failed publish is reported under, from the one classification of `PublishError`
+/// (`crate::watch::error_kind`, the watcher's metrics label): what the operator fixes is a
+/// setting (config), the store, the policy, or else the publish itself (run).
+pub fn publish_stage(e: &PublishError) -> Stage {
+    use crate::watch::metrics::ErrorKind;
+    match crate::watch::error_kind(e) {
+        ErrorKind::Config => Stage::Config,
+        ErrorKind::Store => Stage::Store,
+        ErrorKind::Policy => Stage::Policy,
+        ErrorKind::Scan
+        | ErrorKind::Read
+        | ErrorKind::Catalog
+        | ErrorKind::Contention
+        | ErrorKind::Interrupted
+        | ErrorKind::Panic
+        | ErrorKind::Watch
+        | ErrorKind::WatchLimit
+        | ErrorKind::Overflow => Stage::Run,
+    }
 }
 
 /// The most severe of several install outcomes, as the exit code (`--best-effort`: always 0).

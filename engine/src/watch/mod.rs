@@ -409,7 +409,9 @@ async fn bounded<F: std::future::Future>(
     }
 }
 
-fn error_kind(e: &PublishError) -> ErrorKind {
+/// The one classification of a failed publish: the metrics label here, the error stage of
+/// `jitship publish` (`cli::exit::publish_stage`).
+pub(crate) fn error_kind(e: &PublishError) -> ErrorKind {
     match e {
         PublishError::Policy { .. }
         | PublishError::PolicyContract(..)

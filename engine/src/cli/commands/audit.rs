@@ -51,7 +51,7 @@ pub(crate) fn run_audit(args: AuditArgs) -> Result<i32> {
             output::to_text(&Envelope::start("audit").finish(&reports, code))
         );
     } else {
-        reports.iter().for_each(render::print_audit);
+        reports.iter().for_each(render::worker::audit);
     }
     Ok(code)
 }

@@ -6,11 +6,11 @@ use crate::catalog::now_secs;
 use crate::cli::args::{
     ExportArgs, GcArgs, ImportArgs, InspectArgs, LsArgs, PinArgs, UnpinArgs, VerifyArgs,
 };
-use crate::cli::render::{age, print_gc, say, short, spinner, table};
+use crate::cli::render::{say, short, spinner, store as render};
 use crate::cli::session::Session;
 use crate::cli::{exit, output};
 use crate::generation::GenerationId;
-use crate::inspect::{self, ManifestState};
+use crate::inspect;
 
 /// Bound on gc's deletes in the durable registry tier (each request has the tier's own timeout).
 const REGISTRY_GC_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
@@ -72,34 +72,6 @@ fn save_module(session: &Session, digest: &str, out: &std::path::Path) -> Result
     Ok(())
 }
 
-/// The policy that governs a key, as `ls` shows it: the one its newest readable generation a
-/// trusted key signed (else its newest readable one) was published with, with its settings.
-fn governing_line(c: &inspect::CompatView) -> Option<String> {
-    let present = |g: &&inspect::GenerationView| matches!(g.state, ManifestState::Present(_));
-    let trusted = |g: &&inspect::GenerationView| {
-        g.signatures
-            .iter()
-            .any(|s| matches!(s.signer, crate::trust::Signer::Trusted { .. }))
-    };
-    let g = c
-        .generations
-        .iter()
-        .filter(present)
-        .find(trusted)
-        .or_else(|| c.generations.iter().find(present))?;
-    let p = &g.summary()?.policy;
-    let settings = match p.settings.is_empty() {
-        true => "no settings".to_owned(),
-        false => format!("settings {}", crate::policy::host::describe(&p.settings)),
-    };
-    Some(format!(
-        "  policy {}@{} {} ({settings})",
-        p.name,
-        p.version,
-        p.digest.chars().take(12).collect::<String>()
-    ))
-}
-
 pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
     let session = Session::open_store_read_only(&args.common.store)?;
     let survey = inspect::survey(session.store.as_ref(), &session.layout, &session.trust)
@@ -108,115 +80,7 @@ pub(crate) fn run_ls(args: LsArgs) -> Result<i32> {
         emit_json("ls", [&survey], exit::OK);
         return Ok(exit::OK);
     }
-    if survey.compats.is_empty() {
-        say!(
-            "no generations in namespace {:?} of {}",
-            survey.namespace,
-            session.store.describe()
-        );
-        return Ok(exit::OK);
-    }
-    for c in &survey.compats {
-        say!(
-            "{} {}  compat id {}",
-            c.cache_kind.as_deref().unwrap_or("?"),
-            c.compat_key.as_deref().unwrap_or("(no readable manifest)"),
-            short(&c.compat_id)
-        );
-        if let Some(line) = governing_line(c) {
-            say!("{line}");
-        }
-        let rows: Vec<Vec<String>> = c
-            .generations
-            .iter()
-            .map(|g| {
-                let seqs = g
-                    .seqs
-                    .iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let mut flags = Vec::new();
-                if g.is_head {
-                    flags.push("head".to_owned());
-                }
-                if g.pinned {
-                    flags.push("pinned".to_owned());
-                }
-                // The signer of its newest head.
-                let signed = g
-                    .signatures
-                    .first()
-                    .map(|s| match s.signer.key_id() {
-                        Some(k) => format!("{k} {}", s.signer.status()),
-                        None => s.signer.status().to_owned(),
-                    })
-                    .unwrap_or_default();
-                match &g.state {
-                    ManifestState::Present(s) => vec![
-                        short(&g.id),
-                        seqs,
-                        s.file_count.to_string(),
-                        bytesize::ByteSize(s.size_bytes).to_string(),
-                        s.packs.len().to_string(),
-                        age(s.created_at),
-                        if s.complete { "complete" } else { "incomplete" }.to_owned(),
-                        signed,
-                        flags.join(" "),
-                    ],
-                    ManifestState::Missing | ManifestState::Corrupt { .. } => {
-                        flags.push(
-                            if matches!(g.state, ManifestState::Missing) {
-                                "manifest-missing"
-                            } else {
-                                "manifest-corrupt"
-                            }
-                            .to_owned(),
-                        );
-                        vec![
-                            short(&g.id),
-                            seqs,
-                            "-".into(),
-                            "-".into(),
-                            "-".into(),
-                            age(g.head_written_at),
-                            "-".into(),
-                            signed,
-                            flags.join(" "),
-                        ]
-                    }
-                }
-            })
-            .collect();
-        table(
-            &[
-                "  GENERATION",
-                "HEAD",
-                "FILES",
-                "SIZE",
-                "PACKS",
-                "AGE",
-                "CACHE",
-                "SIGNED",
-                "",
-            ],
-            &rows
-                .into_iter()
-                .map(|mut r| {
-                    r[0] = format!("  {}", r[0]);
-                    r
-                })
-                .collect::<Vec<_>>(),
-        );
-        // Anyone can write the store: what is no usable head is shown, never hidden.
-        for f in &c.faulty_heads {
-            say!("  head seq {}: not a usable head: {}", f.seq, f.fault);
-        }
-        let unnamed = c.faulty_count.saturating_sub(c.faulty_heads.len() as u64);
-        if unnamed > 0 {
-            say!("  and {unnamed} more heads below those that are no usable head");
-        }
-    }
+    render::ls(&survey, &session.store.describe());
     Ok(exit::OK)
 }
 
@@ -234,105 +98,8 @@ pub(crate) fn run_inspect(args: InspectArgs) -> Result<i32> {
         emit_json("inspect", [&i], exit::OK);
         return Ok(exit::OK);
     }
-    say!("generation  {}", i.id);
-    say!("cache       {} (compat id {})", i.cache_kind, i.compat_id);
-    say!("compat key  {}", i.compat_key);
-    say!(
-        "created     {} ago by {}{} (jitship {})",
-        age(i.created_at),
-        i.producer.host,
-        i.producer
-            .pod
-            .as_ref()
-            .map(|p| format!(", pod {p}"))
-            .unwrap_or_default(),
-        i.producer.jitship_version
-    );
-    say!(
-        "policy      {} {} ({})",
-        i.policy.name,
-        i.policy.version,
-        i.policy.digest
-    );
-    say!(
-        "settings    {}",
-        match i.policy.settings.is_empty() {
-            true => "none".to_owned(),
-            false => crate::policy::host::describe(&i.policy.settings),
-        }
-    );
-    say!("module      {}", module_place(&session, &i.policy.digest));
-    say!(
-        "content     {} files, {}, in {} packs ({})",
-        i.file_count,
-        bytesize::ByteSize(i.size_bytes),
-        i.pack_count,
-        bytesize::ByteSize(i.packed_bytes)
-    );
-    let heads = if i.heads.is_empty() {
-        "none (not reachable from a head)".to_owned()
-    } else {
-        format!(
-            "{}{}",
-            i.heads
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-            if i.is_head { " (the newest)" } else { "" }
-        )
-    };
-    say!("heads       {heads}");
-    match &i.incomplete {
-        None => say!("complete    yes (a complete cache for its kind)"),
-        Some(why) => say!("complete    NO: {why} (installs prefer a complete generation)"),
-    }
-    for s in &i.signatures {
-        say!("signed      head {}: {}", s.seq, s.signer);
-    }
-    match &i.pinned {
-        Some(p) => say!(
-            "pinned      {} ago by {}{}",
-            age(p.pinned_at),
-            p.by,
-            p.reason
-                .as_ref()
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default()
-        ),
-        None => say!("pinned      no"),
-    }
-    say!("facts");
-    for (k, v) in &i.facts {
-        say!("  {k} = {v}");
-    }
-    if !i.merged.is_empty() {
-        say!("merged (publishers that lost a head race)");
-        for m in &i.merged {
-            say!("  {m}");
-        }
-    }
-    say!("parent chain");
-    if i.parent_chain.is_empty() {
-        say!("  (none: first generation of its chain)");
-    }
-    for link in &i.parent_chain {
-        match (link.created_at, link.file_count) {
-            (Some(c), Some(n)) => say!("  {}  {n} files, {} ago", link.id, age(c)),
-            _ => say!("  {}  (manifest gone: collected or evicted)", link.id),
-        }
-    }
-    if args.files {
-        say!("files");
-        for f in &i.files {
-            say!(
-                "  {}  {:>10}  {}",
-                short(&f.blake3),
-                bytesize::ByteSize(f.size).to_string(),
-                f.path
-            );
-        }
-    }
+    let module = module_place(&session, &i.policy.digest);
+    render::inspect(&i, &module, args.files);
     Ok(exit::OK)
 }
 
@@ -577,7 +344,7 @@ fn run_verify_tiers(
             whole.repair_refused = repair.refused;
         }
         if !args.common.json {
-            print_tiered(&whole, [&f, &d]);
+            render::tiered(&whole, [&f, &d]);
         }
         results.push(TieredVerification {
             whole,
@@ -595,75 +362,6 @@ fn run_verify_tiers(
         say!("no generations to verify in either tier");
     }
     Ok(code)
-}
-
-/// The person's lines for one generation verified in each tier.
-fn print_tiered(whole: &inspect::Verification, tiers: [&inspect::tiers::TierCheck; 2]) {
-    let signed = whole
-        .signatures
-        .iter()
-        .map(|s| format!("head {}: {}", s.seq, s.signer))
-        .collect::<Vec<_>>()
-        .join("; ");
-    let quiet = |t: &inspect::tiers::TierCheck| {
-        t.ok && t.announces() && t.filled.is_empty() && t.fill_refused.is_empty()
-    };
-    if whole.ok && tiers.iter().all(|&t| quiet(t)) {
-        say!(
-            "{}: ok in both tiers ({} files, {} packs, {}; {signed})",
-            whole.generation,
-            whole.files_checked,
-            whole.packs_fetched,
-            bytesize::ByteSize(whole.bytes_fetched)
-        );
-        return;
-    }
-    let count: usize = whole.problems.len()
-        + tiers
-            .iter()
-            .filter(|t| t.announces())
-            .map(|t| t.problems.len())
-            .sum::<usize>();
-    if whole.ok {
-        say!("{}: ok where it is announced ({signed})", whole.generation);
-    } else {
-        say!("{}: {count} problem(s) ({signed})", whole.generation);
-    }
-    for p in &whole.problems {
-        say!("  {p}");
-    }
-    for t in tiers {
-        let place = format!("{} ({})", t.tier, t.store);
-        match (t.announces(), t.ok) {
-            (true, true) => say!("  {place}: ok"),
-            (true, false) => {
-                for p in &t.problems {
-                    say!("  {place}: {p}");
-                }
-            }
-            (false, true) => say!("  {place}: whole, but no head here names it"),
-            (false, false) => {
-                say!("  {place}: no head here names it, and it lacks:");
-                for p in &t.problems {
-                    say!("    {p}");
-                }
-            }
-        }
-        for key in &t.filled {
-            say!("  repaired: copied {key} into the {}", t.tier);
-        }
-        for why in &t.fill_refused {
-            say!("  not repaired in the {}: {why}", t.tier);
-        }
-    }
-    for pack in &whole.repaired {
-        say!(
-            "  removed damaged pack {pack} from both tiers: the next publish of a root holding its files uploads it again"
-        );
-    }
-    for why in &whole.repair_refused {
-        say!("  not repaired: {why}");
-    }
 }
 
 pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
@@ -834,7 +532,7 @@ pub(crate) fn run_gc(args: GcArgs) -> Result<i32> {
     if args.common.json {
         emit_json("gc", [&report], code);
     } else {
-        print_gc(&report);
+        render::gc(&report);
     }
     if !report.errors.is_empty() {
         eprintln!(

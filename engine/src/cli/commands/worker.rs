@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::cli::args::{FactsArgs, InstallArgs, PublishArgs, WatchArgs, WatchFlags};
 use crate::cli::exit;
 use crate::cli::output::{self, Envelope, ErrorRecord, Stage};
+use crate::cli::render::worker::{FactsView, ResolvedRoot};
 use crate::cli::render::{self, Progress};
 use crate::cli::session::CacheSession;
 use crate::config::Config;
@@ -19,7 +20,7 @@ use crate::install::{InstallOptions, InstallOutcome, InstallReport};
 use crate::interrupt::Interrupt;
 use crate::policies::PolicySet;
 use crate::publish::{PublishOptions, PublishReport};
-use crate::roots::{ProcessEnv, RootOrigin};
+use crate::roots::ProcessEnv;
 
 /// One cache's publish: its report, or why it failed.
 #[derive(Debug, Serialize)]
@@ -29,19 +30,6 @@ use crate::roots::{ProcessEnv, RootOrigin};
 pub(crate) enum PublishResult {
     Done(PublishReport),
     Failed(FailedCache),
-}
-
-/// The facts a cache's own overrides (`[[cache]] facts`, `--fact KIND:NAME=VALUE`) set for its
-/// key, one line each under its summary: they apply to this cache only.
-fn print_own_facts(own: &BTreeMap<String, AppliedOverride>) {
-    for (name, o) in own {
-        let value = if o.value.is_empty() {
-            "(made missing)".to_owned()
-        } else {
-            format!("= {}", o.value)
-        };
-        println!("  fact {name} {value} (this cache only: {})", o.origin);
-    }
 }
 
 /// One cache's result in a JSON envelope, with the facts its own overrides (`[[cache]] facts`,
@@ -162,17 +150,7 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
                         results.push(PublishResult::Done(report));
                     }
                     Err(e) => {
-                        use crate::publish::PublishError;
-                        let stage = match &e {
-                            PublishError::Policy { .. } | PublishError::PolicyContract(..) => {
-                                Stage::Policy
-                            }
-                            PublishError::Store(_) => Stage::Store,
-                            PublishError::NoSigningKey
-                            | PublishError::RootMissing(_)
-                            | PublishError::RootNotDir(_) => Stage::Config,
-                            _ => Stage::Run,
-                        };
+                        let stage = exit::publish_stage(&e);
                         let record =
                             ErrorRecord::new(Some(&cache.kind), stage, &anyhow::Error::new(e));
                         results.push(PublishResult::Failed(failed(record.clone())));
@@ -195,7 +173,7 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
     } else {
         for ((r, origin), own) in results.iter().zip(&origins).zip(&own_facts) {
             match r {
-                PublishResult::Done(report) => render::print_publish(report),
+                PublishResult::Done(report) => render::worker::publish(report),
                 PublishResult::Failed(f) => {
                     render::print_failed(&f.cache_kind, "publish failed", &f.error)
                 }
@@ -205,7 +183,7 @@ pub(crate) fn run_publish(args: PublishArgs) -> Result<i32> {
                 PublishResult::Failed(f) => &f.root,
             };
             render::print_root(root, origin.as_deref());
-            print_own_facts(own);
+            render::worker::own_facts(own);
         }
     }
     Ok(code)
@@ -535,9 +513,9 @@ pub(crate) fn install_caches(args: &InstallArgs, interrupt: &Interrupt) -> Resul
         print!("{}", output::to_text(&doc));
     } else {
         for ((report, origin), own) in reports.iter().zip(&origins).zip(&own_facts) {
-            render::print_install(report);
+            render::worker::install(report);
             render::print_root(&report.root, origin.as_deref());
-            print_own_facts(own);
+            render::worker::own_facts(own);
         }
     }
     // A stopped install says so even with --best-effort: it is no outcome of the install.
@@ -623,62 +601,14 @@ pub(crate) fn run_facts(args: FactsArgs) -> Result<i32> {
         })
         .collect();
     let roots = resolved_roots(&config)?;
-    if args.json {
-        #[derive(serde::Serialize)]
-        struct Output<'a> {
-            #[serde(flatten)]
-            gathered: &'a Gathered,
-            /// `--engine`: what it reads here and why.
-            #[serde(skip_serializing_if = "Option::is_none")]
-            engine: Option<&'a str>,
-            /// By cache kind: the facts of that cache's own set that differ from the above.
-            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-            caches: &'a BTreeMap<&'a str, Gathered>,
-            roots: &'a [ResolvedRoot],
-        }
-        let out = Output {
-            gathered: &gathered,
-            engine: engine.as_ref().map(|e| e.why.as_str()),
-            caches: &caches,
-            roots: &roots,
-        };
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        print!("{}", gathered.render_table());
-        for (kind, own) in &caches {
-            println!(
-                "\nfacts of the {kind} cache only (its own overrides change these for its key):"
-            );
-            let table = own.render_table();
-            print!(
-                "{}",
-                if own.facts.iter().next().is_none() {
-                    // Only missing facts: render_table's header row would stand alone.
-                    table
-                        .split_once('\n')
-                        .map_or("", |(_, rest)| rest)
-                        .trim_start_matches('\n')
-                } else {
-                    &table
-                }
-            );
-        }
-        if let Some(engine) = &engine {
-            println!("\nengine: {}", engine.why);
-        }
-        if !roots.is_empty() {
-            println!("\ncache roots (as publish, install and watch resolve them):");
-            for r in &roots {
-                match (&r.origin, &r.error) {
-                    (Some(origin), _) => {
-                        println!("{}  {}  {origin}", r.kind, r.root.display())
-                    }
-                    (None, error) => println!("{}  -  {}", r.kind, error.as_deref().unwrap_or("")),
-                }
-            }
-        }
-    }
-    Ok(0)
+    let view = FactsView {
+        gathered: &gathered,
+        engine: engine.as_ref().map(|e| e.why.as_str()),
+        caches: &caches,
+        roots: &roots,
+    };
+    render::worker::facts(&view, args.json);
+    Ok(exit::OK)
 }
 
 /// `--engine`: keeps the engine's candidate caches it reads here, decided on a copy whose roots
@@ -699,18 +629,6 @@ fn engine_caches(
         .caches
         .retain(|c| resolved.caches.iter().any(|r| r.kind == c.kind));
     Ok(chosen)
-}
-
-/// One row of the roots `jitship facts` shows.
-#[derive(Debug, serde::Serialize)]
-struct ResolvedRoot {
-    kind: String,
-    /// Empty when it cannot be resolved (`error` says why).
-    root: PathBuf,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    origin: Option<RootOrigin>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
 }
 
 /// The root of each configured cache, resolved as `Session::open` does, one at a time so that one
