@@ -3,7 +3,6 @@
 //! See ARCHITECTURE.md for the codemap and the invariants.
 
 pub mod audit;
-pub mod author;
 pub mod cli;
 pub mod config;
 pub mod engines;
@@ -16,16 +15,17 @@ pub mod policies;
 pub mod publish;
 pub mod ready;
 pub mod roots;
-pub mod scan;
 pub mod scrub;
 pub mod server;
 pub mod watch;
 
+pub use jitship_author as author;
 pub use jitship_catalog as catalog;
 pub use jitship_confined as confined;
 pub use jitship_facts as facts;
 pub use jitship_generation as generation;
 pub use jitship_oci as oci;
 pub use jitship_policy as policy;
+pub use jitship_scan as scan;
 pub use jitship_store as store;
 pub use jitship_trust as trust;

@@ -26,6 +26,10 @@ CRATES = {
     "jitship-confined": set(),
     "jitship-facts": {"jitship-generation", "jitship-policy-contract"},
     "jitship-trust": {"jitship-generation"},
+    "jitship-scan": {"jitship-generation", "jitship-policy"},
+    "jitship-author": {
+        "jitship-generation", "jitship-facts", "jitship-policy", "jitship-scan",
+    },
     "jitship-oci": {
         "jitship-generation", "jitship-store", "jitship-catalog", "jitship-confined",
         "jitship-trust",
@@ -36,13 +40,13 @@ CRATES = {
     "jitship": {
         "jitship-generation", "jitship-store", "jitship-catalog", "jitship-confined",
         "jitship-facts", "jitship-policy", "jitship-policy-contract", "jitship-trust",
-        "jitship-oci",
+        "jitship-oci", "jitship-scan", "jitship-author",
     },
 }
 
 # Engine modules by layer: a module may use modules of lower layers only. `generation`,
-# `store`, `catalog`, `confined`, `facts`, `policy`, `trust` and `oci` are crates, re-exported
-# under those names (kept here so an engine module's use of them is still checked against its
+# `store`, `catalog`, `confined`, `facts`, `policy`, `trust`, `oci`, `scan` and `author` are
+# crates, re-exported under those names (kept here so an engine module's use of them is still checked against its
 # layer).
 LAYERS = [
     {"generation", "store", "catalog", "confined", "facts", "interrupt", "ready", "owner", "server"},

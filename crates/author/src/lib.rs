@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::facts::Facts;
-use crate::generation::{CompatId, GenerationId};
-use crate::policy::host::{LoadStats, LogLine, PolicyEngine, Traced, WasmPolicy};
-use crate::policy::{
+use jitship_facts::Facts;
+use jitship_generation::{CompatId, GenerationId};
+use jitship_policy::host::{LoadStats, LogLine, PolicyEngine, Traced, WasmPolicy};
+use jitship_policy::{
     CachePolicy, GenerationSummary, PolicyError, PolicyInfo, PolicySettings, ReasonCategory,
     RetentionDrop, RetentionLimits, Verdict,
 };
@@ -204,7 +204,7 @@ fn try_rewrite(policy: &WasmPolicy, root: &Path, path: &str) -> RootRewrite {
         r.error = Some(e);
         r
     };
-    let rel = match crate::generation::RelPath::parse(path) {
+    let rel = match jitship_generation::RelPath::parse(path) {
         Ok(p) => p,
         Err(e) => return fail(r, e.to_string()),
     };
@@ -296,7 +296,7 @@ pub fn test(policy: &WasmPolicy, input: &TestInput) -> Result<TestReport, InputE
     let select = match &input.root {
         None => None,
         Some(root) => {
-            let snap = crate::scan::snapshot(root).map_err(|e| InputError::Root {
+            let snap = jitship_scan::snapshot(root).map_err(|e| InputError::Root {
                 root: root.clone(),
                 why: e.to_string(),
             })?;

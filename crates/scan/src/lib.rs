@@ -5,8 +5,8 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::generation::RelPath;
-use crate::policy::FileEntry;
+use jitship_generation::RelPath;
+use jitship_policy::FileEntry;
 
 /// jitship's own staging directories inside a root (when the root is a mount point); never scanned.
 pub const STAGING_PREFIX: &str = ".jitship-staging-";
