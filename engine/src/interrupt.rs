@@ -17,6 +17,25 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+/// Clears the signal mask the process inherited, first thing in `cli::main_and_exit`, before any thread starts
+/// (threads inherit the mask of the thread that starts them).
+///
+/// Why: a process starts with its parent's mask (a Rust parent does not reset it, nor does
+/// Python's `subprocess`). A parent that loaded Mooncake's library has SIGHUP, SIGINT, SIGUSR1
+/// and SIGTERM blocked, and so had every jitship it started: its own handlers never ran, and the
+/// library's signal thread, which waits for the signals it finds blocked, took SIGTERM, tore the
+/// client down and raised it again with the default action, so a watcher died without its final
+/// publish (docs/mooncake.md, "Signals"). jitship handles its own stop signals, so it starts with
+/// none blocked, and so do the servers `run` starts.
+pub fn clear_inherited_signal_mask() {
+    // SAFETY: an empty set made by sigemptyset, passed to pthread_sigmask for this thread only.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+}
+
 /// Whether the process was asked to stop, and by which signal. Cloned into the options of the
 /// work it should stop; `Interrupt::default()` is never raised by a signal (library callers and
 /// tests raise it themselves with [`Interrupt::raise`]).

@@ -44,5 +44,6 @@ mod relocation_pipeline;
 mod run_server;
 mod scrub;
 mod sglang_engine;
+mod signals;
 mod signing;
 mod watch;

@@ -1065,12 +1065,16 @@ fn mooncake_watch_scrub_repairs_a_pack_removed_behind_its_back() {
         line("jitship_store_scrub_last_unrepaired")
     );
 
-    // Its exit is not what this drill checks (the SIGTERM path is
-    // `mooncake_watch_started_before_the_master_publishes_once_it_is_up`'s): started from this
-    // test, this watcher died by SIGTERM without its final publish (not reproduced from a shell;
-    // reported for investigation), so it is stopped with SIGKILL.
-    let _ = child.kill();
-    let _ = child.wait();
+    // Stopped as a pod is. This test process loaded Mooncake's library, so the watcher started
+    // with the stop signals blocked: it stops cleanly only because it clears that mask
+    // (`interrupt::clear_inherited_signal_mask`); before, the library's signal thread took SIGTERM
+    // and the watcher died of it without its final publish.
+    // SAFETY: kill(2) on our own child, still running (the loop above checked).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "watch:\n{text}");
+    assert!(text.contains("jitship watch stopped"), "watch:\n{text}");
     assert!(
         connect(&c).exists(&key).unwrap(),
         "the pack is back in Mooncake"

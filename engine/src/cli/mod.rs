@@ -32,6 +32,8 @@ use clap::{CommandFactory, Parser};
 /// Entry point of the binary: runs the command and ends the process with its exit code, without
 /// waiting for the Mooncake library's slow teardown (see `exit::end`).
 pub fn main_and_exit() -> ! {
+    // Before any thread starts (they inherit it): see its comment.
+    crate::interrupt::clear_inherited_signal_mask();
     crate::store::defer_teardowns();
     let code = main();
     exit::end(code)
