@@ -19,7 +19,7 @@ use jitship::catalog::CatalogError;
 use jitship::catalog::KeyLayout;
 use jitship::install::InstallOutcome;
 use jitship::publish::{PublishError, PublishOutcome};
-use jitship::store::{LocalStore, MooncakeStore, Store, StoreError, TieredStore};
+use jitship::store::{LocalStore, MooncakeStore, Store, StoreError, TieredStore, ValueClass};
 use jitship_tests::fixtures::{TreeDigest, digest, large_files_tree, triton_tree};
 use jitship_tests::mooncake::{Cluster, cluster, flow, unique_prefix};
 use jitship_tests::registry::TestRegistry;
@@ -155,6 +155,9 @@ fn install_from_registry(
 fn connect(c: &Cluster) -> Arc<dyn Store> {
     let mut config = c.config();
     config.call_timeout = Duration::from_secs(10);
+    // These drills check how a failure is reported; trying again is
+    // `mooncake_a_put_while_the_master_restarts_is_tried_again_until_it_succeeds`'s.
+    config.retry_for = Duration::from_secs(2);
     config.staging_buffer_size = bytesize::ByteSize::mib(8);
     Arc::new(MooncakeStore::connect(&config).unwrap_or_else(|e| panic!("connect: {e}")))
 }
@@ -766,6 +769,60 @@ fn mooncake_watch_started_before_the_master_publishes_once_it_is_up() {
     let status = child.wait().unwrap();
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(status.code(), Some(0), "watch:\n{text}");
+}
+
+/// A master restarted under a client: the client's calls fail (RPC_FAIL) until it reconnects.
+/// Without a durable tier a call is tried again within `retry_for`, so a put made while the
+/// master was down succeeds once it is back, and reads back.
+#[test]
+#[ignore = "needs a Mooncake cluster (tests/cluster/cluster.sh run)"]
+fn mooncake_a_put_while_the_master_restarts_is_tried_again_until_it_succeeds() {
+    let _serial = serial();
+    let c = cluster("mooncake_a_put_while_the_master_restarts");
+    let mut config = c.config();
+    config.call_timeout = Duration::from_secs(10);
+    config.staging_buffer_size = bytesize::ByteSize::mib(8);
+    config.retry_for = Duration::from_secs(90);
+    let store =
+        Arc::new(MooncakeStore::connect(&config).unwrap_or_else(|e| panic!("connect: {e}")));
+    let key = format!("{}/retried", unique_prefix("retry"));
+    // A client that has worked already: its staging buffer is registered (registering one needs
+    // the master's metadata server, and fails with INVALID_PARAMS while it is down).
+    store
+        .put(&format!("{key}-before"), b"before", ValueClass::Bulk)
+        .unwrap();
+    c.ctl(&["kill-master"]);
+    let t = Instant::now();
+    let writer = {
+        let (store, key) = (store.clone(), key.clone());
+        std::thread::spawn(move || store.put(&key, b"written across a restart", ValueClass::Bulk))
+    };
+    // The master comes back only once the put has failed and waits to try again.
+    while store.retries() == 0 {
+        if writer.is_finished() {
+            c.ctl(&["start-master"]);
+            c.ctl(&["wait-node"]);
+            panic!("the put ended before any retry: {:?}", writer.join().unwrap());
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the put never retried"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.ctl(&["start-master"]);
+    c.ctl(&["wait-node"]);
+    let put = writer.join().unwrap();
+    eprintln!(
+        "DRILL retry: a put begun with the master down succeeded {:.1?} later, after {} retries",
+        t.elapsed(),
+        store.retries()
+    );
+    put.unwrap_or_else(|e| panic!("the put across the restart: {e}"));
+    assert_eq!(
+        store.get(&key).unwrap().as_deref(),
+        Some(&b"written across a restart"[..])
+    );
 }
 
 /// What one generation's catalog and packs look like in Mooncake alone (the fast tier).

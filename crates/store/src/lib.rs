@@ -274,6 +274,15 @@ impl StoreError {
 pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     let fast: Arc<dyn Store> = match config.backend {
         Backend::Local => Arc::new(LocalStore::open(&config.local.path)?),
+        Backend::Mooncake if config.durable.path.is_some() => {
+            // The durable tier answers at once where Mooncake fails; tries again would delay it.
+            let retry_for = std::time::Duration::ZERO;
+            let mooncake = settings::MooncakeConfig {
+                retry_for,
+                ..config.mooncake.clone()
+            };
+            Arc::new(MooncakeStore::connect(&mooncake)?)
+        }
         Backend::Mooncake => Arc::new(MooncakeStore::connect(&config.mooncake)?),
     };
     with_durable_tier(fast, config, |p| LocalStore::open(p))

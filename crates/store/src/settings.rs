@@ -121,6 +121,11 @@ pub struct MooncakeConfig {
     /// Bound on each store call; past it the call reports a timeout.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
+    /// How long a call that failed with a failure that passes by itself (the master or a store
+    /// node not answering, replicas busy) is tried again, with a jittered backoff; 0: never.
+    /// Not over a durable tier, which answers instead.
+    #[serde(with = "humantime_serde")]
+    pub retry_for: Duration,
     /// Bound on reaching the master's TCP port before setup.
     #[serde(with = "humantime_serde")]
     pub probe_timeout: Duration,
@@ -148,6 +153,7 @@ impl Default for MooncakeConfig {
             staging_buffers: 4,
             local_buffer_size: ByteSize::mib(16),
             call_timeout: Duration::from_secs(30),
+            retry_for: Duration::from_secs(10),
             probe_timeout: Duration::from_secs(3),
             setup_timeout: Duration::from_secs(30),
         }

@@ -50,6 +50,8 @@ impl MooncakeStore {
             master: config.master.clone(),
             call_timeout: config.call_timeout,
             limit: size as u64,
+            retry_for: config.retry_for,
+            retries: Default::default(),
         })
     }
 }

@@ -25,6 +25,8 @@
 //!   the answers back per key.
 //! - `codes`: return codes become typed errors (RPC_FAIL `MasterDown`, TRANSFER_FAIL `NodeDown`,
 //!   NO_AVAILABLE_HANDLE `NoSpace`, OBJECT_HAS_LEASE `Leased`, OBJECT_NOT_FOUND a miss).
+//! - `retry`: a call that failed with a failure that passes by itself (the master or a node not
+//!   answering, replicas busy) is tried again with a jittered backoff for `retry_for`.
 //! - Immutable put: Mooncake keeps the old value of an existing key and reports success (or
 //!   OBJECT_ALREADY_EXISTS, taken as success), which is the store contract. No listing.
 //!
@@ -37,10 +39,11 @@ mod call;
 mod codes;
 mod connect;
 mod pool;
+mod retry;
 mod teardown;
 
 use std::ffi::{CString, c_int};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -57,6 +60,10 @@ pub struct MooncakeStore {
     master: String,
     call_timeout: Duration,
     limit: u64,
+    /// How long a call that failed with a failure that passes by itself is tried again (`retry`).
+    retry_for: Duration,
+    /// Tries again so far, of every call (`retries`).
+    retries: AtomicU64,
 }
 
 impl std::fmt::Debug for MooncakeStore {
@@ -146,30 +153,73 @@ impl MooncakeStore {
         if !fill(&mut lease.buf_mut().bytes_mut()[..len]) {
             return Ok(false);
         }
-        self.call(move |inner| {
-            let mut cfg = inner.replicate_config(class);
-            let preferred = copy
-                .and_then(|c| inner.segment_for(c))
-                .map(|s| [s.as_ptr()]);
-            if let Some(names) = &preferred {
-                cfg.preferred_segments = names.as_ptr();
-                cfg.preferred_segments_count = names.len();
-            }
-            // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
-            // thread's lease until the call returns; the key is NUL-terminated; the preferred
-            // segment's name lives in `inner` and its pointer array on this frame, both past the
-            // call.
-            let rc = unsafe {
-                (inner.lib.put_from)(
-                    inner.handle.0,
-                    k.as_ptr(),
-                    lease.buf_mut().as_mut_ptr(),
-                    len,
-                    &cfg,
-                )
-            };
-            put_result(inner, i64::from(rc), &k.to_string_lossy()).map(|()| true)
-        })?
+        let mut lease = Some(lease);
+        let k = &k;
+        self.retrying("put", key, || {
+            let mut held = lease
+                .take()
+                .expect("the lease comes back from every call answered");
+            let k = k.clone();
+            let (back, r) = self.call(move |inner| {
+                let mut cfg = inner.replicate_config(class);
+                let preferred = copy
+                    .and_then(|c| inner.segment_for(c))
+                    .map(|s| [s.as_ptr()]);
+                if let Some(names) = &preferred {
+                    cfg.preferred_segments = names.as_ptr();
+                    cfg.preferred_segments_count = names.len();
+                }
+                // SAFETY: the registered buffer holds `len` bytes of the value and is held by this
+                // thread's lease until the call returns; the key is NUL-terminated; the preferred
+                // segment's name lives in `inner` and its pointer array on this frame, both past the
+                // call.
+                let rc = unsafe {
+                    (inner.lib.put_from)(
+                        inner.handle.0,
+                        k.as_ptr(),
+                        held.buf_mut().as_mut_ptr(),
+                        len,
+                        &cfg,
+                    )
+                };
+                let r = put_result(inner, i64::from(rc), &k.to_string_lossy()).map(|()| true);
+                (held, r)
+            })?;
+            lease = Some(back);
+            r
+        })
+    }
+
+    /// Tries again so far, of every call: each try after a failure that passes by itself.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// `op` tried again within `retry_for` while it fails with a failure that passes by itself.
+    fn retrying<T>(
+        &self,
+        op: &str,
+        key: &str,
+        f: impl FnMut() -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        retry::retrying(self.retry_for, f, |e, wait| {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("{e}; {op} {key} again in {wait:?}");
+        })
+    }
+
+    /// A batched call over `n` keys, the keys that failed with a failure that passes by itself
+    /// asked again together within `retry_for`.
+    fn retrying_batch<T>(
+        &self,
+        op: &str,
+        n: usize,
+        batch: impl FnMut(&[usize]) -> Vec<StoreResult<T>>,
+    ) -> Vec<StoreResult<T>> {
+        retry::retrying_batch(n, self.retry_for, batch, |e, keys, wait| {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("{e}; {op} of {keys} keys again in {wait:?}");
+        })
     }
 
     /// Bytes of staging buffers that exist now (registered with the library): grows with the
@@ -287,6 +337,50 @@ impl Store for MooncakeStore {
     /// that could hold it is made; one that fits the first buffer is refused before it is copied
     /// out of that (registered) buffer, so the heap never holds it.
     fn get_capped(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
+        self.retrying("get", key, || self.get_capped_reads(key, limit))
+    }
+
+    fn exists(&self, key: &str) -> StoreResult<bool> {
+        self.retrying("exists", key, || self.exists_once(key))
+    }
+
+    fn remove(&self, key: &str) -> StoreResult<bool> {
+        self.retrying("remove", key, || self.remove_once(key))
+    }
+
+    fn put_batch(&self, items: &[(&str, &[u8])], class: ValueClass) -> Vec<StoreResult<()>> {
+        self.retrying_batch("put", items.len(), |at| {
+            let some: Vec<_> = at.iter().map(|&i| items[i]).collect();
+            self.batch_put(&some, class)
+        })
+    }
+
+    fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+        self.retrying_batch("get", keys.len(), |at| {
+            let some: Vec<_> = at.iter().map(|&i| keys[i]).collect();
+            self.batch_get(&some)
+        })
+    }
+
+    fn get_sized_batch(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Option<Fetched>>> {
+        self.retrying_batch("get", items.len(), |at| {
+            let some: Vec<_> = at.iter().map(|&i| items[i]).collect();
+            self.batch_get_sized(&some)
+        })
+    }
+
+    fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
+        self.retrying_batch("exists", keys.len(), |at| {
+            let some: Vec<_> = at.iter().map(|&i| keys[i]).collect();
+            self.batch_exists(&some)
+        })
+    }
+}
+
+impl MooncakeStore {
+    /// `get_capped` without the retry of failures that pass: a read that outlived its lease is
+    /// read again at once, a few times.
+    fn get_capped_reads(&self, key: &str, limit: u64) -> StoreResult<Option<Vec<u8>>> {
         // A read slower than its lease (an overloaded node, or this host starved of CPU: a
         // rollout's herd) fails; a new read takes a new lease.
         for _ in 1..LEASE_EXPIRED_READS {
@@ -298,7 +392,7 @@ impl Store for MooncakeStore {
         self.get_capped_once(key, limit)
     }
 
-    fn exists(&self, key: &str) -> StoreResult<bool> {
+    fn exists_once(&self, key: &str) -> StoreResult<bool> {
         let k = c_key(key)?;
         self.call(move |inner| {
             // SAFETY: the key is NUL-terminated.
@@ -307,28 +401,12 @@ impl Store for MooncakeStore {
         })?
     }
 
-    fn remove(&self, key: &str) -> StoreResult<bool> {
+    fn remove_once(&self, key: &str) -> StoreResult<bool> {
         let k = c_key(key)?;
         self.call(move |inner| {
             // SAFETY: the key is NUL-terminated; force=0 respects readers' leases.
             let rc = unsafe { (inner.lib.remove)(inner.handle.0, k.as_ptr(), 0) };
             remove_result(inner, i64::from(rc), &k.to_string_lossy())
         })?
-    }
-
-    fn put_batch(&self, items: &[(&str, &[u8])], class: ValueClass) -> Vec<StoreResult<()>> {
-        self.batch_put(items, class)
-    }
-
-    fn get_batch(&self, keys: &[&str]) -> Vec<StoreResult<Option<Vec<u8>>>> {
-        self.batch_get(keys)
-    }
-
-    fn get_sized_batch(&self, items: &[(&str, u64)]) -> Vec<StoreResult<Option<Fetched>>> {
-        self.batch_get_sized(items)
-    }
-
-    fn exists_batch(&self, keys: &[&str]) -> Vec<StoreResult<bool>> {
-        self.batch_exists(keys)
     }
 }
