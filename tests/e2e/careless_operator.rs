@@ -18,8 +18,10 @@ use jitship::catalog::{self, KeyLayout, now_secs};
 use jitship::generation::{CompatId, ContentHash, GenerationId, HeadRecord};
 use jitship::install::InstallOutcome;
 use jitship::store::{LocalStore, Store, ValueClass};
+use jitship_tests::cli::quiet as jitship;
 use jitship_tests::fixtures::{bytes, digest};
 use jitship_tests::harness::Scenario;
+use jitship_tests::output::show;
 
 fn local(dir: &Path) -> Arc<dyn Store> {
     Arc::new(LocalStore::open(dir.join("store")).unwrap())
@@ -42,21 +44,6 @@ fn mkfifo(path: &Path) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid C string; mkfifo only reads it.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
-}
-
-fn jitship() -> Command {
-    let mut c = jitship_tests::cli::jitship();
-    c.env("RUST_LOG", "warn");
-    c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// A link at the lock file's name (planted by whoever can write the root's parent, `/tmp` for
@@ -167,7 +154,7 @@ fn a_fifo_beside_the_root_gives_an_error_naming_it_never_a_wait() {
     let out = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("audit is still waiting on the FIFO");
-    let shown = text(&out);
+    let shown = show(&out);
     assert!(!out.status.success(), "{shown}");
     assert!(
         shown.contains(&record.display().to_string()) && shown.contains("FIFO"),
@@ -206,21 +193,21 @@ fn audit_sees_a_compiled_file_renamed_over_an_installed_one() {
         fs::read(root.join(p)).unwrap();
     }
     let out = audit(false);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("warm"), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(show(&out).contains("warm"), "{}", show(&out));
 
     let tmp = root.join(format!("{model}.4242.tmp"));
     fs::write(&tmp, bytes(7, 300)).unwrap();
     fs::rename(&tmp, root.join(model)).unwrap();
     let out = audit(false);
-    let shown = text(&out);
+    let shown = show(&out);
     assert_eq!(out.status.code(), Some(3), "{shown}");
     assert!(
         shown.contains("compiled anyway") && shown.contains(model) && !shown.contains("warm"),
         "{shown}"
     );
     let out = audit(true);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let r = &doc["results"][0];
     assert_eq!(r["warm"], false, "{r}");
@@ -314,7 +301,7 @@ fn installed_modes_follow_the_umask_and_never_grant_group_or_other_write() {
         .args(["--cache", &cache(&src), "--pack-size", "64KiB"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", show(&out));
 
     for (umask, want) in [("077", 0o700), ("022", 0o755), ("000", 0o755)] {
         let root = t.path().join(format!("root{umask}"));
@@ -327,7 +314,7 @@ fn installed_modes_follow_the_umask_and_never_grant_group_or_other_write() {
             .env("RUST_LOG", "warn")
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
         // Directories the install created too (the root and `bin`).
         for file in ["bin/tool", "big", "bin", ""] {
             let mode = fs::metadata(root.join(file)).unwrap().mode() & 0o7777;
@@ -360,7 +347,7 @@ fn triton_cmd(cmd: &str, store: &str, root: &Path) -> Command {
 
 fn first_result(out: &Output) -> serde_json::Value {
     let doc: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(out)));
     doc["results"][0].clone()
 }
 
@@ -376,7 +363,7 @@ fn a_group_file_naming_anything_outside_the_root_is_refused_canonical_or_not() {
 
     // The compat id this worker's triton installs look under (nothing published yet: a miss).
     let out = triton_cmd("install", &store_flag, &root).output().unwrap();
-    assert_eq!(out.status.code(), Some(11), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(11), "{}", show(&out));
     let miss = first_result(&out);
     let compat: CompatId = miss["compat_id"].as_str().unwrap().parse().unwrap();
     let compat_key = miss["compat_key"].as_str().unwrap().to_owned();
@@ -397,7 +384,7 @@ fn a_group_file_naming_anything_outside_the_root_is_refused_canonical_or_not() {
             .args(["--cache", &format!("kernels:native={}", src.display())])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", show(&out));
         let generation: GenerationId = first_result(&out)["generation"]
             .as_str()
             .unwrap()
@@ -434,7 +421,7 @@ fn a_group_file_naming_anything_outside_the_root_is_refused_canonical_or_not() {
             .unwrap();
 
         let out = triton_cmd("install", &store_flag, &root).output().unwrap();
-        assert_eq!(out.status.code(), Some(12), "{}", text(&out));
+        assert_eq!(out.status.code(), Some(12), "{}", show(&out));
         let r = first_result(&out);
         let detail = r["detail"].as_str().unwrap();
         assert!(
@@ -471,7 +458,7 @@ fn read_only_commands_never_create_a_local_store() {
             .args(["--store", &flag])
             .output()
             .unwrap();
-        let shown = text(&out);
+        let shown = show(&out);
         assert!(!out.status.success(), "{args:?}: {shown}");
         assert!(
             shown.contains(&missing.display().to_string()) && shown.contains("does not exist"),
@@ -483,9 +470,9 @@ fn read_only_commands_never_create_a_local_store() {
         );
     }
     let out = jitship().args(["gc", "--store", &flag]).output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", show(&out));
     assert!(missing.is_dir());
     // Once it exists, the read-only commands read it.
     let out = jitship().args(["ls", "--store", &flag]).output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", show(&out));
 }

@@ -191,15 +191,10 @@ fn run_for(b: &Backend, tag: &str) -> bool {
     raced
 }
 
-#[test]
-fn five_concurrent_publisher_processes_converge_on_the_union() {
-    five_concurrent_publisher_processes_converge_on_the_union_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn five_concurrent_publisher_processes_converge_on_the_union_on_mooncake() {
-    five_concurrent_publisher_processes_converge_on_the_union_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    five_concurrent_publisher_processes_converge_on_the_union,
+    five_concurrent_publisher_processes_converge_on_the_union_on_mooncake
+        => five_concurrent_publisher_processes_converge_on_the_union_on;
 }
 
 fn five_concurrent_publisher_processes_converge_on_the_union_on(place: Place) {

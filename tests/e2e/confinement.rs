@@ -21,6 +21,7 @@ use jitship::install::InstallOutcome;
 use jitship::store::ValueClass;
 use jitship::store::testing::slow_gets;
 use jitship::store::{LocalStore, Store};
+use jitship_tests::cli::quiet as jitship;
 use jitship_tests::fixtures::{self, bytes, digest};
 use jitship_tests::harness::{Scenario, published};
 
@@ -375,12 +376,6 @@ fn a_deadline_removes_the_staging_before_install_returns() {
             .contains("staging"))
     );
     assert_eq!(fs::read_dir(&root).unwrap().count(), 1);
-}
-
-fn jitship() -> Command {
-    let mut c = jitship_tests::cli::jitship();
-    c.env("RUST_LOG", "warn");
-    c
 }
 
 /// `publish` of a root that does not exist or is a file: an error naming the path, exit 1,

@@ -3,7 +3,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
+
+use jitship_tests::cli::bare as jitship;
+use jitship_tests::fixtures::fake_venv;
 
 fn script(path: &Path, body: &str) {
     std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -97,48 +99,13 @@ fn facts_command_prints_gathered_and_overridden_facts() {
     );
 }
 
-/// Runs the binary with exactly `env` (plus an empty PATH unless given); returns (code, stdout, stderr).
-fn jitship(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = jitship_tests::cli::jitship();
-    cmd.args(args).env_clear().env("PATH", "/nonexistent");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
 /// `JITSHIP_PYTHON` is one interpreter for every command: `facts` and `publish` gather the same
 /// python.* and pkg.* facts from a venv it names, and without it publish gathers none (no python3
 /// on PATH).
 #[test]
 fn jitship_python_gives_publish_and_facts_the_same_python_facts() {
     let dir = tempfile::tempdir().unwrap();
-    let venv = dir.path().join("venv");
-    let made = Command::new("python3")
-        .args(["-m", "venv", "--without-pip"])
-        .arg(&venv)
-        .status()
-        .expect("python3 on the test's PATH");
-    assert!(made.success());
-    let site = std::fs::read_dir(venv.join("lib"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path()
-        .join("site-packages");
-    std::fs::create_dir_all(site.join("torch-2.15.0.dist-info")).unwrap();
-    std::fs::write(
-        site.join("torch-2.15.0.dist-info/METADATA"),
-        "Name: torch\nVersion: 2.15.0\n",
-    )
-    .unwrap();
-    let python = venv.join("bin/python3");
+    let python = fake_venv(&dir.path().join("venv"), &[("torch", "2.15.0")]);
     let python = python.to_str().unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
@@ -194,25 +161,7 @@ fn jitship_python_gives_publish_and_facts_the_same_python_facts() {
 fn the_worker_python_is_found_through_virtual_env_alone() {
     let dir = tempfile::tempdir().unwrap();
     let venv = dir.path().join("venv");
-    let made = Command::new("python3")
-        .args(["-m", "venv", "--without-pip"])
-        .arg(&venv)
-        .status()
-        .expect("python3 on the test's PATH");
-    assert!(made.success());
-    let site = std::fs::read_dir(venv.join("lib"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path()
-        .join("site-packages");
-    for (name, version) in [("torch", "2.13.0"), ("vllm", "0.32.0")] {
-        let d = site.join(format!("{name}-{version}.dist-info"));
-        std::fs::create_dir_all(&d).unwrap();
-        let metadata = format!("Name: {name}\nVersion: {version}\n");
-        std::fs::write(d.join("METADATA"), metadata).unwrap();
-    }
+    fake_venv(&venv, &[("torch", "2.13.0"), ("vllm", "0.32.0")]);
     // PATH holds the compiler the CPU facts ask, and no python3.
     let bin = dir.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();

@@ -164,15 +164,10 @@ fn verdict(r: &GcReport, id: &GenerationId) -> (Verdict, String) {
     (d.verdict, d.reason.clone())
 }
 
-#[test]
-fn gc_removes_unreferenced_packs_and_keeps_referenced_ones() {
-    gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn gc_removes_unreferenced_packs_and_keeps_referenced_ones_on_mooncake() {
-    gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    gc_removes_unreferenced_packs_and_keeps_referenced_ones,
+    gc_removes_unreferenced_packs_and_keeps_referenced_ones_on_mooncake
+        => gc_removes_unreferenced_packs_and_keeps_referenced_ones_on;
 }
 
 fn gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(place: Place) {
@@ -320,15 +315,10 @@ fn gc_removes_unreferenced_packs_and_keeps_referenced_ones_on(place: Place) {
     }
 }
 
-#[test]
-fn an_install_running_during_gc_completes() {
-    an_install_running_during_gc_completes_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn an_install_running_during_gc_completes_on_mooncake() {
-    an_install_running_during_gc_completes_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    an_install_running_during_gc_completes,
+    an_install_running_during_gc_completes_on_mooncake
+        => an_install_running_during_gc_completes_on;
 }
 
 fn an_install_running_during_gc_completes_on(place: Place) {
@@ -468,15 +458,10 @@ fn manifest_removes_fail(inner: Arc<dyn Store>) -> Hooked<Arc<dyn Store>> {
     })
 }
 
-#[test]
-fn pins_floors_and_an_interrupted_gc() {
-    pins_floors_and_an_interrupted_gc_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn pins_floors_and_an_interrupted_gc_on_mooncake() {
-    pins_floors_and_an_interrupted_gc_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    pins_floors_and_an_interrupted_gc,
+    pins_floors_and_an_interrupted_gc_on_mooncake
+        => pins_floors_and_an_interrupted_gc_on;
 }
 
 fn pins_floors_and_an_interrupted_gc_on(place: Place) {
@@ -664,19 +649,14 @@ fn plant_undecodable(
     (id, m.packs.iter().map(|p| p.id).collect())
 }
 
-/// Issue 11: the newest generation's manifest is corrupt (bytes that do not hash to its id) and
-/// gc runs with no grace at all. Before, every pack it referenced was removed as an orphan. Now
-/// gc fails closed: nothing of that compat id is dropped, no pack at all is removed, and the
-/// report names the generation.
-#[test]
-fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace() {
-    a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on_mooncake() {
-    a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Issue 11: the newest generation's manifest is corrupt (bytes that do not hash to its id) and
+    /// gc runs with no grace at all. Before, every pack it referenced was removed as an orphan. Now
+    /// gc fails closed: nothing of that compat id is dropped, no pack at all is removed, and the
+    /// report names the generation.
+    a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace,
+    a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on_mooncake
+        => a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on;
 }
 
 fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(place: Place) {
@@ -721,18 +701,13 @@ fn a_corrupt_kept_manifest_keeps_every_pack_even_with_no_grace_on(place: Place) 
     }
 }
 
-/// Issue 11: the newest generation was written by a newer jitship (format 2, a field this one
-/// does not know), its packs are 2 h old and gc runs with the default grace (1 h). No pack it
-/// references is removed (before: all of them, while the report said "keep").
-#[test]
-fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace() {
-    a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on_mooncake() {
-    a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Issue 11: the newest generation was written by a newer jitship (format 2, a field this one
+    /// does not know), its packs are 2 h old and gc runs with the default grace (1 h). No pack it
+    /// references is removed (before: all of them, while the report said "keep").
+    a_newer_format_manifest_keeps_its_packs_under_the_default_grace,
+    a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on_mooncake
+        => a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on;
 }
 
 fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(place: Place) {
@@ -777,17 +752,12 @@ fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(place: Pla
     }
 }
 
-/// The bytes of removed orphan packs (found by listing, so gc had no manifest size for them) are
-/// reported (before: "(0 B)").
-#[test]
-fn removed_orphan_packs_are_reported_with_their_bytes() {
-    removed_orphan_packs_are_reported_with_their_bytes_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn removed_orphan_packs_are_reported_with_their_bytes_on_mooncake() {
-    removed_orphan_packs_are_reported_with_their_bytes_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// The bytes of removed orphan packs (found by listing, so gc had no manifest size for them) are
+    /// reported (before: "(0 B)").
+    removed_orphan_packs_are_reported_with_their_bytes,
+    removed_orphan_packs_are_reported_with_their_bytes_on_mooncake
+        => removed_orphan_packs_are_reported_with_their_bytes_on;
 }
 
 fn removed_orphan_packs_are_reported_with_their_bytes_on(place: Place) {
@@ -1003,18 +973,13 @@ fn a_key_is_decided_by_the_policy_it_was_published_with_or_kept_whole() {
     );
 }
 
-/// Issue 40: what lost head races leave (contributions, `docs/concurrent-publishes.md`) goes
-/// once the head above them is older than grace, with the manifests they name and those
-/// manifests' own packs; the contributions at the newest seq, and any within grace, stay.
-#[test]
-fn spent_contributions_go_after_grace_and_the_newest_seq_keeps_its_own() {
-    spent_contributions_go_after_grace_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn spent_contributions_go_after_grace_and_the_newest_seq_keeps_its_own_on_mooncake() {
-    spent_contributions_go_after_grace_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Issue 40: what lost head races leave (contributions, `docs/concurrent-publishes.md`) goes
+    /// once the head above them is older than grace, with the manifests they name and those
+    /// manifests' own packs; the contributions at the newest seq, and any within grace, stay.
+    spent_contributions_go_after_grace_and_the_newest_seq_keeps_its_own,
+    spent_contributions_go_after_grace_and_the_newest_seq_keeps_its_own_on_mooncake
+        => spent_contributions_go_after_grace_on;
 }
 
 fn spent_contributions_go_after_grace_on(place: Place) {

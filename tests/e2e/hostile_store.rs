@@ -129,18 +129,13 @@ fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// A signing publisher given no trusted key (the signing example of docs/guide/security.md) never
-/// builds on, merges or signs an attacker's generation, and writes a signed head above an
-/// untrusted newest head even with nothing new, so `required` installers move on to it.
-#[test]
-fn a_signing_publisher_never_signs_an_attackers_files() {
-    a_signing_publisher_never_signs_an_attackers_files_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_signing_publisher_never_signs_an_attackers_files_on_mooncake() {
-    a_signing_publisher_never_signs_an_attackers_files_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// A signing publisher given no trusted key (the signing example of docs/guide/security.md) never
+    /// builds on, merges or signs an attacker's generation, and writes a signed head above an
+    /// untrusted newest head even with nothing new, so `required` installers move on to it.
+    a_signing_publisher_never_signs_an_attackers_files,
+    a_signing_publisher_never_signs_an_attackers_files_on_mooncake
+        => a_signing_publisher_never_signs_an_attackers_files_on;
 }
 
 fn a_signing_publisher_never_signs_an_attackers_files_on(place: Place) {
@@ -199,18 +194,13 @@ fn a_signing_publisher_never_signs_an_attackers_files_on(place: Place) {
     }
 }
 
-/// Valid-looking unsigned heads at seq 2^64-1 and at newest + 10^7: `required` installs take the
-/// newest trusted generation, a trusted publisher and a default-mode publisher finish, nothing
-/// wraps. Prints what head discovery cost (probes, time) for the closing note.
-#[test]
-fn heads_at_u64_max_and_far_above_freeze_nothing() {
-    heads_at_u64_max_and_far_above_freeze_nothing_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn heads_at_u64_max_and_far_above_freeze_nothing_on_mooncake() {
-    heads_at_u64_max_and_far_above_freeze_nothing_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Valid-looking unsigned heads at seq 2^64-1 and at newest + 10^7: `required` installs take the
+    /// newest trusted generation, a trusted publisher and a default-mode publisher finish, nothing
+    /// wraps. Prints what head discovery cost (probes, time) for the closing note.
+    heads_at_u64_max_and_far_above_freeze_nothing,
+    heads_at_u64_max_and_far_above_freeze_nothing_on_mooncake
+        => heads_at_u64_max_and_far_above_freeze_nothing_on;
 }
 
 fn heads_at_u64_max_and_far_above_freeze_nothing_on(place: Place) {
@@ -293,21 +283,16 @@ fn heads_at_u64_max_and_far_above_freeze_nothing_on(place: Place) {
     }
 }
 
-/// Issue 39: junk records at the top of the seq range (one byte each, 256 and more) and a
-/// valid-looking unsigned head just below the ceiling took a key from its trusted publisher for
-/// good: it passed over them, wrote a fresh chain far below and reported success, and every
-/// `required` install walked down from the top, passed 256 and gave up. Under `required` a
-/// signing publisher now removes what it refuses above its base and writes just above it, so the
-/// next trusted publish is what installs take, however many times the attack is repeated.
-#[test]
-fn junk_at_the_top_cannot_take_a_key_from_its_trusted_publisher() {
-    junk_at_the_top_cannot_take_a_key_from_its_trusted_publisher_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn junk_at_the_top_cannot_take_a_key_from_its_trusted_publisher_on_mooncake() {
-    junk_at_the_top_cannot_take_a_key_from_its_trusted_publisher_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Issue 39: junk records at the top of the seq range (one byte each, 256 and more) and a
+    /// valid-looking unsigned head just below the ceiling took a key from its trusted publisher for
+    /// good: it passed over them, wrote a fresh chain far below and reported success, and every
+    /// `required` install walked down from the top, passed 256 and gave up. Under `required` a
+    /// signing publisher now removes what it refuses above its base and writes just above it, so the
+    /// next trusted publish is what installs take, however many times the attack is repeated.
+    junk_at_the_top_cannot_take_a_key_from_its_trusted_publisher,
+    junk_at_the_top_cannot_take_a_key_from_its_trusted_publisher_on_mooncake
+        => junk_at_the_top_cannot_take_a_key_from_its_trusted_publisher_on;
 }
 
 fn reach_is_high(seq: u64) -> bool {
@@ -405,17 +390,12 @@ fn a_publish_installs_cannot_reach_is_not_reported_as_success() {
     }
 }
 
-/// Corrupt, empty, mislabelled and oversized heads on top: installs fall back with a reason for
-/// each, publish writes above them, gc reports them and still collects.
-#[test]
-fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing() {
-    bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on_mooncake() {
-    bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Corrupt, empty, mislabelled and oversized heads on top: installs fall back with a reason for
+    /// each, publish writes above them, gc reports them and still collects.
+    bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing,
+    bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on_mooncake
+        => bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on;
 }
 
 fn bad_heads_on_top_are_passed_over_with_a_reason_and_block_nothing_on(place: Place) {
@@ -556,18 +536,13 @@ fn peak_rss_kib() -> u64 {
         .unwrap()
 }
 
-/// Three unsigned heads above three trusted generations and `gc --keep 3` under `required`: every
-/// trusted generation is kept (the untrusted ones never fill the quota), installs still take the
-/// newest trusted one; once a trusted head lies above them, the untrusted ones are removed.
-#[test]
-fn gc_never_drops_trusted_generations_for_untrusted_ones() {
-    gc_never_drops_trusted_generations_for_untrusted_ones_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn gc_never_drops_trusted_generations_for_untrusted_ones_on_mooncake() {
-    gc_never_drops_trusted_generations_for_untrusted_ones_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Three unsigned heads above three trusted generations and `gc --keep 3` under `required`: every
+    /// trusted generation is kept (the untrusted ones never fill the quota), installs still take the
+    /// newest trusted one; once a trusted head lies above them, the untrusted ones are removed.
+    gc_never_drops_trusted_generations_for_untrusted_ones,
+    gc_never_drops_trusted_generations_for_untrusted_ones_on_mooncake
+        => gc_never_drops_trusted_generations_for_untrusted_ones_on;
 }
 
 fn gc_never_drops_trusted_generations_for_untrusted_ones_on(place: Place) {

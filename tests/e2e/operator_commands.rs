@@ -243,15 +243,10 @@ fn run_for(b: &Backend) {
     assert_eq!(v["results"][0]["ok"], false);
 }
 
-#[test]
-fn operator_commands_on_every_backend() {
-    operator_commands_on_every_backend_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn operator_commands_on_every_backend_on_mooncake() {
-    operator_commands_on_every_backend_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    operator_commands_on_every_backend,
+    operator_commands_on_every_backend_on_mooncake
+        => operator_commands_on_every_backend_on;
 }
 
 fn operator_commands_on_every_backend_on(place: Place) {

@@ -22,6 +22,7 @@ use jitship::policy::{
     CachePolicy, FileEntry, GenerationSummary, PolicyError, ReasonCategory, RetentionLimits,
     Verdict,
 };
+use jitship_tests::fixtures::copy_tree;
 
 fn guests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("guests")
@@ -877,18 +878,6 @@ fn paths_of_dependencies_outside_the_workspace_are_remapped_and_reported() {
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for e in walkdir::WalkDir::new(from) {
-        let e = e.unwrap();
-        let dest = to.join(e.path().strip_prefix(from).unwrap());
-        if e.file_type().is_dir() {
-            std::fs::create_dir_all(&dest).unwrap();
-        } else {
-            std::fs::copy(e.path(), &dest).unwrap();
-        }
-    }
 }
 
 #[test]

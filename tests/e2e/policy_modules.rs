@@ -9,24 +9,16 @@
 //! `rustup target add wasm32-unknown-unknown` and the SDK's crates in cargo's cache.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use jitship::catalog::KeyLayout;
 use jitship::generation::ContentHash;
 use jitship::store::{LocalStore, Store, ValueClass};
 
-use super::policy_new::{json, ok, write};
+use jitship_tests::cli::run as jitship;
+use jitship_tests::output::{json, ok};
 
-fn jitship(args: &[&str]) -> Output {
-    jitship_tests::cli::jitship()
-        .args(args)
-        .env("RUST_LOG", "error")
-        .env_remove("JITSHIP_CONFIG")
-        .env_remove("JITSHIP_CACHES")
-        .env_remove("JITSHIP_POLICY_DIR")
-        .output()
-        .expect("run jitship")
-}
+use super::policy_new::write;
 
 pub(crate) fn scaffold(name: &str, kind: &str, dir: &Path) {
     ok(

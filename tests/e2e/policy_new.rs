@@ -9,30 +9,10 @@
 //! new crate and the SDK compile after the first run.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn jitship(args: &[&str]) -> Output {
-    jitship_tests::cli::jitship()
-        .args(args)
-        .output()
-        .expect("run jitship")
-}
-
-pub(crate) fn ok(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-pub(crate) fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
-}
+use jitship_tests::cli::run as jitship;
+use jitship_tests::output::{json, ok};
 
 pub(crate) fn write(root: &Path, path: &str, bytes: &[u8]) {
     let path = root.join(path);

@@ -18,17 +18,7 @@ const FACTS: [&str; 10] = [
 ];
 
 fn jitship(args: &[&str]) -> (i32, String, String) {
-    let out = jitship_tests::cli::jitship()
-        .args(args)
-        .env_clear()
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    jitship_tests::cli::bare(args, &[])
 }
 
 fn generations(dir: &Path, entries: &[(&str, u64)]) -> String {

@@ -72,17 +72,12 @@ fn put_head(s: &Scenario, layout: &KeyLayout, h: &HeadRecord) {
         .unwrap();
 }
 
-/// A head pointing at another generation, carrying a signature copied from a genuine head, is
-/// refused as forged; install falls back to the genuine generation below it.
-#[test]
-fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one() {
-    a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on_mooncake() {
-    a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// A head pointing at another generation, carrying a signature copied from a genuine head, is
+    /// refused as forged; install falls back to the genuine generation below it.
+    a_forged_head_is_refused_and_install_falls_back_to_the_signed_one,
+    a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on_mooncake
+        => a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on;
 }
 
 fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(place: Place) {
@@ -160,19 +155,12 @@ fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(place: P
     }
 }
 
-/// A validly signed head copied under another compat id (its compat id rewritten to match the key
-/// it sits at) or into another namespace does not verify there.
-#[test]
-fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused() {
-    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on_mooncake() {
-    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(
-        Place::Mooncake,
-    );
+jitship_tests::on_local_and_mooncake! {
+    /// A validly signed head copied under another compat id (its compat id rewritten to match the key
+    /// it sits at) or into another namespace does not verify there.
+    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused,
+    a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on_mooncake
+        => a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on;
 }
 
 fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on(place: Place) {
@@ -257,17 +245,12 @@ fn a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_
     }
 }
 
-/// Unsigned generations: refused under `required` (exit 14, root untouched), used under `warn`
-/// and `off`; a publisher under `required` without a key refuses to publish.
-#[test]
-fn an_unsigned_generation_is_refused_under_required_only() {
-    an_unsigned_generation_is_refused_under_required_only_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn an_unsigned_generation_is_refused_under_required_only_on_mooncake() {
-    an_unsigned_generation_is_refused_under_required_only_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Unsigned generations: refused under `required` (exit 14, root untouched), used under `warn`
+    /// and `off`; a publisher under `required` without a key refuses to publish.
+    an_unsigned_generation_is_refused_under_required_only,
+    an_unsigned_generation_is_refused_under_required_only_on_mooncake
+        => an_unsigned_generation_is_refused_under_required_only_on;
 }
 
 fn an_unsigned_generation_is_refused_under_required_only_on(place: Place) {
@@ -310,17 +293,12 @@ fn an_unsigned_generation_is_refused_under_required_only_on(place: Place) {
     }
 }
 
-/// A generation signed by a key this host does not trust is refused, and its files are never
-/// merged into what a trusted publisher signs.
-#[test]
-fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on() {
-    a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on_mooncake() {
-    a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// A generation signed by a key this host does not trust is refused, and its files are never
+    /// merged into what a trusted publisher signs.
+    a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on,
+    a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on_mooncake
+        => a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on;
 }
 
 fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(place: Place) {
@@ -373,17 +351,12 @@ fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(plac
     }
 }
 
-/// Rotation: old and new key both trusted while publishers move to the new one; then the old one
-/// is removed, and only what the new key signed is installed.
-#[test]
-fn a_rotated_key_old_and_new_trusted_then_the_old_removed() {
-    a_rotated_key_old_and_new_trusted_then_the_old_removed_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_rotated_key_old_and_new_trusted_then_the_old_removed_on_mooncake() {
-    a_rotated_key_old_and_new_trusted_then_the_old_removed_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// Rotation: old and new key both trusted while publishers move to the new one; then the old one
+    /// is removed, and only what the new key signed is installed.
+    a_rotated_key_old_and_new_trusted_then_the_old_removed,
+    a_rotated_key_old_and_new_trusted_then_the_old_removed_on_mooncake
+        => a_rotated_key_old_and_new_trusted_then_the_old_removed_on;
 }
 
 fn a_rotated_key_old_and_new_trusted_then_the_old_removed_on(place: Place) {
@@ -455,18 +428,13 @@ fn a_rotated_key_old_and_new_trusted_then_the_old_removed_on(place: Place) {
     }
 }
 
-/// A poisoned pack (right size, wrong bytes) under a key puts never overwrite: install falls back
-/// to the older complete generation; `verify` + `repair` removes it; the next publish uploads it
-/// again and the newest generation installs and verifies clean.
-#[test]
-fn a_corrupt_pack_is_passed_over_repaired_and_republished() {
-    a_corrupt_pack_is_passed_over_repaired_and_republished_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn a_corrupt_pack_is_passed_over_repaired_and_republished_on_mooncake() {
-    a_corrupt_pack_is_passed_over_repaired_and_republished_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    /// A poisoned pack (right size, wrong bytes) under a key puts never overwrite: install falls back
+    /// to the older complete generation; `verify` + `repair` removes it; the next publish uploads it
+    /// again and the newest generation installs and verifies clean.
+    a_corrupt_pack_is_passed_over_repaired_and_republished,
+    a_corrupt_pack_is_passed_over_repaired_and_republished_on_mooncake
+        => a_corrupt_pack_is_passed_over_repaired_and_republished_on;
 }
 
 fn a_corrupt_pack_is_passed_over_repaired_and_republished_on(place: Place) {
@@ -586,15 +554,10 @@ fn expect(b: &Backend, flags: &[String], args: &[&str], code: i32) -> String {
     stdout
 }
 
-#[test]
-fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs() {
-    the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on(Place::Local);
-}
-
-#[test]
-#[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
-fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on_mooncake() {
-    the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on(Place::Mooncake);
+jitship_tests::on_local_and_mooncake! {
+    the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs,
+    the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on_mooncake
+        => the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on;
 }
 
 fn the_cli_generates_keys_signs_refuses_with_exit_14_and_repairs_on(place: Place) {

@@ -125,3 +125,32 @@ pub fn remove_retrying(store: &dyn Store, key: &str) -> bool {
         }
     }
 }
+
+/// Declares a test over backends, written once as `fn x_on(place: Place)`, twice: `x` on the
+/// local stores and `x_on_mooncake`, ignored in the fast loop, on the Mooncake test cluster
+/// (tests/run-all.sh's Mooncake steps run it with `-- --ignored mooncake`). Attributes (doc
+/// comments) go on both. Several may be declared in one call.
+///
+/// ```ignore
+/// on_local_and_mooncake! {
+///     /// What it shows.
+///     x, x_on_mooncake => x_on;
+/// }
+/// ```
+#[macro_export]
+macro_rules! on_local_and_mooncake {
+    ($($(#[$attr:meta])* $local:ident, $mooncake:ident => $on:path;)+) => {$(
+        $(#[$attr])*
+        #[test]
+        fn $local() {
+            $on($crate::backends::Place::Local);
+        }
+
+        $(#[$attr])*
+        #[test]
+        #[ignore = "needs the Mooncake test cluster: tests/cluster/cluster.sh run -- cargo test -p jitship-tests --test e2e -- --ignored mooncake"]
+        fn $mooncake() {
+            $on($crate::backends::Place::Mooncake);
+        }
+    )+};
+}

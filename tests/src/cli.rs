@@ -30,3 +30,42 @@ pub fn exe() -> &'static Path {
 pub fn jitship() -> Command {
     Command::new(exe())
 }
+
+/// `jitship` as a test means it: warnings only in its log, and none of the operator's
+/// environment (a config, caches, policy directory or trust set where the tests run) reaching it.
+pub fn quiet() -> Command {
+    let mut c = jitship();
+    c.env("RUST_LOG", "warn");
+    for var in [
+        "JITSHIP_CONFIG",
+        "JITSHIP_CACHES",
+        "JITSHIP_POLICY_DIR",
+        "JITSHIP_SIGNING_KEY_FILE",
+        "JITSHIP_TRUSTED_KEYS",
+        "JITSHIP_TRUST_MODE",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+/// Runs `jitship ARGS` (as [`quiet`]) to the end.
+pub fn run(args: &[&str]) -> std::process::Output {
+    quiet().args(args).output().expect("run jitship-e2e")
+}
+
+/// Runs `jitship ARGS` with exactly `env` (PATH is `/nonexistent` unless `env` names it): no
+/// program, config or fact of this machine reaches it. Returns (exit code, stdout, stderr).
+pub fn bare(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut c = jitship();
+    c.args(args).env_clear().env("PATH", "/nonexistent");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("run jitship-e2e");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}

@@ -122,3 +122,32 @@ pub fn digest(root: &Path) -> TreeDigest {
     }
     out
 }
+
+/// A Python venv at `venv` made by the system's `python3 -m venv --without-pip` (no download),
+/// with a `.dist-info` for each of `packages` (name, version) in its site-packages, as pip would
+/// leave them. Returns the venv's interpreter.
+pub fn fake_venv(venv: &Path, packages: &[(&str, &str)]) -> std::path::PathBuf {
+    let made = std::process::Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(venv)
+        .status()
+        .expect("python3 on the test's PATH");
+    assert!(made.success(), "python3 -m venv {}", venv.display());
+    let site = fs::read_dir(venv.join("lib"))
+        .unwrap()
+        .next()
+        .expect("lib/python3.X in the venv")
+        .unwrap()
+        .path()
+        .join("site-packages");
+    for (name, version) in packages {
+        let d = site.join(format!("{name}-{version}.dist-info"));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(
+            d.join("METADATA"),
+            format!("Name: {name}\nVersion: {version}\n"),
+        )
+        .unwrap();
+    }
+    venv.join("bin/python3")
+}

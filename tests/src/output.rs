@@ -24,6 +24,12 @@ pub fn show(out: &Output) -> String {
     )
 }
 
+/// `out`, after checking it succeeded; panics with `what` and the whole output if not.
+pub fn ok(what: &str, out: Output) -> Output {
+    assert!(out.status.success(), "{what}: {}", show(&out));
+    out
+}
+
 /// stdout as JSON; panics with the whole output if it is not.
 pub fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(out)))
