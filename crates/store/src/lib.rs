@@ -289,12 +289,21 @@ pub fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
 }
 
 /// `fast` over the durable tier `config` names (`[store.durable]`), if any, opened with
-/// `open_dir` (a command that only reads never creates the directory).
+/// `open_dir` (a command that only reads never creates the directory). A durable registry tier
+/// (`[store.durable] registry`) is not a `Store`: it is refused here, never dropped silently; the
+/// caller opens it beside the store (`jitship_oci::Registry`) and passes a config without it.
 pub fn with_durable_tier(
     fast: Arc<dyn Store>,
     config: &StoreConfig,
     open_dir: impl FnOnce(&std::path::Path) -> Result<LocalStore, StoreError>,
 ) -> Result<Arc<dyn Store>, StoreError> {
+    if let Some(registry) = &config.durable.registry {
+        return Err(StoreError::Other(format!(
+            "the durable registry tier {registry:?} ([store.durable] registry) is not opened by \
+             store::open: open it beside the store (oci::Registry::open) and pass the store \
+             settings without it"
+        )));
+    }
     match &config.durable.path {
         None => Ok(fast),
         Some(path) => {

@@ -32,22 +32,31 @@ pub(crate) struct CacheFacts {
 
 /// What working on one cache needs: the store and the kind's policy.
 pub(crate) type StoreAndPolicy = (Arc<dyn Store>, Arc<dyn CachePolicy>);
-/// The store, key layout, facts and per-cache policies one command works with.
-pub(crate) struct Session {
+/// The store, key layout, facts and per-cache policies one command works with: the store and
+/// the policy set present (`Session`, the store commands and `watch`), or each possibly missing
+/// with the reason ([`CacheSession`]: publish and install report it per cache).
+pub(crate) struct Session<S = Arc<dyn Store>, P = Arc<PolicySet>> {
     pub(crate) config: Config,
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: S,
     pub(crate) layout: KeyLayout,
     /// The command-wide facts (no cache's own overrides).
     pub(crate) facts: Facts,
     /// Each configured cache's own facts, by kind (empty for the store commands).
     pub(crate) cache_facts: BTreeMap<String, CacheFacts>,
-    pub(crate) policies: Arc<PolicySet>,
+    pub(crate) policies: P,
     pub(crate) trust: Arc<TrustPolicy>,
-    /// Where each of `config.caches`' roots came from (same order); empty for the store commands.
+    /// Where each of `config.caches`' roots came from (same order); empty for the store commands,
+    /// and when the policies could not start (every cache then fails with that reason).
     pub(crate) root_origins: Vec<RootOrigin>,
     /// The durable registry tier (`[store.durable] registry`), if one is configured.
     pub(crate) registry: Option<Arc<Registry>>,
 }
+
+/// What publish, install and watch work with: a session whose store and policies may be missing,
+/// each with the reason; only a configuration error (flags, config file, trust settings, a root
+/// that cannot be resolved) stops the command.
+pub(crate) type CacheSession =
+    Session<Result<Arc<dyn Store>, SharedFailure>, Result<Arc<PolicySet>, SharedFailure>>;
 
 /// Why every cache of a command fails before its own work starts (an unreachable store, an
 /// unusable policy engine): kept, cloned into each cache's report, instead of failing the command.
@@ -65,26 +74,6 @@ impl SharedFailure {
     pub(crate) fn one_line(&self) -> String {
         output::one_line(&self.error)
     }
-}
-
-/// What publish, install and watch work with: a session whose store and policies may be missing,
-/// each with the reason; only a configuration error (flags, config file, trust settings, a root
-/// that cannot be resolved) stops the command.
-pub(crate) struct CacheSession {
-    pub(crate) config: Config,
-    pub(crate) layout: KeyLayout,
-    /// The command-wide facts (no cache's own overrides).
-    pub(crate) facts: Facts,
-    /// Each configured cache's own facts, by kind: the ones its key is built from.
-    pub(crate) cache_facts: BTreeMap<String, CacheFacts>,
-    pub(crate) store: Result<Arc<dyn Store>, SharedFailure>,
-    pub(crate) policies: Result<Arc<PolicySet>, SharedFailure>,
-    pub(crate) trust: Arc<TrustPolicy>,
-    /// Where each of `config.caches`' roots came from (same order); empty when the policies could
-    /// not start (every cache then fails with that reason).
-    pub(crate) root_origins: Vec<RootOrigin>,
-    /// The durable registry tier (`[store.durable] registry`), if one is configured.
-    pub(crate) registry: Option<Arc<Registry>>,
 }
 
 /// "local store at /var/lib/jitship/store", "Mooncake store (master 10.0.0.1:50051)".
@@ -110,8 +99,17 @@ fn open_registry(config: &StoreConfig) -> Result<Option<Arc<Registry>>> {
         .context("opening the durable registry tier ([store.durable] registry)")
 }
 
+/// The store settings `store::open` takes: the durable registry tier is not a `Store` and
+/// `store::open` refuses it; the session opens it beside the store (`open_registry`).
+fn without_registry(config: &StoreConfig) -> StoreConfig {
+    let mut config = config.clone();
+    config.durable.registry = None;
+    config
+}
+
 fn open_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
-    crate::store::open(config).with_context(|| format!("opening the {}", describe_store(config)))
+    crate::store::open(&without_registry(config))
+        .with_context(|| format!("opening the {}", describe_store(config)))
 }
 
 /// [`open_store`] for a command that only reads: a local store directory is opened only if it
@@ -126,8 +124,10 @@ fn open_existing_store(config: &StoreConfig) -> Result<Arc<dyn Store>> {
             .map(|s| Arc::new(s) as Arc<dyn Store>)
             .with_context(|| format!("opening the {}", describe_store(config)))?,
     };
-    crate::store::with_durable_tier(fast, config, |dir| LocalStore::open_existing(dir))
-        .with_context(|| format!("opening the {}", describe_store(config)))
+    crate::store::with_durable_tier(fast, &without_registry(config), |dir| {
+        LocalStore::open_existing(dir)
+    })
+    .with_context(|| format!("opening the {}", describe_store(config)))
 }
 
 /// Opening the store failed in a way that may pass by itself: a master, node or metadata server
@@ -172,16 +172,6 @@ impl Store for NotConnected {
     fn remove(&self, _: &str) -> crate::store::StoreResult<bool> {
         Err(self.err())
     }
-}
-
-/// Where `cache`'s root came from, as the session resolved it ("" when it was not).
-fn root_origin(config: &Config, origins: &[RootOrigin], cache: &CacheConfig) -> String {
-    config
-        .caches
-        .iter()
-        .position(|c| c.kind == cache.kind)
-        .and_then(|i| origins.get(i))
-        .map_or_else(String::new, ToString::to_string)
 }
 
 impl CacheSession {
@@ -341,36 +331,6 @@ impl CacheSession {
             crate::watch::StoreSource::Connect { connect, why },
         ))
     }
-
-    /// The facts `cache`'s key is built from, and the overrides among them.
-    pub(crate) fn facts_of(&self, cache: &CacheConfig) -> &CacheFacts {
-        facts_of(&self.cache_facts, cache)
-    }
-
-    /// Where `cache`'s root came from when `open` resolved it from the environment (`None` for a
-    /// root given as such).
-    pub(crate) fn resolved_origin(&self, cache: &CacheConfig) -> Option<String> {
-        let i = self
-            .config
-            .caches
-            .iter()
-            .position(|c| c.kind == cache.kind)?;
-        match self.root_origins.get(i)? {
-            RootOrigin::Given => None,
-            origin => Some(origin.to_string()),
-        }
-    }
-
-    /// Fails (a configuration error) when the signing key cannot be loaded.
-    pub(crate) fn publish_options(
-        &self,
-        pack_size: Option<bytesize::ByteSize>,
-        pod: Option<&String>,
-    ) -> Result<PublishOptions> {
-        let mut opts = publish_options(&self.config, &self.facts, &self.trust, pack_size, pod)?;
-        opts.registry = self.registry.clone();
-        Ok(opts)
-    }
 }
 
 impl Session {
@@ -426,21 +386,47 @@ impl Session {
         })
     }
 
-    /// Where `cache`'s root came from, as `CacheSession::open` resolved it.
-    pub(crate) fn root_origin(&self, cache: &CacheConfig) -> String {
-        root_origin(&self.config, &self.root_origins, cache)
-    }
-
-    /// The facts `cache`'s key is built from, and the overrides among them.
-    pub(crate) fn facts_of(&self, cache: &CacheConfig) -> &CacheFacts {
-        facts_of(&self.cache_facts, cache)
-    }
-
+    /// `cache`'s policy, keyed as its engine keys it.
     pub(crate) fn policy(&self, cache: &CacheConfig) -> Arc<dyn CachePolicy> {
         let policy = self.policies.policy(&cache.kind);
         crate::engines::keyed(self.config.engine, &cache.kind, policy)
     }
+}
 
+impl<S, P> Session<S, P> {
+    /// Where `cache`'s root came from, as `CacheSession::open` resolved it ("" when it was not).
+    pub(crate) fn root_origin(&self, cache: &CacheConfig) -> String {
+        self.origin_of(cache)
+            .map_or_else(String::new, ToString::to_string)
+    }
+
+    fn origin_of(&self, cache: &CacheConfig) -> Option<&RootOrigin> {
+        let i = self
+            .config
+            .caches
+            .iter()
+            .position(|c| c.kind == cache.kind)?;
+        self.root_origins.get(i)
+    }
+
+    /// Where `cache`'s root came from when `open` resolved it from the environment (`None` for a
+    /// root given as such).
+    pub(crate) fn resolved_origin(&self, cache: &CacheConfig) -> Option<String> {
+        match self.origin_of(cache)? {
+            RootOrigin::Given => None,
+            origin => Some(origin.to_string()),
+        }
+    }
+
+    /// The facts `cache`'s key is built from, and the overrides among them: every cache of the
+    /// session's config has them (built with the session, whose caches never change kind).
+    pub(crate) fn facts_of(&self, cache: &CacheConfig) -> &CacheFacts {
+        self.cache_facts
+            .get(&cache.kind)
+            .expect("every configured cache has its facts")
+    }
+
+    /// Fails (a configuration error) when the signing key cannot be loaded.
     pub(crate) fn publish_options(
         &self,
         pack_size: Option<bytesize::ByteSize>,
@@ -470,17 +456,6 @@ fn cache_facts(config: &Config, probed: &crate::facts::Gathered) -> BTreeMap<Str
             (cache.kind.clone(), facts)
         })
         .collect()
-}
-
-/// `cache`'s entry of `cache_facts`: every cache of the session's config has one (built with
-/// the session, whose caches never change kind afterwards).
-fn facts_of<'a>(
-    cache_facts: &'a BTreeMap<String, CacheFacts>,
-    cache: &CacheConfig,
-) -> &'a CacheFacts {
-    cache_facts
-        .get(&cache.kind)
-        .expect("every configured cache has its facts")
 }
 
 /// The signing key (if configured) and the trust a publisher builds with.
