@@ -9,6 +9,8 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
+mod fact_names;
+
 pub use crate::facts::{FactOverrides, GatherConfig, ScopedFacts};
 pub use crate::policy::host::PolicyConfig;
 pub use crate::store::settings::{
@@ -16,6 +18,7 @@ pub use crate::store::settings::{
     MooncakeProtocol, StoreConfig, parse_host_port,
 };
 pub use crate::trust::{TrustConfig, TrustMode};
+pub use fact_names::{KNOWN_FACTS, is_known_fact, unknown_fact_warnings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -56,6 +56,9 @@ impl CommandLine<'_> {
             config.trust.signing_key_file = Some(path.to_owned());
         }
         config.validate()?;
+        for warning in config::unknown_fact_warnings(&config) {
+            tracing::warn!("{warning}");
+        }
         Ok(config)
     }
 }
