@@ -15,6 +15,8 @@ mod cache;
 mod contract;
 mod settings;
 mod state;
+mod ticker;
+mod validate;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -33,6 +35,8 @@ pub use self::state::{
     LogLine, MAX_LOG_MESSAGE, MAX_LOG_MESSAGES, MAX_READ_CALLS, MAX_READ_PER_CALL,
     MemoryLimitExceeded,
 };
+use self::ticker::Ticker;
+use self::validate::*;
 use super::settings::{self as setting, PolicySettings, SettingKind, SettingSpec};
 use super::{
     CachePolicy, Decision, FileEntry, GenerationSummary, PolicyError, PolicyInfo, ReasonCategory,
@@ -86,109 +90,6 @@ impl Limits {
     fn deadline_ticks(&self) -> u64 {
         // +1: the ticker may advance the epoch right after the deadline is set.
         (self.deadline.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64).max(1) + 1
-    }
-}
-
-/// Advances the engine's epoch every `EPOCH_TICK`, but only while at least one evaluation is in
-/// flight: otherwise the thread waits on a condition variable, so an idle process (a `watch` sidecar
-/// between cycles) gets no wakeups from the policy engine. It holds only a weak reference to the
-/// engine, and is stopped and joined on drop so nothing outlives the engine.
-struct Ticker {
-    shared: Arc<TickerShared>,
-    thread: Option<JoinHandle<()>>,
-}
-
-struct TickerShared {
-    state: Mutex<TickerState>,
-    wake: Condvar,
-}
-
-#[derive(Default)]
-struct TickerState {
-    /// Evaluations running now (each holds an `InFlight`).
-    in_flight: usize,
-    stop: bool,
-}
-
-impl TickerShared {
-    fn lock(&self) -> MutexGuard<'_, TickerState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Keeps the ticker running while an evaluation is in flight.
-struct InFlight<'a>(&'a TickerShared);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.lock().in_flight -= 1;
-    }
-}
-
-impl Ticker {
-    fn start(engine: &Engine) -> Result<Self, PolicyError> {
-        let weak = engine.weak();
-        let shared = Arc::new(TickerShared {
-            state: Mutex::new(TickerState::default()),
-            wake: Condvar::new(),
-        });
-        let ticker = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("jitship-policy-epoch".into())
-            .spawn(move || {
-                let mut state = ticker.lock();
-                loop {
-                    if state.stop {
-                        return;
-                    }
-                    if state.in_flight == 0 {
-                        state = ticker
-                            .wake
-                            .wait(state)
-                            .unwrap_or_else(PoisonError::into_inner);
-                        continue;
-                    }
-                    // One tick, releasing the lock so evaluations can start and end meanwhile. An
-                    // early wakeup (another evaluation starting) ticks early: deadlines allow for
-                    // one extra tick (`deadline_ticks`).
-                    state = ticker
-                        .wake
-                        .wait_timeout(state, EPOCH_TICK)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                    if state.in_flight > 0 && !state.stop {
-                        match weak.upgrade() {
-                            Some(engine) => engine.increment_epoch(),
-                            None => return,
-                        }
-                    }
-                }
-            })
-            .map_err(|e| PolicyError::Load(format!("cannot start the epoch ticker thread: {e}")))?;
-        Ok(Self {
-            shared,
-            thread: Some(thread),
-        })
-    }
-
-    /// Marks an evaluation in flight until the guard drops; wakes the ticker on the first one.
-    fn enter(&self) -> InFlight<'_> {
-        let mut state = self.shared.lock();
-        state.in_flight += 1;
-        if state.in_flight == 1 {
-            self.shared.wake.notify_one();
-        }
-        InFlight(&self.shared)
-    }
-}
-
-impl Drop for Ticker {
-    fn drop(&mut self) {
-        self.shared.lock().stop = true;
-        self.shared.wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -361,26 +262,6 @@ impl PolicyEngine {
     }
 }
 
-fn check_is_component(bytes: &[u8], source: &str) -> Result<(), PolicyError> {
-    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-        if Engine::detect_precompiled(bytes).is_some() {
-            return Err(PolicyError::Load(format!(
-                "{source} is a precompiled .cwasm; jitship only loads .wasm components (it compiles and caches them itself)"
-            )));
-        }
-        return Err(PolicyError::Load(format!(
-            "{source} is not a WebAssembly file"
-        )));
-    }
-    if bytes[4..8] == [1, 0, 0, 0] {
-        return Err(PolicyError::Contract(format!(
-            "{source} is a core wasm module, not a component; build it with `jitship policy build` (which \
-             componentizes it)"
-        )));
-    }
-    Ok(())
-}
-
 /// A call's answer plus what it cost and what the policy logged.
 #[derive(Debug, Clone)]
 pub struct Traced<T> {
@@ -390,6 +271,32 @@ pub struct Traced<T> {
     pub bytes_read: u64,
     pub logs: Vec<LogLine>,
     pub logs_dropped: u64,
+}
+
+impl<T> Traced<T> {
+    /// A value the host answered without calling the policy: no cost, no logs.
+    fn untraced(value: T) -> Self {
+        Self {
+            value,
+            fuel_used: 0,
+            wall: Duration::ZERO,
+            bytes_read: 0,
+            logs: vec![],
+            logs_dropped: 0,
+        }
+    }
+
+    /// The same call (its cost and logs) with `f` applied to its value.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Traced<U> {
+        Traced {
+            value: f(self.value),
+            fuel_used: self.fuel_used,
+            wall: self.wall,
+            bytes_read: self.bytes_read,
+            logs: self.logs,
+            logs_dropped: self.logs_dropped,
+        }
+    }
 }
 
 /// A loaded policy component with its settings. Cheap to call from many threads: each call has
@@ -572,15 +479,7 @@ impl WasmPolicy {
         let t = self.evaluate(None, |p, s| {
             p.call_compat_key(s, &facts, &self.wit_settings)
         })?;
-        let value = t.value.map_err(from_wit).and_then(validate_key);
-        Ok(Traced {
-            value,
-            fuel_used: t.fuel_used,
-            wall: t.wall,
-            bytes_read: t.bytes_read,
-            logs: t.logs,
-            logs_dropped: t.logs_dropped,
-        })
+        Ok(t.map(|v| v.map_err(from_wit).and_then(validate_key)))
     }
 
     /// `select`, with its cost and logs. `root` is the only directory `read-file` can see, and is
@@ -602,18 +501,10 @@ impl WasmPolicy {
         let t = self.evaluate(Some(root), |p, s| {
             p.call_select(s, &root_text, &wit_entries, &self.wit_settings)
         })?;
-        let value = t
-            .value
-            .map_err(from_wit)
-            .and_then(|sel| validate_selection(sel, entries.len()));
-        Ok(Traced {
-            value,
-            fuel_used: t.fuel_used,
-            wall: t.wall,
-            bytes_read: t.bytes_read,
-            logs: t.logs,
-            logs_dropped: t.logs_dropped,
-        })
+        Ok(t.map(|v| {
+            v.map_err(from_wit)
+                .and_then(|sel| validate_selection(sel, entries.len()))
+        }))
     }
 
     /// `canonicalize` (`to_canonical`) or `materialize` of one file, with its cost and logs. The
@@ -628,17 +519,12 @@ impl WasmPolicy {
         let root_text = absolute_root(root)?;
         let op = direction.export_name();
         if content.len() > MAX_REWRITE_BYTES {
-            return Ok(Traced {
-                value: Err(PolicyError::HostRefusedInput(format!(
+            return Ok(Traced::untraced(Err(PolicyError::HostRefusedInput(
+                format!(
                     "{path} is {} bytes; jitship hands {op} files of at most {MAX_REWRITE_BYTES} bytes",
                     content.len()
-                ))),
-                fuel_used: 0,
-                wall: Duration::ZERO,
-                bytes_read: 0,
-                logs: vec![],
-                logs_dropped: 0,
-            });
+                ),
+            ))));
         }
         let t = self.evaluate(None, |p, s| match direction {
             Rewrite::Canonicalize => {
@@ -652,7 +538,7 @@ impl WasmPolicy {
             .len()
             .saturating_add(MAX_REWRITE_GROWTH)
             .min(MAX_REWRITE_BYTES);
-        let value = t.value.map_err(from_wit).and_then(|out| {
+        Ok(t.map(|v| v.map_err(from_wit).and_then(|out| {
             if out.len() > limit {
                 return Err(bad(format!(
                     "{op} of {path} answered {} bytes for {} bytes of input; at most {limit} are allowed",
@@ -661,15 +547,7 @@ impl WasmPolicy {
                 )));
             }
             Ok(out)
-        });
-        Ok(Traced {
-            value,
-            fuel_used: t.fuel_used,
-            wall: t.wall,
-            bytes_read: t.bytes_read,
-            logs: t.logs,
-            logs_dropped: t.logs_dropped,
-        })
+        })))
     }
 
     /// `retain`, with its cost and logs. Pinned generations are removed from the answer whatever
@@ -699,262 +577,11 @@ impl WasmPolicy {
         let t = self.evaluate(None, |p, s| {
             p.call_retain(s, &gens, now, wl, &self.wit_settings)
         })?;
-        let value = t
-            .value
-            .map_err(from_wit)
-            .and_then(|drops| validate_drops(drops, generations, self.info_name()));
-        Ok(Traced {
-            value,
-            fuel_used: t.fuel_used,
-            wall: t.wall,
-            bytes_read: t.bytes_read,
-            logs: t.logs,
-            logs_dropped: t.logs_dropped,
-        })
+        Ok(t.map(|v| {
+            v.map_err(from_wit)
+                .and_then(|drops| validate_drops(drops, generations, self.info_name()))
+        }))
     }
-}
-
-fn from_wit(e: wit::PolicyError) -> PolicyError {
-    match e {
-        wit::PolicyError::MissingFact(f) => PolicyError::MissingFact(clip(f, MAX_INFO_TEXT_BYTES)),
-        wit::PolicyError::InvalidInput(m) => {
-            PolicyError::InvalidInput(clip(m, MAX_INFO_TEXT_BYTES))
-        }
-        wit::PolicyError::Internal(m) => PolicyError::Internal(clip(m, MAX_INFO_TEXT_BYTES)),
-    }
-}
-
-/// Error texts from a policy end up in logs and reports; keep them bounded.
-fn clip(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
-}
-
-fn bad(msg: String) -> PolicyError {
-    PolicyError::BadOutput(msg)
-}
-
-fn validate_info(i: wit::PolicyInfo) -> Result<PolicyInfo, PolicyError> {
-    let short = |what: &str, v: &str| -> Result<(), PolicyError> {
-        if v.is_empty() || v.len() > MAX_NAME_BYTES || v.chars().any(char::is_control) {
-            return Err(bad(format!(
-                "info().{what} must be 1-{MAX_NAME_BYTES} printable bytes, got {:?}",
-                clip(v.into(), 80)
-            )));
-        }
-        Ok(())
-    };
-    short("name", &i.name)?;
-    short("version", &i.version)?;
-    short("cache-kind", &i.cache_kind)?;
-    if i.default_root.len() > MAX_INFO_TEXT_BYTES || i.description.len() > MAX_INFO_TEXT_BYTES {
-        return Err(bad(format!(
-            "info() default-root and description must be at most {MAX_INFO_TEXT_BYTES} bytes"
-        )));
-    }
-    let setting_specs = validate_setting_specs(i.settings)?;
-    if i.root_env.len() > MAX_ROOT_ENV
-        || i.root_env
-            .iter()
-            .any(|v| v.is_empty() || v.len() > MAX_NAME_BYTES)
-    {
-        return Err(bad(format!(
-            "info().root-env must hold at most {MAX_ROOT_ENV} names of 1-{MAX_NAME_BYTES} bytes"
-        )));
-    }
-    Ok(PolicyInfo {
-        name: i.name,
-        version: i.version,
-        cache_kind: i.cache_kind,
-        default_root: i.default_root,
-        root_env: i.root_env,
-        description: i.description,
-        settings: setting_specs,
-    })
-}
-
-/// The declared settings: at most `MAX_SETTINGS`, plain distinct names, bounded descriptions and
-/// defaults their own kind reads back unchanged (the canonical text).
-fn validate_setting_specs(specs: Vec<wit::SettingSpec>) -> Result<Vec<SettingSpec>, PolicyError> {
-    if specs.len() > setting::MAX_SETTINGS {
-        return Err(bad(format!(
-            "info().settings declares {} settings; at most {} are allowed",
-            specs.len(),
-            setting::MAX_SETTINGS
-        )));
-    }
-    let mut out: Vec<SettingSpec> = Vec::with_capacity(specs.len());
-    for s in specs {
-        let name = clip(s.name, 80);
-        if !setting::valid_name(&name) || out.iter().any(|o| o.name == name) {
-            return Err(bad(format!(
-                "info().settings names {name:?}, which is not a distinct name of 1-{} bytes of a-z,                  0-9, '_' and '-' starting with a letter",
-                setting::MAX_SETTING_NAME_BYTES
-            )));
-        }
-        let kind = match s.kind {
-            wit::SettingKind::Boolean => SettingKind::Boolean,
-            wit::SettingKind::Integer => SettingKind::Integer,
-            wit::SettingKind::Duration => SettingKind::Duration,
-            wit::SettingKind::Bytes => SettingKind::Bytes,
-            wit::SettingKind::Text => SettingKind::Text,
-        };
-        if kind.canonical(&s.default_value).as_deref() != Ok(s.default_value.as_str()) {
-            return Err(bad(format!(
-                "info().settings gives {name} ({}) the default {:?}, which is not the canonical text of its kind",
-                kind.as_str(),
-                clip(s.default_value, 80)
-            )));
-        }
-        if s.description.len() > MAX_INFO_TEXT_BYTES {
-            return Err(bad(format!(
-                "info().settings describes {name} in {} bytes; at most {MAX_INFO_TEXT_BYTES} are allowed",
-                s.description.len()
-            )));
-        }
-        out.push(SettingSpec {
-            name,
-            kind,
-            default_value: s.default_value,
-            description: s.description,
-        });
-    }
-    Ok(out)
-}
-
-/// `keep=2, max_age=3600`, for messages.
-pub fn describe(settings: &PolicySettings) -> String {
-    if settings.is_empty() {
-        return "(none)".to_owned();
-    }
-    let parts: Vec<String> = settings.iter().map(|(n, v)| format!("{n}={v}")).collect();
-    parts.join(", ")
-}
-
-fn validate_key(key: String) -> Result<String, PolicyError> {
-    if key.is_empty() {
-        return Err(bad(
-            "compat-key answered an empty key; refuse with missing-fact instead".into(),
-        ));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(bad(format!(
-            "compat-key answered a key of {} bytes; at most {MAX_KEY_BYTES} are allowed",
-            key.len()
-        )));
-    }
-    if key.chars().any(char::is_control) {
-        return Err(bad(format!(
-            "compat-key answered a key with control characters: {:?}",
-            clip(key, 80)
-        )));
-    }
-    Ok(key)
-}
-
-/// The contract's category, as the host's.
-fn category(c: wit::ReasonCategory) -> ReasonCategory {
-    match c {
-        wit::ReasonCategory::Complete => ReasonCategory::Complete,
-        wit::ReasonCategory::Temporary => ReasonCategory::Temporary,
-        wit::ReasonCategory::Lock => ReasonCategory::Lock,
-        wit::ReasonCategory::PerHost => ReasonCategory::PerHost,
-        wit::ReasonCategory::Incomplete => ReasonCategory::Incomplete,
-        wit::ReasonCategory::ForeignRoot => ReasonCategory::ForeignRoot,
-        wit::ReasonCategory::Unparseable => ReasonCategory::Unparseable,
-        wit::ReasonCategory::NotCache => ReasonCategory::NotCache,
-        wit::ReasonCategory::Excluded => ReasonCategory::Excluded,
-    }
-}
-
-/// Checks a selection: one decision per entry; `complete` exactly for publish; traits only on
-/// published files and only the defined ones; bounded details; a reason for an incomplete cache.
-fn validate_selection(sel: wit::Selection, expected: usize) -> Result<Selection, PolicyError> {
-    if sel.decisions.len() != expected {
-        return Err(bad(format!(
-            "select answered {} decisions for {expected} entries; it must answer one per entry, in order",
-            sel.decisions.len()
-        )));
-    }
-    if sel.incomplete_detail.len() > MAX_DETAIL_BYTES {
-        return Err(bad(format!(
-            "select's incomplete-detail is {} bytes; at most {MAX_DETAIL_BYTES} are allowed",
-            sel.incomplete_detail.len()
-        )));
-    }
-    if !sel.complete && sel.incomplete_detail.trim().is_empty() {
-        return Err(bad(
-            "select answered an incomplete cache without saying why (incomplete-detail is empty)"
-                .into(),
-        ));
-    }
-    let defined = wit::FileTraits::MARKER | wit::FileTraits::EMBEDS_ROOT;
-    let decisions = sel
-        .decisions
-        .into_iter()
-        .enumerate()
-        .map(|(i, d)| {
-            if d.detail.len() > MAX_DETAIL_BYTES {
-                return Err(bad(format!(
-                    "select's detail for entry {i} is {} bytes; at most {MAX_DETAIL_BYTES} are allowed",
-                    d.detail.len()
-                )));
-            }
-            if !defined.contains(d.traits) {
-                return Err(bad(format!(
-                    "select's traits for entry {i} hold flags the contract does not define"
-                )));
-            }
-            let category = category(d.category);
-            let verdict = match d.verdict {
-                wit::Verdict::Publish => Verdict::Publish,
-                wit::Verdict::Skip => Verdict::Skip,
-            };
-            match (verdict, category) {
-                (Verdict::Publish, ReasonCategory::Complete) => {}
-                (Verdict::Publish, c) => {
-                    return Err(bad(format!(
-                        "select publishes entry {i} with category {c}; a published file's category is complete"
-                    )));
-                }
-                (Verdict::Skip, ReasonCategory::Complete) => {
-                    return Err(bad(format!(
-                        "select skips entry {i} with category complete; say why it is skipped (temporary, \
-                         lock, per-host, incomplete, foreign-root, unparseable, not-cache, excluded)"
-                    )));
-                }
-                (Verdict::Skip, _) if d.traits != wit::FileTraits::empty() => {
-                    return Err(bad(format!(
-                        "select skips entry {i} but gives it traits; traits belong to published files"
-                    )));
-                }
-                (Verdict::Skip, _) => {}
-            }
-            Ok(Decision {
-                verdict,
-                category,
-                detail: d.detail,
-                marker: d.traits.contains(wit::FileTraits::MARKER),
-                embeds_root: d.traits.contains(wit::FileTraits::EMBEDS_ROOT),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Selection {
-        decisions,
-        complete: sel.complete,
-        incomplete_detail: if sel.complete {
-            String::new()
-        } else {
-            sel.incomplete_detail
-        },
-    })
 }
 
 /// Which way `rewrite_traced` goes.
@@ -975,58 +602,13 @@ impl Rewrite {
     }
 }
 
-/// The root as the policy sees it: absolute and UTF-8 (the contract passes strings).
-fn absolute_root(root: &Path) -> Result<String, PolicyError> {
-    let abs = std::path::absolute(root).map_err(|e| {
-        PolicyError::HostRefusedInput(format!("cannot make {} absolute: {e}", root.display()))
-    })?;
-    abs.to_str().map(str::to_owned).ok_or_else(|| {
-        PolicyError::HostRefusedInput(format!(
-            "cache root {} is not valid UTF-8; policies receive roots as text, so move the cache to a UTF-8 path",
-            abs.display()
-        ))
-    })
-}
-
-fn validate_drops(
-    drops: Vec<wit::RetentionDrop>,
-    generations: &[GenerationSummary],
-    policy: &str,
-) -> Result<Vec<RetentionDrop>, PolicyError> {
-    let mut out: Vec<RetentionDrop> = Vec::with_capacity(drops.len());
-    for d in drops {
-        let Some(g) = generations.iter().find(|g| g.id.to_string() == d.id) else {
-            return Err(bad(format!(
-                "retain answered the id {:?}, which is not one of the generations it was given",
-                clip(d.id, 80)
-            )));
-        };
-        if d.detail.len() > MAX_DETAIL_BYTES {
-            return Err(bad(format!(
-                "retain's detail for {} is {} bytes; at most {MAX_DETAIL_BYTES} are allowed",
-                g.id,
-                d.detail.len()
-            )));
-        }
-        if g.pinned {
-            tracing::warn!(policy, generation = %g.id, "policy asked to drop a pinned generation; kept");
-            continue;
-        }
-        if !out.iter().any(|o| o.id == g.id) {
-            out.push(RetentionDrop {
-                id: g.id,
-                category: match d.category {
-                    wit::RetentionCategory::Count => RetentionCategory::Count,
-                    wit::RetentionCategory::Size => RetentionCategory::Size,
-                    wit::RetentionCategory::Age => RetentionCategory::Age,
-                    wit::RetentionCategory::Superseded => RetentionCategory::Superseded,
-                    wit::RetentionCategory::Rule => RetentionCategory::Rule,
-                },
-                detail: d.detail,
-            });
-        }
+/// `keep=2, max_age=3600`, for messages.
+pub fn describe(settings: &PolicySettings) -> String {
+    if settings.is_empty() {
+        return "(none)".to_owned();
     }
-    Ok(out)
+    let parts: Vec<String> = settings.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    parts.join(", ")
 }
 
 impl CachePolicy for WasmPolicy {
