@@ -12,6 +12,7 @@ use rustix::io::Errno;
 
 use jitship_confined::Confined;
 use jitship_generation::RelPath;
+use jitship_policy_contract::truncate;
 
 /// Returned by the limiter when a policy grows its memory past the cap. Travels through wasmtime
 /// as the call's error, so the host can downcast it instead of parsing a trap message.
@@ -197,18 +198,6 @@ fn level_name(level: Level) -> &'static str {
     }
 }
 
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push_str("… [truncated]");
-    }
-    s
-}
-
 impl Host for HostState {
     fn log(&mut self, level: Level, message: String) {
         if self.logs.len() >= MAX_LOG_MESSAGES {
@@ -299,7 +288,7 @@ mod tests {
     fn logs_are_truncated_and_capped() {
         let mut s = HostState::new("t".into(), 1 << 20, 0, None);
         s.log(Level::Info, "é".repeat(MAX_LOG_MESSAGE));
-        assert!(s.logs[0].message.len() <= MAX_LOG_MESSAGE + "… [truncated]".len());
+        assert!(s.logs[0].message.len() <= MAX_LOG_MESSAGE);
         for _ in 0..MAX_LOG_MESSAGES + 10 {
             s.log(Level::Error, "x".into());
         }

@@ -2,28 +2,19 @@
 //! selections and retention drops, and its errors bounded in size.
 
 use super::*;
+use jitship_policy_contract::truncate;
 
+/// A policy's error, its text bounded (it ends up in logs and reports).
 pub(super) fn from_wit(e: wit::PolicyError) -> PolicyError {
     match e {
-        wit::PolicyError::MissingFact(f) => PolicyError::MissingFact(clip(f, MAX_INFO_TEXT_BYTES)),
+        wit::PolicyError::MissingFact(f) => {
+            PolicyError::MissingFact(truncate(f, MAX_INFO_TEXT_BYTES))
+        }
         wit::PolicyError::InvalidInput(m) => {
-            PolicyError::InvalidInput(clip(m, MAX_INFO_TEXT_BYTES))
+            PolicyError::InvalidInput(truncate(m, MAX_INFO_TEXT_BYTES))
         }
-        wit::PolicyError::Internal(m) => PolicyError::Internal(clip(m, MAX_INFO_TEXT_BYTES)),
+        wit::PolicyError::Internal(m) => PolicyError::Internal(truncate(m, MAX_INFO_TEXT_BYTES)),
     }
-}
-
-/// Error texts from a policy end up in logs and reports; keep them bounded.
-pub(super) fn clip(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
 }
 
 pub(super) fn bad(msg: String) -> PolicyError {
@@ -35,7 +26,7 @@ pub(super) fn validate_info(i: wit::PolicyInfo) -> Result<PolicyInfo, PolicyErro
         if v.is_empty() || v.len() > MAX_NAME_BYTES || v.chars().any(char::is_control) {
             return Err(bad(format!(
                 "info().{what} must be 1-{MAX_NAME_BYTES} printable bytes, got {:?}",
-                clip(v.into(), 80)
+                truncate(v.into(), 80)
             )));
         }
         Ok(())
@@ -83,7 +74,7 @@ pub(super) fn validate_setting_specs(
     }
     let mut out: Vec<SettingSpec> = Vec::with_capacity(specs.len());
     for s in specs {
-        let name = clip(s.name, 80);
+        let name = truncate(s.name, 80);
         if !setting::valid_name(&name) || out.iter().any(|o| o.name == name) {
             return Err(bad(format!(
                 "info().settings names {name:?}, which is not a distinct name of 1-{} bytes of a-z,                  0-9, '_' and '-' starting with a letter",
@@ -101,7 +92,7 @@ pub(super) fn validate_setting_specs(
             return Err(bad(format!(
                 "info().settings gives {name} ({}) the default {:?}, which is not the canonical text of its kind",
                 kind.as_str(),
-                clip(s.default_value, 80)
+                truncate(s.default_value, 80)
             )));
         }
         if s.description.len() > MAX_INFO_TEXT_BYTES {
@@ -135,7 +126,7 @@ pub(super) fn validate_key(key: String) -> Result<String, PolicyError> {
     if key.chars().any(char::is_control) {
         return Err(bad(format!(
             "compat-key answered a key with control characters: {:?}",
-            clip(key, 80)
+            truncate(key, 80)
         )));
     }
     Ok(key)
@@ -265,7 +256,7 @@ pub(super) fn validate_drops(
         let Some(g) = generations.iter().find(|g| g.id.to_string() == d.id) else {
             return Err(bad(format!(
                 "retain answered the id {:?}, which is not one of the generations it was given",
-                clip(d.id, 80)
+                truncate(d.id, 80)
             )));
         };
         if d.detail.len() > MAX_DETAIL_BYTES {
