@@ -91,16 +91,21 @@ fn a_durable_tier_added_to_a_store_that_holds_the_generation_serves_it_once_the_
         "every pack is in the durable tier"
     );
 
-    // Each tier on its own: the generation the durable tier announces is whole there; the first
-    // one, announced by the fast tier alone, is whole in the durable tier too (same packs). Both
+    // Each tier on its own: the generation the durable tier announces is whole there. Both
     // publishes may be one generation (manifests of the same tree written within the same second
-    // are identical): one or two generations, each whole in the durable tier.
+    // are identical) or two (a second boundary between them, as on a loaded machine): then the
+    // first, announced by the fast tier alone, has no manifest in the durable tier (same packs),
+    // and only a check of what the durable tier announces must pass.
     let out = env.run("verify", true, None, &["--json"]);
     assert_eq!(code(&out), 0, "{}", show(&out));
     let doc = json(&out);
     let durable = tier_checks(&doc, "durable");
     assert!(
-        !durable.is_empty() && durable.iter().all(|t| t["ok"] == true),
+        !durable.is_empty()
+            && durable
+                .iter()
+                .filter(|t| !t["heads"].as_array().unwrap().is_empty())
+                .all(|t| t["ok"] == true),
         "{doc}"
     );
     assert!(

@@ -753,8 +753,8 @@ fn a_newer_format_manifest_keeps_its_packs_under_the_default_grace_on(place: Pla
 }
 
 jitship_tests::on_local_and_mooncake! {
-    /// The bytes of removed orphan packs (found by listing, so gc had no manifest size for them) are
-    /// reported (before: "(0 B)").
+    /// The bytes of removed orphan packs (found by listing, so gc had no manifest size for them)
+    /// are reported (before: "(0 B)").
     removed_orphan_packs_are_reported_with_their_bytes,
     removed_orphan_packs_are_reported_with_their_bytes_on_mooncake
         => removed_orphan_packs_are_reported_with_their_bytes_on;

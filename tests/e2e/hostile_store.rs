@@ -130,8 +130,8 @@ fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 jitship_tests::on_local_and_mooncake! {
-    /// A signing publisher given no trusted key (the signing example of docs/guide/security.md) never
-    /// builds on, merges or signs an attacker's generation, and writes a signed head above an
+    /// A signing publisher given no trusted key (the signing example of docs/guide/security.md)
+    /// never builds on, merges or signs an attacker's generation, and writes a signed head above an
     /// untrusted newest head even with nothing new, so `required` installers move on to it.
     a_signing_publisher_never_signs_an_attackers_files,
     a_signing_publisher_never_signs_an_attackers_files_on_mooncake
@@ -195,9 +195,9 @@ fn a_signing_publisher_never_signs_an_attackers_files_on(place: Place) {
 }
 
 jitship_tests::on_local_and_mooncake! {
-    /// Valid-looking unsigned heads at seq 2^64-1 and at newest + 10^7: `required` installs take the
-    /// newest trusted generation, a trusted publisher and a default-mode publisher finish, nothing
-    /// wraps. Prints what head discovery cost (probes, time) for the closing note.
+    /// Valid-looking unsigned heads at seq 2^64-1 and at newest + 10^7: `required` installs take
+    /// the newest trusted generation, a trusted publisher and a default-mode publisher finish,
+    /// nothing wraps. Prints what head discovery cost (probes, time) for the closing note.
     heads_at_u64_max_and_far_above_freeze_nothing,
     heads_at_u64_max_and_far_above_freeze_nothing_on_mooncake
         => heads_at_u64_max_and_far_above_freeze_nothing_on;
@@ -537,9 +537,10 @@ fn peak_rss_kib() -> u64 {
 }
 
 jitship_tests::on_local_and_mooncake! {
-    /// Three unsigned heads above three trusted generations and `gc --keep 3` under `required`: every
-    /// trusted generation is kept (the untrusted ones never fill the quota), installs still take the
-    /// newest trusted one; once a trusted head lies above them, the untrusted ones are removed.
+    /// Three unsigned heads above three trusted generations and `gc --keep 3` under `required`:
+    /// every trusted generation is kept (the untrusted ones never fill the quota), installs still
+    /// take the newest trusted one; once a trusted head lies above them, the untrusted ones are
+    /// removed.
     gc_never_drops_trusted_generations_for_untrusted_ones,
     gc_never_drops_trusted_generations_for_untrusted_ones_on_mooncake
         => gc_never_drops_trusted_generations_for_untrusted_ones_on;

@@ -156,8 +156,8 @@ fn a_forged_head_is_refused_and_install_falls_back_to_the_signed_one_on(place: P
 }
 
 jitship_tests::on_local_and_mooncake! {
-    /// A validly signed head copied under another compat id (its compat id rewritten to match the key
-    /// it sits at) or into another namespace does not verify there.
+    /// A validly signed head copied under another compat id (its compat id rewritten to match the
+    /// key it sits at) or into another namespace does not verify there.
     a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused,
     a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on_mooncake
         => a_signed_generation_replayed_under_another_compat_id_or_namespace_is_refused_on;
@@ -352,8 +352,8 @@ fn a_generation_signed_by_an_untrusted_key_is_refused_and_never_built_on_on(plac
 }
 
 jitship_tests::on_local_and_mooncake! {
-    /// Rotation: old and new key both trusted while publishers move to the new one; then the old one
-    /// is removed, and only what the new key signed is installed.
+    /// Rotation: old and new key both trusted while publishers move to the new one; then the old
+    /// one is removed, and only what the new key signed is installed.
     a_rotated_key_old_and_new_trusted_then_the_old_removed,
     a_rotated_key_old_and_new_trusted_then_the_old_removed_on_mooncake
         => a_rotated_key_old_and_new_trusted_then_the_old_removed_on;
@@ -429,9 +429,9 @@ fn a_rotated_key_old_and_new_trusted_then_the_old_removed_on(place: Place) {
 }
 
 jitship_tests::on_local_and_mooncake! {
-    /// A poisoned pack (right size, wrong bytes) under a key puts never overwrite: install falls back
-    /// to the older complete generation; `verify` + `repair` removes it; the next publish uploads it
-    /// again and the newest generation installs and verifies clean.
+    /// A poisoned pack (right size, wrong bytes) under a key puts never overwrite: install falls
+    /// back to the older complete generation; `verify` + `repair` removes it; the next publish
+    /// uploads it again and the newest generation installs and verifies clean.
     a_corrupt_pack_is_passed_over_repaired_and_republished,
     a_corrupt_pack_is_passed_over_repaired_and_republished_on_mooncake
         => a_corrupt_pack_is_passed_over_repaired_and_republished_on;
