@@ -13,7 +13,8 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use super::{InspectError, Problem, Survey, Verification, admitted, blamed, verify, vouched};
+use super::verify::{blamed, vouched};
+use super::{InspectError, Problem, Survey, Verification, admitted, verify};
 use crate::catalog::{self, KeyLayout, ManifestRead};
 use crate::generation::{ContentHash, GenerationId, HeadRecord, MAX_MANIFEST_BYTES, Manifest};
 use crate::store::{Store, StoreError, ValueClass};
