@@ -150,38 +150,7 @@ pub(crate) fn run_verify(args: VerifyArgs) -> Result<i32> {
             v.repair_refused = repair.refused;
         }
         if !args.common.json {
-            let signed = v
-                .signatures
-                .iter()
-                .map(|s| format!("head {}: {}", s.seq, s.signer))
-                .collect::<Vec<_>>()
-                .join("; ");
-            if v.ok {
-                say!(
-                    "{}: ok ({} files, {} packs, {}; {signed})",
-                    v.generation,
-                    v.files_checked,
-                    v.packs_fetched,
-                    bytesize::ByteSize(v.bytes_fetched)
-                );
-            } else {
-                say!(
-                    "{}: {} problem(s) ({signed})",
-                    v.generation,
-                    v.problems.len()
-                );
-                for p in &v.problems {
-                    say!("  {p}");
-                }
-            }
-            for pack in &v.repaired {
-                say!(
-                    "  removed damaged pack {pack}: the next publish of a root holding its files uploads it again"
-                );
-            }
-            for why in &v.repair_refused {
-                say!("  not repaired: {why}");
-            }
+            render::verified(&v);
         }
         results.push(v);
     }
@@ -219,33 +188,7 @@ fn run_scrub(args: &VerifyArgs, session: &Session, n: usize) -> Result<i32> {
         emit_json("verify", &report, code);
         return Ok(code);
     }
-    say!(
-        "scrubbed {} of {} packs ({} generations): {} missing, {} corrupt, {} repaired{}",
-        report.checked,
-        report.packs,
-        report.generations,
-        report.missing,
-        report.corrupt,
-        report.repaired,
-        match report.manifests_unreadable {
-            0 => String::new(),
-            n => format!("; {n} generation(s) with a manifest missing or corrupt (run verify)"),
-        }
-    );
-    for f in &report.findings {
-        let how = match (&f.not_repaired, f.repaired) {
-            (_, true) => "repaired from the durable tier".to_owned(),
-            (Some(why), false) => format!("not repaired: {why}"),
-            (None, false) => "not repaired".to_owned(),
-        };
-        say!(
-            "  pack {} of {}: {} ({}); {how}",
-            f.pack,
-            short(&f.generation),
-            f.problem,
-            f.detail
-        );
-    }
+    render::scrub(&report);
     Ok(code)
 }
 
@@ -391,25 +334,7 @@ pub(crate) fn run_export(args: ExportArgs) -> Result<i32> {
         emit_json("export", [&report], exit::OK);
         return Ok(exit::OK);
     }
-    for g in &report.generations {
-        say!(
-            "exported {} (seq {}, {} packs, {}) of {} compat id {}",
-            g.generation,
-            g.seq,
-            g.packs,
-            bytesize::ByteSize(g.bytes),
-            g.cache_kind,
-            short(&g.compat_id)
-        );
-    }
-    for id in &report.skipped {
-        say!("skipped compat id {id}: no trusted generation whole in the store");
-    }
-    say!(
-        "{} generation(s) in the OCI layout {}",
-        report.generations.len(),
-        args.out.display()
-    );
+    render::exported(&report, &args.out);
     Ok(exit::OK)
 }
 
@@ -431,25 +356,7 @@ pub(crate) fn run_import(args: ImportArgs) -> Result<i32> {
         emit_json("import", [&report], exit::OK);
         return Ok(exit::OK);
     }
-    for g in &report.generations {
-        say!(
-            "{} {} (seq {}) of {} compat id {}",
-            g.outcome,
-            g.generation,
-            g.seq,
-            g.cache_kind,
-            short(&g.compat_id)
-        );
-    }
-    for r in &report.refused {
-        say!(
-            "refused {} (seq {}) of compat id {}: not admitted by the trust ({})",
-            r.generation,
-            r.seq,
-            short(&r.compat_id),
-            r.signer
-        );
-    }
+    render::imported(&report);
     Ok(exit::OK)
 }
 
@@ -466,7 +373,7 @@ pub(crate) fn run_pin(args: PinArgs) -> Result<i32> {
     if args.common.json {
         emit_json("pin", [&record], exit::OK);
     } else {
-        println!("pinned {id}: gc will not drop it until `jitship unpin`");
+        render::pinned(&id);
     }
     Ok(exit::OK)
 }
@@ -475,16 +382,14 @@ pub(crate) fn run_unpin(args: UnpinArgs) -> Result<i32> {
     let session = Session::open_store(&args.common.store)?;
     let id = resolve_generation(&session, &args.generation)?;
     let removed = crate::catalog::unpin(session.store.as_ref(), &session.layout, &id)?;
+    let unpinned = render::Unpinned {
+        generation: id,
+        was_pinned: removed,
+    };
     if args.common.json {
-        emit_json(
-            "unpin",
-            [serde_json::json!({ "generation": id, "was_pinned": removed })],
-            exit::OK,
-        );
-    } else if removed {
-        println!("unpinned {id}: retention applies to it again");
+        emit_json("unpin", [&unpinned], exit::OK);
     } else {
-        println!("{id} was not pinned");
+        render::unpinned(&unpinned);
     }
     Ok(exit::OK)
 }

@@ -445,3 +445,132 @@ pub(crate) fn gc(report: &crate::gc::GcReport) {
         }
     }
 }
+
+/// One generation verified (`verify` on a store of one tier).
+pub(crate) fn verified(v: &inspect::Verification) {
+    let signed = v
+        .signatures
+        .iter()
+        .map(|s| format!("head {}: {}", s.seq, s.signer))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if v.ok {
+        say!(
+            "{}: ok ({} files, {} packs, {}; {signed})",
+            v.generation,
+            v.files_checked,
+            v.packs_fetched,
+            bytesize::ByteSize(v.bytes_fetched)
+        );
+    } else {
+        say!(
+            "{}: {} problem(s) ({signed})",
+            v.generation,
+            v.problems.len()
+        );
+        for p in &v.problems {
+            say!("  {p}");
+        }
+    }
+    for pack in &v.repaired {
+        say!(
+            "  removed damaged pack {pack}: the next publish of a root holding its files uploads it again"
+        );
+    }
+    for why in &v.repair_refused {
+        say!("  not repaired: {why}");
+    }
+}
+
+/// `verify --sample N`: the scrub's figures and each finding.
+pub(crate) fn scrub(report: &crate::scrub::ScrubReport) {
+    say!(
+        "scrubbed {} of {} packs ({} generations): {} missing, {} corrupt, {} repaired{}",
+        report.checked,
+        report.packs,
+        report.generations,
+        report.missing,
+        report.corrupt,
+        report.repaired,
+        match report.manifests_unreadable {
+            0 => String::new(),
+            n => format!("; {n} generation(s) with a manifest missing or corrupt (run verify)"),
+        }
+    );
+    for f in &report.findings {
+        let how = match (&f.not_repaired, f.repaired) {
+            (_, true) => "repaired from the durable tier".to_owned(),
+            (Some(why), false) => format!("not repaired: {why}"),
+            (None, false) => "not repaired".to_owned(),
+        };
+        say!(
+            "  pack {} of {}: {} ({}); {how}",
+            f.pack,
+            short(&f.generation),
+            f.problem,
+            f.detail
+        );
+    }
+}
+
+pub(crate) fn exported(report: &crate::oci::layout::BakeReport, out: &std::path::Path) {
+    for g in &report.generations {
+        say!(
+            "exported {} (seq {}, {} packs, {}) of {} compat id {}",
+            g.generation,
+            g.seq,
+            g.packs,
+            bytesize::ByteSize(g.bytes),
+            g.cache_kind,
+            short(&g.compat_id)
+        );
+    }
+    for id in &report.skipped {
+        say!("skipped compat id {id}: no trusted generation whole in the store");
+    }
+    say!(
+        "{} generation(s) in the OCI layout {}",
+        report.generations.len(),
+        out.display()
+    );
+}
+
+pub(crate) fn imported(report: &crate::oci::layout::BakeReport) {
+    for g in &report.generations {
+        say!(
+            "{} {} (seq {}) of {} compat id {}",
+            g.outcome,
+            g.generation,
+            g.seq,
+            g.cache_kind,
+            short(&g.compat_id)
+        );
+    }
+    for r in &report.refused {
+        say!(
+            "refused {} (seq {}) of compat id {}: not admitted by the trust ({})",
+            r.generation,
+            r.seq,
+            short(&r.compat_id),
+            r.signer
+        );
+    }
+}
+
+pub(crate) fn pinned(id: &crate::generation::GenerationId) {
+    say!("pinned {id}: gc will not drop it until `jitship unpin`");
+}
+
+/// `unpin`'s result.
+#[derive(serde::Serialize)]
+pub(crate) struct Unpinned {
+    pub(crate) generation: crate::generation::GenerationId,
+    pub(crate) was_pinned: bool,
+}
+
+pub(crate) fn unpinned(u: &Unpinned) {
+    match u.was_pinned {
+        true => say!("unpinned {}: retention applies to it again", u.generation),
+        false => say!("{} was not pinned", u.generation),
+    }
+}
