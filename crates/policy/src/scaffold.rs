@@ -67,6 +67,14 @@ pub const CONTRACT_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Files a built-in policy's `src/lib.rs` reads with `include_str!` (its test data), by kind:
+/// written beside it, so the new policy's tests build (`every_file_a_builtin_includes_is_embedded`).
+pub const BUILTIN_EXTRA_FILES: &[(&str, &str, &str)] = &[(
+    "vllm-compile",
+    "src/aot_tree.txt",
+    include_str!("../../../policies/vllm-compile/src/aot_tree.txt"),
+)];
+
 /// The source of each built-in policy (`policies/<kind>/src/lib.rs`), by kind: `policy new
 /// --kind KIND` starts from it (`render`), so a new policy for a known kind has its root, its
 /// environment variables, its `select`, `canonicalize` and `materialize` from the first build.
@@ -309,6 +317,9 @@ pub fn render(name: &str, kind: &str) -> Result<Vec<(String, String)>, ScaffoldE
     if let Some(source) = builtin_source(kind) {
         files[0].1 = fill(CARGO_TOML_BUILTIN);
         files[1].1 = from_builtin(name, kind, source)?;
+        for (_, path, text) in BUILTIN_EXTRA_FILES.iter().filter(|(k, ..)| *k == kind) {
+            files.push(((*path).to_string(), (*text).to_string()));
+        }
         for (path, text) in COMMON_FILES {
             let text = if *path == "Cargo.toml" {
                 standalone_common_manifest()?

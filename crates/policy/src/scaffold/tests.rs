@@ -241,3 +241,29 @@ fn create_refuses_a_non_empty_directory_and_writes_into_an_empty_one() {
     assert_eq!(fresh.crate_name, "p");
     assert!(tmp.path().join("a/b/new/src/lib.rs").is_file());
 }
+
+#[test]
+fn every_file_a_builtin_includes_is_embedded() {
+    // A new policy starts from the built-in's lib.rs; a file it `include_str!`s that is not
+    // written beside it breaks the new policy's `cargo test`.
+    for (kind, source) in BUILTIN_SOURCES {
+        let files = render("my-policy", kind).unwrap();
+        for included in source
+            .split("include_str!(\"")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("\")").map(|(name, _)| name))
+        {
+            let path = format!("src/{included}");
+            let written = files
+                .iter()
+                .find(|(p, _)| *p == path)
+                .unwrap_or_else(|| panic!("{kind}: src/lib.rs includes {included}, not written"));
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+            assert_eq!(
+                std::fs::read_to_string(dir.join(kind).join(&path)).unwrap(),
+                written.1,
+                "{kind}: {path}"
+            );
+        }
+    }
+}
