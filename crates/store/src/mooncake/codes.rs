@@ -35,7 +35,8 @@ impl Inner {
                 "{op} {key}: the object's replicas are busy ({name} {code}); try again"
             )),
             sys::NO_AVAILABLE_HANDLE => StoreError::NoSpace(format!(
-                "{op} {key}: no store node has room ({name} {code}); add store nodes or segment space, or unpin objects"
+                "{op} {key}: no store node registered with the master {} has room ({name} {code}); right after a master restart the store nodes have not registered again yet (seconds): retry; if it lasts, add store nodes or segment space, or unpin objects",
+                self.master
             )),
             sys::OBJECT_HAS_LEASE => StoreError::Leased(key.to_owned()),
             sys::LEASE_EXPIRED => StoreError::LeaseExpired(format!(
