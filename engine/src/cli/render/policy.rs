@@ -1,4 +1,5 @@
-//! The policy author's commands: `policy build`, `check` and `test`, for a person or as JSON.
+//! The policy author's commands: `policy build`, `check`, `test` and `new`, for a person or as
+//! JSON.
 
 use std::path::Path;
 
@@ -261,4 +262,38 @@ pub(crate) fn test(r: &TestReport, as_json: bool) {
         }
         print_policy_logs(&t.call);
     }
+}
+
+/// `policy new`'s crate, and what to do with it next.
+pub(crate) fn created(done: &crate::policy::scaffold::Scaffolded, as_json: bool) {
+    if as_json {
+        return json(done);
+    }
+    let dir = done.dir.display();
+    say!(
+        "created {dir}: policy {} for cache kind {:?}, with jitship-policy-sdk {} in {dir}/sdk",
+        done.name,
+        done.kind,
+        done.sdk_version
+    );
+    match done.template.strip_prefix("builtin:") {
+        Some(kind) => say!(
+            "  started from jitship's built-in {kind} policy (its root, env variables, key, select, \
+             canonicalize, materialize, retention); common/ holds the rules the built-ins share"
+        ),
+        None => say!(
+            "  jitship has no built-in policy for kind {:?}: started from the generic template \
+             (built-in kinds: {})",
+            done.kind,
+            crate::policy::builtin::kinds()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+    say!("  test it:  cd {dir} && cargo test");
+    say!(
+        "  build it: jitship policy build {dir} -o {dir}/target/{}.wasm",
+        done.crate_name
+    );
+    say!("  then:     jitship policy check / policy test that module (see {dir}/README.md)");
 }
