@@ -243,7 +243,11 @@ impl InstallReport {
         reason: PassReason,
         why: String,
     ) {
-        tracing::warn!(seq, generation = ?generation, "passed over: {why}");
+        tracing::warn!(
+            seq,
+            generation = %generation.map_or("none".to_owned(), |g| g.to_string()),
+            "passed over: {why}"
+        );
         self.passed_over.push(PassedOver {
             seq,
             generation,
