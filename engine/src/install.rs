@@ -67,7 +67,6 @@ use crate::catalog::KeyLayout;
 use crate::confined::{self, Confined, Kind};
 use crate::facts::Facts;
 use crate::generation::{CompatId, FileRecord, GenerationId, Manifest};
-use crate::interrupt::Interrupt;
 use crate::policy::CachePolicy;
 use crate::store::{Store, StoreError};
 use crate::trust::TrustPolicy;
@@ -86,7 +85,7 @@ mod target;
 use beside::{lock_root, remove_staging};
 use commit::commit;
 use diff::diff_with_disk;
-pub use gate::{CLEANUP_GRACE, mark_process_start, process_start};
+pub use gate::{CLEANUP_GRACE, mark_process_start, process_start, wait_for_job};
 use gate::{CommitGate, Cutoff, bounded_cleanup};
 use pick::{Candidates, Choice, PickContext, Picked, Recorded};
 use recorded::{AsRecorded, RecordedChecks};
@@ -233,29 +232,6 @@ fn install_from(
     }
     report.duration_ms = started.elapsed().as_millis() as u64;
     report
-}
-
-/// The job's answer, or why the install stops waiting for it: `deadline` (the point in time;
-/// `allowed` is what the report says was allowed) passed or the interrupt was raised (looked at
-/// every 20 ms: a signal handler can only set a flag).
-pub fn wait_for_job<T>(
-    rx: &mpsc::Receiver<T>,
-    deadline: Instant,
-    allowed: Duration,
-    interrupt: &Interrupt,
-) -> Result<T, InstallError> {
-    const INTERRUPT_POLL: Duration = Duration::from_millis(20);
-    loop {
-        if let Some(signal) = interrupt.signal_name() {
-            return Err(InstallError::Interrupted(signal));
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left.min(INTERRUPT_POLL)) {
-            Ok(answer) => return Ok(answer),
-            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => continue,
-            Err(_) => return Err(InstallError::Deadline(allowed)),
-        }
-    }
 }
 
 struct Job {

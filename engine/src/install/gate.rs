@@ -1,10 +1,13 @@
 //! When an install stops: the commit gate that makes "timed out" and "moved files into the root"
 //! mutually exclusive, the cutoff every step checks between store calls and writes, and the clock
-//! a command-line install's deadline counts from (the process's start).
+//! a command-line install's deadline counts from (the process's start), and the wait for the
+//! job that ends at the deadline or an interrupt.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
+
+use crate::interrupt::Interrupt;
 
 use super::report::InstallError;
 
@@ -107,5 +110,28 @@ impl Cutoff {
             return Err(InstallError::Cancelled);
         }
         Ok(())
+    }
+}
+
+/// The job's answer, or why the install stops waiting for it: `deadline` (the point in time;
+/// `allowed` is what the report says was allowed) passed or the interrupt was raised (looked at
+/// every 20 ms: a signal handler can only set a flag).
+pub fn wait_for_job<T>(
+    rx: &mpsc::Receiver<T>,
+    deadline: Instant,
+    allowed: Duration,
+    interrupt: &Interrupt,
+) -> Result<T, InstallError> {
+    const INTERRUPT_POLL: Duration = Duration::from_millis(20);
+    loop {
+        if let Some(signal) = interrupt.signal_name() {
+            return Err(InstallError::Interrupted(signal));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(INTERRUPT_POLL)) {
+            Ok(answer) => return Ok(answer),
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => continue,
+            Err(_) => return Err(InstallError::Deadline(allowed)),
+        }
     }
 }
