@@ -12,6 +12,7 @@ use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
 mod fact_names;
+mod file;
 mod flags;
 
 pub use crate::facts::{FactOverrides, GatherConfig, ScopedFacts};
@@ -22,6 +23,7 @@ pub use crate::store::settings::{
 };
 pub use crate::trust::{TrustConfig, TrustMode};
 pub use fact_names::{KNOWN_FACTS, is_known_fact, unknown_fact_warnings};
+pub use file::ConfigFile;
 pub use flags::{
     apply_durable_store_arg, apply_store_arg, parse_cache_arg, parse_fact_arg, parse_fact_list,
     parse_scoped_fact_arg, parse_setting_arg,
@@ -55,17 +57,15 @@ impl From<InvalidSetting> for ConfigError {
     }
 }
 
+/// The settings a command runs with: the file's (`ConfigFile`, the schema) with the command
+/// line's on top (`cli::args::resolve`), and what resolving them added, which no file sets
+/// (`engine_candidates`, `flag_facts`). It reads and writes as the file does.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(from = "ConfigFile", into = "ConfigFile")]
 pub struct Config {
     pub store: StoreConfig,
-    /// One entry per cache root.
-    #[serde(rename = "cache")]
     pub caches: Vec<CacheConfig>,
-    /// Facts that override (or add to) what jitship gathers, for every cache (a `[[cache]]`'s own
-    /// `facts` win over these for that cache).
     pub facts: BTreeMap<String, String>,
-    /// Where and how jitship gathers facts (the `[facts]` table stays a plain overrides map).
     pub gather: GatherConfig,
     pub publish: PublishConfig,
     pub install: InstallConfig,
@@ -73,19 +73,52 @@ pub struct Config {
     pub watch: WatchConfig,
     pub retention: RetentionConfig,
     pub trust: TrustConfig,
-    /// `engine = "vllm"` (or `--engine`): the caches that engine reads, without naming each kind;
-    /// an explicit `[[cache]]`/`--cache` of one of its kinds wins (`crate::engines`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub engine: Option<Engine>,
     /// The kinds [`Config::add_engine_candidates`] added (not configured by the operator): the
     /// session keeps those the engine reads once the facts are known.
-    #[serde(skip)]
     pub engine_candidates: Vec<String>,
     /// The command line's fact overrides (`--fact [KIND:]NAME=VALUE`, or `JITSHIP_FACTS`), set by
     /// the CLI; never read from the file. They win over `[facts]` and every `[[cache]]`'s `facts`
     /// (see [`Config::fact_overrides`]).
-    #[serde(skip)]
     pub flag_facts: ScopedFacts,
+}
+
+impl From<ConfigFile> for Config {
+    fn from(f: ConfigFile) -> Self {
+        Self {
+            store: f.store,
+            caches: f.caches,
+            facts: f.facts,
+            gather: f.gather,
+            publish: f.publish,
+            install: f.install,
+            policy: f.policy,
+            watch: f.watch,
+            retention: f.retention,
+            trust: f.trust,
+            engine: f.engine,
+            engine_candidates: Vec::new(),
+            flag_facts: ScopedFacts::default(),
+        }
+    }
+}
+
+impl From<Config> for ConfigFile {
+    fn from(c: Config) -> Self {
+        Self {
+            store: c.store,
+            caches: c.caches,
+            facts: c.facts,
+            gather: c.gather,
+            publish: c.publish,
+            install: c.install,
+            policy: c.policy,
+            watch: c.watch,
+            retention: c.retention,
+            trust: c.trust,
+            engine: c.engine,
+        }
+    }
 }
 
 /// Quotas handed to the retention policy, per compat key, and gc's safety margin.
