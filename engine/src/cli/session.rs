@@ -515,3 +515,22 @@ impl PolicySandboxArgs {
         Ok(crate::policy::host::PolicyEngine::new(&config.policy)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `store::open` refuses a durable registry tier rather than dropping it; the session opens
+    /// the registry beside the store and the store without it.
+    #[test]
+    fn a_durable_registry_is_refused_by_store_open_and_opened_beside_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StoreConfig::default();
+        config.local.path = dir.path().join("store");
+        config.durable.registry = Some("registry.example.com/jitship/cache".into());
+        let e = crate::store::open(&config).err().expect("refused");
+        assert!(e.to_string().contains("[store.durable] registry"), "{e}");
+        assert!(open_store(&config).is_ok());
+        assert!(open_registry(&config).unwrap().is_some());
+    }
+}
