@@ -598,9 +598,22 @@ impl Job {
     /// manifest of another place), else `miss`.
     fn nothing_installable(&self, heads: &Candidates) -> (InstallOutcome, String) {
         if heads.none_found() {
+            // A store that cannot list (Mooncake) cannot tell "never published" from "lost": a
+            // master restarted without HA forgets every key, and this is the operator's clue.
+            let lost = match &self.store {
+                Some(store) if !store.capabilities().listing => {
+                    "; or the store lost it (a Mooncake master restarted without HA forgets every \
+                     key): the next publish puts it back, and a durable tier (`--durable-store`) \
+                     serves installs meanwhile"
+                }
+                _ => "",
+            };
             return (
                 InstallOutcome::Miss,
-                format!("no generation published yet for compat id {}", self.compat),
+                format!(
+                    "no generation published yet for compat id {}{lost}",
+                    self.compat
+                ),
             );
         }
         let passed = self.report.passed_over_in_words();
