@@ -394,7 +394,7 @@ fn random_salt() -> Result<[u8; 32], PublishError> {
 pub(super) fn check_parent_packs(
     store: &dyn Store,
     layout: &KeyLayout,
-    base: &mut super::Base,
+    base: &mut super::base::Base,
     memo: Option<&super::HashCache>,
 ) -> Result<bool, PublishError> {
     use crate::inspect::{InspectError, Problem};
@@ -452,7 +452,7 @@ pub(super) fn check_parent_packs(
 pub(super) fn fill_durable_parent(
     store: &dyn Store,
     layout: &KeyLayout,
-    base: &mut super::Base,
+    base: &mut super::base::Base,
 ) -> Result<bool, PublishError> {
     let (Some((fast, durable)), Some(head), Some(parent)) =
         (store.tiers(), &base.head, &mut base.parent)
