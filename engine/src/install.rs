@@ -55,7 +55,8 @@
 //! The phases, one module each: `pick` (candidates, trust, fallbacks, completeness), `diff` (what
 //! the root already holds), `stage` (fetch packs, verify, write staging), `commit` (into the
 //! root), with `beside` (lock and staging names), `target` (the root resolved once), `gate` (the
-//! deadline and the commit gate) and `report`. This file is the job that runs them in order.
+//! deadline and the commit gate) and `report` (the job's working `Progress`, made into the plain
+//! `InstallReport` once, when the install ends). This file is the job that runs them in order.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -89,6 +90,7 @@ pub use gate::{CLEANUP_GRACE, mark_process_start, process_start, wait_for_job};
 use gate::{CommitGate, Cutoff, bounded_cleanup};
 use pick::{Candidates, Choice, PickContext, Picked, Recorded};
 use recorded::{AsRecorded, RecordedChecks};
+use report::Progress;
 pub use report::{
     InstallError, InstallOptions, InstallOutcome, InstallReport, PassReason, PassedOver,
     RefusedHead,
@@ -127,21 +129,20 @@ fn install_from(
 ) -> InstallReport {
     let started = Instant::now();
     let deadline = opts.started.unwrap_or(started) + opts.deadline;
-    let mut report = InstallReport::failed(&policy.info().cache_kind, root, String::new());
+    let mut progress = Progress::new(&policy.info().cache_kind, root);
     let key = match policy.compat_key(facts) {
         Ok(k) => k,
         Err(e) => {
-            report.detail = format!(
+            let detail = format!(
                 "policy {} gave no compatibility key: {e}",
                 policy.info().name
             );
-            report.duration_ms = started.elapsed().as_millis() as u64;
-            return report;
+            return progress.into_report(InstallOutcome::Failed, detail, elapsed_ms(started));
         }
     };
-    let compat = CompatId::new(&report.cache_kind, &key);
-    report.compat_key = Some(key);
-    report.compat_id = Some(compat);
+    let compat = CompatId::new(&progress.cache_kind, &key);
+    progress.compat_key = Some(key);
+    progress.compat_id = Some(compat);
 
     // The work runs on its own thread so the deadline holds even if a store call blocks; the
     // commit gate makes "timed out" and "moved files into the root" mutually exclusive.
@@ -168,7 +169,7 @@ fn install_from(
         trust: opts.trust.clone(),
         registry: opts.registry.clone(),
         registry_scratch: None,
-        report: report.clone(),
+        progress: progress.clone(),
     };
     let job_ended = opts.job_ended.clone();
     std::thread::spawn(move || {
@@ -180,16 +181,16 @@ fn install_from(
             job.release_store();
             // Read through the registry's scratch store: what each tier served.
             if let Some((_, through)) = &job.registry_scratch {
-                job.report.tiers = through.tier_stats();
+                job.progress.tiers = through.tier_stats();
             }
-            (result, job.report)
+            (result, job.progress)
         };
         let _ = tx.send(answer);
         if let Some(ended) = job_ended {
             let _ = ended.send(());
         }
     });
-    let (result, mut report) = match wait_for_job(&rx, deadline, opts.deadline, &opts.interrupt) {
+    let (result, progress) = match wait_for_job(&rx, deadline, opts.deadline, &opts.interrupt) {
         Ok(r) => r,
         Err(stopped_by) => {
             if gate.cancel_unless_committing() {
@@ -203,35 +204,31 @@ fn install_from(
                         "staging not removed within {CLEANUP_GRACE:?}; the next install removes it"
                     );
                 }
-                if matches!(stopped_by, InstallError::Deadline(_)) {
-                    report.outcome = InstallOutcome::Deadline;
-                }
-                report.detail = stopped_by.to_string();
-                report.duration_ms = started.elapsed().as_millis() as u64;
-                return report;
+                let outcome = match stopped_by {
+                    InstallError::Deadline(_) => InstallOutcome::Deadline,
+                    _ => InstallOutcome::Failed,
+                };
+                return progress.into_report(outcome, stopped_by.to_string(), elapsed_ms(started));
             }
             // The job is moving verified files into place; that is quick and must finish.
             rx.recv()
-                .unwrap_or_else(|_| (Err(InstallError::Cancelled), report.clone()))
+                .unwrap_or((Err(InstallError::Cancelled), progress))
         }
     };
-    match result {
-        Ok((outcome, detail)) => {
-            report.outcome = outcome;
-            report.detail = detail;
-        }
+    let (outcome, detail) = match result {
+        Ok(ended) => ended,
         // The job saw the deadline pass before this thread did.
-        Err(InstallError::Deadline(_) | InstallError::Cancelled) if Instant::now() >= deadline => {
-            report.outcome = InstallOutcome::Deadline;
-            report.detail = InstallError::Deadline(opts.deadline).to_string();
-        }
-        Err(e) => {
-            report.outcome = InstallOutcome::Failed;
-            report.detail = e.to_string();
-        }
-    }
-    report.duration_ms = started.elapsed().as_millis() as u64;
-    report
+        Err(InstallError::Deadline(_) | InstallError::Cancelled) if Instant::now() >= deadline => (
+            InstallOutcome::Deadline,
+            InstallError::Deadline(opts.deadline).to_string(),
+        ),
+        Err(e) => (InstallOutcome::Failed, e.to_string()),
+    };
+    progress.into_report(outcome, detail, elapsed_ms(started))
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    started.elapsed().as_millis() as u64
 }
 
 struct Job {
@@ -256,7 +253,7 @@ struct Job {
     /// What the registry served, in a scratch store on disk, which the job then reads through
     /// (`TieredStore` over the store): kept until the job ends.
     registry_scratch: Option<(tempfile::TempDir, Arc<dyn Store>)>,
-    report: InstallReport,
+    progress: Progress,
 }
 
 impl Job {
@@ -277,7 +274,7 @@ impl Job {
         if let Some(store) = self.store.take()
             && let (Some(before), Some(after)) = (&self.tiers_before, store.tier_stats())
         {
-            self.report.tiers = Some(after.since(before));
+            self.progress.tiers = Some(after.since(before));
         }
     }
 
@@ -286,7 +283,7 @@ impl Job {
         // The lock (taken once, before the root is opened: a concurrent installer may be renaming
         // a whole tree into place) and where the root lives.
         let mut locked: Option<(File, PathBuf, String)> = None;
-        self.recorded = self.checks.take(&self.root, &self.report.cache_kind);
+        self.recorded = self.checks.take(&self.root, &self.progress.cache_kind);
         loop {
             let t = Instant::now();
             let picked = self.pick(&mut heads)?;
@@ -303,8 +300,8 @@ impl Job {
                 if self.repair_from_registry()? {
                     // The store has it now: walk its heads again, from the newest.
                     heads = Candidates::default();
-                    self.report.passed_over.clear();
-                    self.report.refused.clear();
+                    self.progress.passed_over.clear();
+                    self.progress.refused.clear();
                     continue;
                 }
                 return Ok(self.nothing_installable(&heads));
@@ -321,14 +318,14 @@ impl Job {
                     | InstallError::PackVanished(_)
                     | InstallError::GroupOutsideRoot { .. }),
                 ) => {
-                    self.report.damaged.push(format!("generation {id}: {e}"));
-                    let seq = self.report.taken_seq.take().unwrap_or(0);
+                    self.progress.damaged.push(format!("generation {id}: {e}"));
+                    let seq = self.progress.taken_seq.take().unwrap_or(0);
                     let why = e.to_string();
-                    self.report
+                    self.progress
                         .pass_over(seq, Some(id), PassReason::Damaged, why);
-                    self.report.packs_fetched = 0;
-                    self.report.bytes_fetched = 0;
-                    self.report.files_materialized.clear();
+                    self.progress.packs_fetched = 0;
+                    self.progress.bytes_fetched = 0;
+                    self.progress.files_materialized.clear();
                 }
                 other => return other,
             }
@@ -357,15 +354,15 @@ impl Job {
     fn as_recorded(&mut self, recorded: Recorded) -> (InstallOutcome, String) {
         let files = self.recorded.map_or(0, |r| r.files);
         self.release_store();
-        let report = &mut self.report;
-        report.generation = Some(recorded.id);
-        report.taken_seq = Some(recorded.seq);
-        report.signer = Some(recorded.signer);
-        report.newer_incomplete = recorded.newer_incomplete;
-        report.complete = Some(true);
-        report.incomplete = None;
-        report.files_in_generation = files;
-        report.files_already_present = files;
+        let progress = &mut self.progress;
+        progress.generation = Some(recorded.id);
+        progress.taken_seq = Some(recorded.seq);
+        progress.signer = Some(recorded.signer);
+        progress.newer_incomplete = recorded.newer_incomplete;
+        progress.complete = Some(true);
+        progress.incomplete = None;
+        progress.files_in_generation = files;
+        progress.files_already_present = files;
         self.described(recorded.id, None)
     }
 
@@ -376,25 +373,25 @@ impl Job {
             store: store.as_ref(),
             layout: &self.layout,
             compat: self.compat,
-            cache_kind: &self.report.cache_kind.clone(),
+            cache_kind: &self.progress.cache_kind.clone(),
             trust: &self.trust,
             fallback_depth: self.fallback_depth,
             cutoff: &self.cutoff,
             recorded: self.recorded.map(|r| r.generation),
         };
-        heads.pick(&cx, &mut self.report)
+        heads.pick(&cx, &mut self.progress)
     }
 
     /// Puts what the report says of the picked generation into it; returns its manifest.
     fn take_picked(&mut self, picked: Picked) -> Manifest {
-        let report = &mut self.report;
-        report.generation = Some(picked.id);
-        report.taken_seq = Some(picked.seq);
-        report.signer = Some(picked.signer);
-        report.newer_incomplete = picked.newer_incomplete;
-        report.complete = Some(picked.manifest.incomplete.is_none());
-        report.incomplete = picked.manifest.incomplete.clone();
-        report.files_in_generation = picked.manifest.files.len() as u64;
+        let progress = &mut self.progress;
+        progress.generation = Some(picked.id);
+        progress.taken_seq = Some(picked.seq);
+        progress.signer = Some(picked.signer);
+        progress.newer_incomplete = picked.newer_incomplete;
+        progress.complete = Some(picked.manifest.incomplete.is_none());
+        progress.incomplete = picked.manifest.incomplete.clone();
+        progress.files_in_generation = picked.manifest.files.len() as u64;
         picked.manifest
     }
 
@@ -413,8 +410,8 @@ impl Job {
             present = diff.present,
             "compared with disk"
         );
-        self.report.conflicts = diff.conflicts;
-        self.report.files_already_present = diff.present;
+        self.progress.conflicts = diff.conflicts;
+        self.progress.files_already_present = diff.present;
         // Nothing to move in: the look-ups just made are what the record stamps.
         let looked_up = diff.missing.is_empty().then_some(diff.files_on_disk);
         if diff.missing.is_empty() {
@@ -442,24 +439,24 @@ impl Job {
     fn described(&self, id: GenerationId, incomplete: Option<&str>) -> (InstallOutcome, String) {
         let (outcome, mut detail) = self.outcome(id);
         match incomplete {
-            None if self.report.newer_incomplete.is_empty() => {}
+            None if self.progress.newer_incomplete.is_empty() => {}
             None => detail.push_str(&format!(
                 " (the newest complete cache; {} newer generation(s) are incomplete)",
-                self.report.newer_incomplete.len()
+                self.progress.newer_incomplete.len()
             )),
             Some(why) => detail.push_str(&format!(
                 " (an INCOMPLETE cache: {why}; no complete generation among the newest {})",
                 self.fallback_depth + 1
             )),
         }
-        if let Some(signer) = &self.report.signer {
+        if let Some(signer) = &self.progress.signer {
             detail.push_str(&format!(" ({signer})"));
         }
-        if !self.report.passed_over.is_empty() {
+        if !self.progress.passed_over.is_empty() {
             detail.push_str(&format!(
                 "; passed over {} newer head(s): {}",
-                self.report.passed_over.len(),
-                self.report.passed_over_in_words()
+                self.progress.passed_over.len(),
+                self.progress.passed_over_in_words()
             ));
         }
         (outcome, detail)
@@ -468,15 +465,15 @@ impl Job {
     /// What the install achieved: conflicts mean the generation is not fully on disk, whatever
     /// else was moved in.
     fn outcome(&self, id: GenerationId) -> (InstallOutcome, String) {
-        let n = self.report.files_installed;
-        if !self.report.conflicts.is_empty() {
+        let n = self.progress.files_installed;
+        if !self.progress.conflicts.is_empty() {
             (
                 InstallOutcome::Conflict,
                 format!(
                     "generation {id} is only partly installed: {} of its {} files are on disk with \
                      other content or blocked (left alone); {n} installed now",
-                    self.report.conflicts.len(),
-                    self.report.files_in_generation
+                    self.progress.conflicts.len(),
+                    self.progress.files_in_generation
                 ),
             )
         } else if n == 0 {
@@ -511,11 +508,11 @@ impl Job {
         target: &Target,
         looked_up: Option<HashMap<&str, confined::Entry>>,
     ) -> bool {
-        let mut record = record::InstallRecord::of(&self.report.cache_kind, id, manifest);
-        for c in &self.report.conflicts {
+        let mut record = record::InstallRecord::of(&self.progress.cache_kind, id, manifest);
+        for c in &self.progress.conflicts {
             record.files.remove(c);
         }
-        record.whole = self.report.conflicts.is_empty() && manifest.incomplete.is_none();
+        record.whole = self.progress.conflicts.is_empty() && manifest.incomplete.is_none();
         // After a commit: the files as they are now, looked up a directory at a time as the diff
         // does (one look-up from the root per file doubled the cost of 20,000 files).
         let on_disk = looked_up.unwrap_or_else(|| {
@@ -582,7 +579,7 @@ impl Job {
             self.cutoff.deadline,
         );
         let served = pull.served.is_some();
-        self.report.registry = Some(pull);
+        self.progress.registry = Some(pull);
         self.cutoff.check()?;
         if !served {
             return Ok(false);
@@ -616,8 +613,8 @@ impl Job {
                 ),
             );
         }
-        let passed = self.report.passed_over_in_words();
-        if !self.report.refused.is_empty() && heads.admitted == 0 {
+        let passed = self.progress.passed_over_in_words();
+        if !self.progress.refused.is_empty() && heads.admitted == 0 {
             return (
                 InstallOutcome::Untrusted,
                 format!(
@@ -625,13 +622,13 @@ impl Job {
                      a trusted signing key, or add the publisher's public key to [trust] \
                      trusted_keys",
                     self.trust.mode().as_str(),
-                    self.report.passed_over.len(),
+                    self.progress.passed_over.len(),
                 ),
             );
         }
         // Data that is there but wrong, with nothing older to fall back to: a failure.
         if self
-            .report
+            .progress
             .passed_over
             .iter()
             .any(|p| p.reason == PassReason::Damaged)
@@ -647,7 +644,7 @@ impl Job {
                 "no usable generation for compat id {}: the {} newest head(s) tried are \
                  incomplete in the store (evicted or removed) or unusable: {passed}",
                 self.compat,
-                self.report.passed_over.len()
+                self.progress.passed_over.len()
             ),
         )
     }
@@ -666,7 +663,7 @@ impl Job {
             materializer: &self.materializer,
             cutoff: &self.cutoff,
         };
-        stager.write_staging(manifest, &pending, staging, &mut self.report)?;
+        stager.write_staging(manifest, &pending, staging, &mut self.progress)?;
         // Every pack is fetched and verified: a corrupt one would have sent the caller to an
         // older generation, which needs the store; from here on nothing does.
         self.release_store();
@@ -684,7 +681,7 @@ impl Job {
             staging,
             &pending,
             self.commit_pause,
-            &mut self.report,
+            &mut self.progress,
         )
     }
 }

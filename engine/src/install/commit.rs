@@ -11,7 +11,7 @@ use crate::generation::FileRecord;
 
 use super::diff::{Looked, look_up};
 use super::io;
-use super::report::{InstallError, InstallReport};
+use super::report::{InstallError, Progress};
 use super::stage::{DIR_MODE, Pending, STAGED_TREE};
 use super::target::Target;
 
@@ -26,9 +26,9 @@ pub(super) fn commit(
     staging: &Confined,
     pending: &[Pending],
     pause: Duration,
-    report: &mut InstallReport,
+    progress: &mut Progress,
 ) -> Result<(), InstallError> {
-    if let Some(result) = commit_whole_tree(target, staging, pending, report) {
+    if let Some(result) = commit_whole_tree(target, staging, pending, progress) {
         return result;
     }
     let root = target.dir.as_ref().expect("an existing root");
@@ -47,10 +47,10 @@ pub(super) fn commit(
         match move_one(root, staging, &mut dirs, p) {
             Ok(Some(m)) => {
                 moved.push(m);
-                report.files_installed += 1;
-                report.bytes_installed += p.record.size;
+                progress.files_installed += 1;
+                progress.bytes_installed += p.record.size;
             }
-            Ok(None) => report.conflicts.push(format!(
+            Ok(None) => progress.conflicts.push(format!(
                 "{}: appeared during the install (left alone)",
                 p.record.path
             )),
@@ -65,9 +65,9 @@ pub(super) fn commit(
     }
     if result.is_err() {
         roll_back(&moved, &dirs);
-        report.files_installed = 0;
-        report.bytes_installed = 0;
-        report.files_materialized.clear();
+        progress.files_installed = 0;
+        progress.bytes_installed = 0;
+        progress.files_materialized.clear();
     }
     result
 }
@@ -79,7 +79,7 @@ fn commit_whole_tree(
     target: &Target,
     staging: &Confined,
     pending: &[Pending],
-    report: &mut InstallReport,
+    progress: &mut Progress,
 ) -> Option<Result<(), InstallError>> {
     let root_path = target.path();
     let old_mode = match &target.dir {
@@ -124,8 +124,8 @@ fn commit_whole_tree(
             return Some(Err(e));
         }
     }
-    report.files_installed = pending.len() as u64;
-    report.bytes_installed = pending.iter().map(|p| p.record.size).sum();
+    progress.files_installed = pending.len() as u64;
+    progress.bytes_installed = pending.iter().map(|p| p.record.size).sum();
     Some(verify_in_place(target, pending.iter()))
 }
 

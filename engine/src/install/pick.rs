@@ -9,7 +9,7 @@ use crate::store::Store;
 use crate::trust::{Signer, TrustPolicy};
 
 use super::gate::Cutoff;
-use super::report::{InstallError, InstallReport, PassReason, RefusedHead};
+use super::report::{InstallError, PassReason, Progress, RefusedHead};
 
 /// How many heads an install passes over (refused by its trust, faulty, incomplete in the
 /// store) before it gives up: anyone can write heads, so the walk is bounded whatever is there.
@@ -91,11 +91,11 @@ impl Candidates {
     pub(super) fn pick(
         &mut self,
         cx: &PickContext,
-        report: &mut InstallReport,
+        progress: &mut Progress,
     ) -> Result<Option<Choice>, InstallError> {
         let mut newest_incomplete: Option<Incomplete> = None;
         let mut passed_incomplete = Vec::new();
-        while let Some(head) = self.next_admitted(cx, report)? {
+        while let Some(head) = self.next_admitted(cx, progress)? {
             // Complete (the record is whole only for a complete generation), so the pick would
             // take it; whether it is still on disk as recorded is the caller's to check.
             if cx.recorded == Some(head.record.generation) {
@@ -106,7 +106,7 @@ impl Candidates {
                     newer_incomplete: passed_incomplete,
                 })));
             }
-            let Some(manifest) = usable_manifest(cx, &head, report)? else {
+            let Some(manifest) = usable_manifest(cx, &head, progress)? else {
                 continue;
             };
             let picked = Picked {
@@ -147,7 +147,7 @@ impl Candidates {
     fn next_admitted(
         &mut self,
         cx: &PickContext,
-        report: &mut InstallReport,
+        progress: &mut Progress,
     ) -> Result<Option<AdmittedHead>, InstallError> {
         loop {
             if self.next == self.read.len() {
@@ -182,7 +182,7 @@ impl Candidates {
             let record = match entry {
                 Ok(h) => h,
                 Err(f) => {
-                    report.pass_over(f.seq, None, PassReason::Faulty, f.fault.to_string());
+                    progress.pass_over(f.seq, None, PassReason::Faulty, f.fault.to_string());
                     continue;
                 }
             };
@@ -190,13 +190,13 @@ impl Candidates {
             let what = format_args!("generation {}", record.generation);
             if !cx.trust.admits(&signer, &what) {
                 let why = signer.to_string();
-                report.pass_over(
+                progress.pass_over(
                     record.seq,
                     Some(record.generation),
                     PassReason::Untrusted,
                     why,
                 );
-                report.refused.push(RefusedHead {
+                progress.refused.push(RefusedHead {
                     seq: record.seq,
                     generation: record.generation,
                     signer,
@@ -245,7 +245,7 @@ struct AdmittedHead {
 fn usable_manifest(
     cx: &PickContext,
     head: &AdmittedHead,
-    report: &mut InstallReport,
+    progress: &mut Progress,
 ) -> Result<Option<Manifest>, InstallError> {
     let generation = head.record.generation;
     let (reason, why) = match catalog::read_manifest(cx.store, cx.layout, &generation)? {
@@ -277,6 +277,6 @@ fn usable_manifest(
             (PassReason::Damaged, format!("manifest unreadable: {e}"))
         }
     };
-    report.pass_over(head.seq, Some(generation), reason, why);
+    progress.pass_over(head.seq, Some(generation), reason, why);
     Ok(None)
 }

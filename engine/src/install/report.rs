@@ -1,4 +1,5 @@
-//! What an install is asked and what it answers: options, outcome, report, errors.
+//! What an install is asked and what it answers: options, outcome, report, errors, and the
+//! `Progress` the job fills in, which becomes the report once the install ends.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -127,9 +128,6 @@ pub struct InstallReport {
     /// why: refused by the trust, faulty, incomplete in the store, damaged. Always written (empty
     /// when none was), so a reader needs no special case for its absence.
     pub passed_over: Vec<PassedOver>,
-    /// The seq of the head of the generation taken.
-    #[serde(skip)]
-    pub(crate) taken_seq: Option<u64>,
     /// Whether the generation taken is a complete cache for its kind (its policy said so when it
     /// was published); `None` when none was taken.
     pub complete: Option<bool>,
@@ -202,14 +200,50 @@ pub struct RefusedHead {
 }
 
 impl InstallReport {
-    /// A `failed` report with nothing done: the starting point of every install, and the report
-    /// of a cache that could not be started (store unreachable, no policy engine).
+    /// A `failed` report with nothing done: the report of a cache that could not be started
+    /// (store unreachable, no policy engine, no compatibility key).
     pub fn failed(cache_kind: &str, root: &Path, detail: String) -> Self {
+        Progress::new(cache_kind, root).into_report(InstallOutcome::Failed, detail, 0)
+    }
+}
+
+/// What an install has found and done so far: the job's working state, filled in on its own
+/// thread, and made into the plain `InstallReport` once, when the install ends (`into_report`:
+/// the outcome, its words and the duration are known only then).
+#[derive(Debug, Clone)]
+pub(crate) struct Progress {
+    pub(crate) cache_kind: String,
+    pub(crate) root: PathBuf,
+    pub(crate) compat_key: Option<String>,
+    pub(crate) compat_id: Option<CompatId>,
+    pub(crate) generation: Option<GenerationId>,
+    pub(crate) signer: Option<Signer>,
+    pub(crate) refused: Vec<RefusedHead>,
+    pub(crate) damaged: Vec<String>,
+    pub(crate) passed_over: Vec<PassedOver>,
+    /// The seq of the head of the generation taken (passed over if its packs turn out damaged).
+    pub(crate) taken_seq: Option<u64>,
+    pub(crate) complete: Option<bool>,
+    pub(crate) incomplete: Option<String>,
+    pub(crate) newer_incomplete: Vec<GenerationId>,
+    pub(crate) files_in_generation: u64,
+    pub(crate) files_installed: u64,
+    pub(crate) bytes_installed: u64,
+    pub(crate) files_already_present: u64,
+    pub(crate) files_materialized: Vec<String>,
+    pub(crate) conflicts: Vec<String>,
+    pub(crate) packs_fetched: u64,
+    pub(crate) bytes_fetched: u64,
+    pub(crate) tiers: Option<crate::store::TierStats>,
+    pub(crate) registry: Option<crate::oci::registry::RegistryPull>,
+}
+
+impl Progress {
+    /// Nothing found or done yet.
+    pub(crate) fn new(cache_kind: &str, root: &Path) -> Self {
         Self {
             cache_kind: cache_kind.to_owned(),
             root: root.to_owned(),
-            outcome: InstallOutcome::Failed,
-            detail,
             compat_key: None,
             compat_id: None,
             generation: None,
@@ -229,9 +263,44 @@ impl InstallReport {
             conflicts: vec![],
             packs_fetched: 0,
             bytes_fetched: 0,
-            duration_ms: 0,
             tiers: None,
             registry: None,
+        }
+    }
+
+    /// The report of an install that ended with `outcome`, said in `detail`, after `duration_ms`.
+    pub(crate) fn into_report(
+        self,
+        outcome: InstallOutcome,
+        detail: String,
+        duration_ms: u64,
+    ) -> InstallReport {
+        InstallReport {
+            cache_kind: self.cache_kind,
+            root: self.root,
+            outcome,
+            detail,
+            compat_key: self.compat_key,
+            compat_id: self.compat_id,
+            generation: self.generation,
+            signer: self.signer,
+            refused: self.refused,
+            damaged: self.damaged,
+            passed_over: self.passed_over,
+            complete: self.complete,
+            incomplete: self.incomplete,
+            newer_incomplete: self.newer_incomplete,
+            files_in_generation: self.files_in_generation,
+            files_installed: self.files_installed,
+            bytes_installed: self.bytes_installed,
+            files_already_present: self.files_already_present,
+            files_materialized: self.files_materialized,
+            conflicts: self.conflicts,
+            packs_fetched: self.packs_fetched,
+            bytes_fetched: self.bytes_fetched,
+            duration_ms,
+            tiers: self.tiers,
+            registry: self.registry,
         }
     }
 

@@ -25,7 +25,7 @@ use super::beside::{
 };
 use super::gate::Cutoff;
 use super::io;
-use super::report::{InstallError, InstallReport};
+use super::report::{InstallError, Progress};
 use super::target::Target;
 
 /// What to write: a file of the manifest and where it goes in staging (relative to the staging
@@ -95,7 +95,7 @@ impl Stager<'_> {
         manifest: &Manifest,
         pending: &[Pending],
         staging: &Confined,
-        report: &mut InstallReport,
+        progress: &mut Progress,
     ) -> Result<(), InstallError> {
         let mut writer = StagingWriter::new(staging, self.materializer)?;
         for p in pending.iter().filter(|p| p.record.chunks.is_empty()) {
@@ -116,12 +116,12 @@ impl Stager<'_> {
                         actual: bytes.len(),
                     });
                 }
-                report.packs_fetched += 1;
-                report.bytes_fetched += bytes.len() as u64;
+                progress.packs_fetched += 1;
+                progress.bytes_fetched += bytes.len() as u64;
                 writer.write_pack(pending, &by_pack[&packs[i]], &bytes)?;
             }
         }
-        report.files_materialized = std::mem::take(&mut writer.materialized);
+        progress.files_materialized = std::mem::take(&mut writer.materialized);
         if let Some(fi) = writer.unfinished.keys().next() {
             // Cannot happen for a validated manifest whose packs all arrived; refuse rather than trust.
             return Err(InstallError::Corrupt {
