@@ -6,7 +6,7 @@
 //! bounded by their deadline and store hits untouched; gc deletes what retention dropped; an
 //! exported layout copied into the registry by skopeo installs like a pushed one.
 //!
-//! The Mooncake drills (master restart, eviction) are in `mooncake_drills.rs`.
+//! The Mooncake drills (master restart, eviction) are in `mooncake_drills/`.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
