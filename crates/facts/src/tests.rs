@@ -3,7 +3,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::*;
 
@@ -285,13 +285,11 @@ fn cpu_facts_follow_cpuinfo_the_environment_and_the_compiler() {
 #[test]
 fn no_gpu_gives_explicit_missing_facts_with_every_sources_reason() {
     let m = FakeMachine::new();
-    let start = Instant::now();
     let g = gather(&m.config());
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
-    );
+    // Nothing was waited for: no probe ran into its timeout (a counted bound, not a clock).
+    for (name, why) in &g.missing {
+        assert!(!why.contains("did not finish within"), "{name}: {why}");
+    }
     for name in ["gpu.name", "gpu.count", "gpu.cc", "driver.version"] {
         let why = &g.missing[name];
         assert!(
@@ -396,13 +394,9 @@ fn a_hanging_nvidia_smi_is_cut_at_the_timeout() {
     m.script("bin/nvidia-smi", "sleep 30");
     let mut cfg = m.config();
     cfg.settings.timeout = Duration::from_millis(300);
-    let start = Instant::now();
+    // Cut at the timeout, not waited for: had it waited, nvidia-smi would have exited 0 after
+    // 30 s with no output, a different reason.
     let g = gather(&cfg);
-    assert!(
-        start.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        start.elapsed()
-    );
     assert!(
         g.missing["gpu.name"].contains("did not finish within 300ms"),
         "{:?}",

@@ -314,7 +314,7 @@ fn parse_segment_list(answer: &[u8]) -> Result<Vec<CString>, String> {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::{
         MOST_SEGMENTS, MooncakeConfig, MooncakeStore, answer_is_whole, parse_segment_list, probe,
@@ -396,9 +396,9 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let started = Instant::now();
+        // Refused at once, not left to the timeout.
         let err = probe(&format!("127.0.0.1:{port}"), Duration::from_secs(2)).unwrap_err();
-        assert!(started.elapsed() < Duration::from_secs(3), "{err}");
+        assert!(err.contains("refused"), "{err}");
     }
 
     #[test]
