@@ -1,7 +1,8 @@
 //! Trying a call again when Mooncake answered with a failure that passes by itself: the master
 //! not answering (RPC_FAIL, RPC_TIMEOUT, an HA master not serving yet: a restart, a failover), a
 //! store node not answering (TRANSFER_FAIL, CHECKSUM_MISMATCH), replicas busy, a read that
-//! outlived its lease. Every call of the backend is safe to repeat: puts are immutable (an
+//! outlived its lease, and a store with no room (right after a master restart, the store nodes
+//! have not registered again yet). Every call of the backend is safe to repeat: puts are immutable (an
 //! existing key keeps its value), gets, existence checks and removes change nothing more the
 //! second time.
 //!
@@ -21,9 +22,13 @@ use crate::{StoreError, StoreResult};
 const FIRST_WAIT: Duration = Duration::from_millis(100);
 const MAX_WAIT: Duration = Duration::from_secs(2);
 
-/// Whether a failure is worth trying again within the budget.
+/// Whether a failure is worth trying again within the budget. NO_AVAILABLE_HANDLE (`NoSpace`)
+/// is: right after a master restart every put gets it until the store nodes have registered
+/// again (seen in the restart drill, after `wait-node` returned), and on a full store eviction
+/// frees room behind it. A store that stays full still fails, `retry_for` later.
 pub(super) fn retryable(e: &StoreError) -> bool {
-    e.is_transient() && !matches!(e, StoreError::Timeout(_))
+    (e.is_transient() || matches!(e, StoreError::NoSpace(_)))
+        && !matches!(e, StoreError::Timeout(_))
 }
 
 /// The waits between tries: doubling from [`FIRST_WAIT`] to [`MAX_WAIT`], each drawn between
@@ -156,7 +161,9 @@ mod tests {
         assert!(retryable(&StoreError::Unavailable("busy".into())));
         assert!(retryable(&StoreError::LeaseExpired("slow".into())));
         assert!(!retryable(&StoreError::Timeout(Duration::from_secs(30))));
-        assert!(!retryable(&StoreError::NoSpace("full".into())));
+        assert!(retryable(&StoreError::NoSpace(
+            "nodes not registered yet".into()
+        )));
         assert!(!retryable(&StoreError::Leased("k".into())));
         assert!(!retryable(&StoreError::InvalidKey("k".into())));
     }
@@ -184,11 +191,11 @@ mod tests {
             Duration::from_secs(10),
             || {
                 calls += 1;
-                Err(StoreError::NoSpace("full".into()))
+                Err(StoreError::InvalidKey("k".into()))
             },
-            |_, _| panic!("a full store is not retried"),
+            |_, _| panic!("an invalid key is not retried"),
         );
-        assert!(matches!(r, Err(StoreError::NoSpace(_))));
+        assert!(matches!(r, Err(StoreError::InvalidKey(_))));
         assert_eq!(calls, 1);
         // No budget: one try.
         let mut calls = 0;
