@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use jitship::catalog::KeyLayout;
 use jitship::facts::Facts;
-use jitship::generation::Producer;
 use jitship::install::{InstallOptions, InstallOutcome, InstallReport};
 use jitship::policy::native::NativeRules;
 use jitship::policy::testing::HookedPolicy;
 use jitship::policy::{CachePolicy, PolicyError};
-use jitship::publish::{PublishOptions, PublishOutcome, PublishReport};
+use jitship::publish::{PublishOutcome, PublishReport};
 use jitship::store::Store;
 use jitship::store::local::LocalStore;
 
@@ -102,19 +101,7 @@ impl World {
     }
 
     fn publish(&self, policy: &Templated, root: &Path) -> PublishReport {
-        let opts = PublishOptions {
-            pack_size: 1 << 20,
-            producer: Producer {
-                host: "h".into(),
-                pod: None,
-                jitship_version: "test".into(),
-            },
-            facts: self.facts.clone(),
-            max_head_attempts: 8,
-            trust: Default::default(),
-            interrupt: Default::default(),
-            registry: None,
-        };
+        let opts = jitship_tests::harness::publish_options(&self.facts, 1 << 20, "pod-a");
         jitship::publish::publish(self.store.as_ref(), &self.layout, policy, root, &opts, None)
             .unwrap()
     }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use jitship::catalog::KeyLayout;
 use jitship::facts::Facts;
 use jitship::generation::Manifest;
-use jitship::generation::Producer;
 use jitship::policy::native::NativeRules;
 use jitship::publish::PublishOptions;
 use jitship::scrub::scrub;
@@ -16,20 +15,8 @@ use jitship::store::{Store, ValueClass};
 use jitship::trust::TrustPolicy;
 
 fn options() -> PublishOptions {
-    PublishOptions {
-        // Small packs: the big file below spans several.
-        pack_size: 4096,
-        producer: Producer {
-            host: "test".into(),
-            pod: None,
-            jitship_version: "0".into(),
-        },
-        facts: Facts::new(),
-        max_head_attempts: 4,
-        trust: Default::default(),
-        interrupt: Default::default(),
-        registry: None,
-    }
+    // Small packs: the big file below spans several.
+    jitship_tests::harness::publish_options(&Facts::new(), 4096, "pod-a")
 }
 
 /// The fast and durable tiers, the tiered store over them, the layout and the manifest.

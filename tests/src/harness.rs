@@ -45,19 +45,7 @@ impl Scenario {
     }
 
     pub fn publish_opts(&self, pod: &str) -> PublishOptions {
-        PublishOptions {
-            pack_size: self.pack_size,
-            producer: Producer {
-                host: "test-host".into(),
-                pod: Some(pod.into()),
-                jitship_version: "test".into(),
-            },
-            facts: self.facts.clone(),
-            max_head_attempts: 16,
-            trust: Default::default(),
-            interrupt: Default::default(),
-            registry: None,
-        }
+        publish_options(&self.facts, self.pack_size, pod)
     }
 
     pub fn publish(&self, root: &Path) -> Result<PublishReport, PublishError> {
@@ -126,6 +114,24 @@ impl Scenario {
             .recv_timeout(Duration::from_secs(120))
             .expect("the install's job ended within 120 s of the install");
         report
+    }
+}
+
+/// The options every test publishes with unless it says otherwise (the one place their
+/// defaults live): producer `test-host`/`pod`, 16 head attempts, no trust, no registry.
+pub fn publish_options(facts: &Facts, pack_size: u64, pod: &str) -> PublishOptions {
+    PublishOptions {
+        pack_size,
+        producer: Producer {
+            host: "test-host".into(),
+            pod: Some(pod.into()),
+            jitship_version: "test".into(),
+        },
+        facts: facts.clone(),
+        max_head_attempts: 16,
+        trust: Default::default(),
+        interrupt: Default::default(),
+        registry: None,
     }
 }
 

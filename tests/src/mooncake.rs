@@ -106,7 +106,6 @@ pub mod flow {
 
     use jitship::catalog::KeyLayout;
     use jitship::facts::Facts;
-    use jitship::generation::Producer;
     use jitship::install::{self, InstallOptions, InstallReport};
     use jitship::policy::native::NativeRules;
     use jitship::publish::{self, PublishError, PublishOptions, PublishReport};
@@ -120,20 +119,9 @@ pub mod flow {
         f
     }
 
+    /// The tests' publish options ([`crate::harness::publish_options`]) for pod `test-pod`.
     pub fn options(facts: &Facts, pack_size: u64) -> PublishOptions {
-        PublishOptions {
-            pack_size,
-            producer: Producer {
-                host: "test-host".into(),
-                pod: Some("test-pod".into()),
-                jitship_version: "test".into(),
-            },
-            facts: facts.clone(),
-            max_head_attempts: 8,
-            trust: Default::default(),
-            interrupt: Default::default(),
-            registry: None,
-        }
+        crate::harness::publish_options(facts, pack_size, "test-pod")
     }
 
     pub fn publish(
