@@ -3,7 +3,10 @@
 //! (vLLM writes its `model` file before warmup and CUDA-graph capture), so early generations would
 //! be partial and the uploads would compete with the start-up for the node.
 //!
-//! Plain `http://` only: the endpoint is the server's own port in the same pod.
+//! Plain `http://` only: the endpoint is the server's own port in the same pod. One GET over
+//! hyper's client, not reqwest (the registry tier's client): reqwest is built here without a TLS
+//! crypto provider and refuses to build even a plain-HTTP client until one is installed, which
+//! would tie this layer-0 probe to the registry tier (`crates/oci`).
 
 use std::time::Duration;
 
