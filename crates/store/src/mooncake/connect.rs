@@ -52,6 +52,7 @@ impl MooncakeStore {
             limit: size as u64,
             retry_for: config.retry_for,
             retries: Default::default(),
+            retried: Default::default(),
         })
     }
 }

@@ -43,8 +43,9 @@ mod retry;
 mod teardown;
 
 use std::ffi::{CString, c_int};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use mooncake_sys as sys;
@@ -62,8 +63,9 @@ pub struct MooncakeStore {
     limit: u64,
     /// How long a call that failed with a failure that passes by itself is tried again (`retry`).
     retry_for: Duration,
-    /// Tries again so far, of every call (`retries`).
-    retries: AtomicU64,
+    /// Tries again so far, of every call (`retries`), and its change (`wait_for_retries`).
+    retries: Mutex<u64>,
+    retried: Condvar,
 }
 
 impl std::fmt::Debug for MooncakeStore {
@@ -192,7 +194,23 @@ impl MooncakeStore {
 
     /// Tries again so far, of every call: each try after a failure that passes by itself.
     pub fn retries(&self) -> u64 {
-        self.retries.load(Ordering::Relaxed)
+        *self.retries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until at least `n` tries again have been made (a drill's signal that a call is
+    /// failing and waiting); false if `within` passed first.
+    pub fn wait_for_retries(&self, n: u64, within: Duration) -> bool {
+        let count = self.retries.lock().unwrap_or_else(PoisonError::into_inner);
+        let (count, _) = self
+            .retried
+            .wait_timeout_while(count, within, |count| *count < n)
+            .unwrap_or_else(PoisonError::into_inner);
+        *count >= n
+    }
+
+    fn count_retry(&self) {
+        *self.retries.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.retried.notify_all();
     }
 
     /// `op` tried again within `retry_for` while it fails with a failure that passes by itself.
@@ -203,7 +221,7 @@ impl MooncakeStore {
         f: impl FnMut() -> StoreResult<T>,
     ) -> StoreResult<T> {
         retry::retrying(self.retry_for, f, |e, wait| {
-            self.retries.fetch_add(1, Ordering::Relaxed);
+            self.count_retry();
             tracing::debug!("{e}; {op} {key} again in {wait:?}");
         })
     }
@@ -217,7 +235,7 @@ impl MooncakeStore {
         batch: impl FnMut(&[usize]) -> Vec<StoreResult<T>>,
     ) -> Vec<StoreResult<T>> {
         retry::retrying_batch(n, self.retry_for, batch, |e, keys, wait| {
-            self.retries.fetch_add(1, Ordering::Relaxed);
+            self.count_retry();
             tracing::debug!("{e}; {op} of {keys} keys again in {wait:?}");
         })
     }
